@@ -1,0 +1,215 @@
+//! Per-CPU trace buffers and the MTE buffer, with PI's three collection modes.
+//!
+//! - normal: each CPU buffer holds `buffer_size` bytes; when a branch record
+//!   does not fit, [`Push::Full`] tells the recorder to stop tracing. Control
+//!   records (trace on/off) are always stored, so the trace says why it ended.
+//! - wrap: each CPU buffer is a ring; a new record evicts the oldest whole
+//!   records, which are counted as lost. MTE records are streamed to the
+//!   file in segments and never overwritten.
+//! - continuous: each CPU (and the MTE stream) fills a segment of
+//!   `segment_size` bytes, written to the file as a chunk when full; memory
+//!   stays constant and nothing is lost unless the write fails.
+
+use crate::record::{record_len, Lost, Record, Summary};
+use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
+use crate::{Endian, FormatError, Mode};
+use std::collections::VecDeque;
+
+/// Sizes and mode of the buffers.
+#[derive(Clone, Debug)]
+pub struct BufferConfig {
+    pub mode: Mode,
+    pub ncpu: usize,
+    /// Bytes per CPU (normal and wrap).
+    pub buffer_size: usize,
+    /// Bytes per segment (continuous; MTE in wrap mode).
+    pub segment_size: usize,
+    /// Bytes of MTE buffer (normal).
+    pub mte_size: usize,
+}
+
+/// Outcome of storing a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Push {
+    Stored,
+    /// Normal mode: the buffer is full; the record was not stored (or, for MTE, stored in the reserve) and tracing must stop.
+    Full,
+}
+
+enum Store {
+    Linear(Vec<u8>),
+    Ring(VecDeque<u8>),
+    Segment(Vec<u8>),
+}
+
+/// All buffers of one recording, and the file they end up in.
+pub struct Buffers {
+    cfg: BufferConfig,
+    writer: TraceWriter,
+    cpus: Vec<Store>,
+    mte: Store,
+    records: Vec<u64>,
+    lost: Vec<u64>,
+    mte_records: u64,
+    scratch: Vec<u8>,
+}
+
+impl Buffers {
+    /// Buffers writing into `writer` (whose header is already written).
+    pub fn new(cfg: BufferConfig, writer: TraceWriter) -> Self {
+        let cpu_store = || match cfg.mode {
+            Mode::Normal => Store::Linear(Vec::with_capacity(cfg.buffer_size.min(1 << 26))),
+            Mode::Wrap => Store::Ring(VecDeque::with_capacity(cfg.buffer_size)),
+            Mode::Continuous => Store::Segment(Vec::with_capacity(cfg.segment_size)),
+        };
+        let cpus = (0..cfg.ncpu).map(|_| cpu_store()).collect();
+        let mte = match cfg.mode {
+            Mode::Normal => Store::Linear(Vec::new()),
+            Mode::Wrap | Mode::Continuous => Store::Segment(Vec::with_capacity(cfg.segment_size)),
+        };
+        Buffers {
+            records: vec![0; cfg.ncpu],
+            lost: vec![0; cfg.ncpu],
+            cfg,
+            writer,
+            cpus,
+            mte,
+            mte_records: 0,
+            scratch: Vec::with_capacity(256),
+        }
+    }
+
+    /// Store a branch record for `cpu`. In normal mode a full buffer refuses it.
+    #[inline]
+    pub fn push_trace(&mut self, cpu: usize, rec: &[u8]) -> Result<Push, FormatError> {
+        self.push_cpu(cpu, rec, false)
+    }
+
+    /// Store a control record (trace on/off, lost) for `cpu`; never refused for lack of space.
+    pub fn push_control(&mut self, cpu: usize, rec: &Record) -> Result<(), FormatError> {
+        let mut s = std::mem::take(&mut self.scratch);
+        s.clear();
+        rec.encode(&mut s)?;
+        let r = self.push_cpu(cpu, &s, true);
+        self.scratch = s;
+        r.map(|_| ())
+    }
+
+    /// Store an MTE record. In normal mode, [`Push::Full`] means the MTE buffer
+    /// is now over its size (the record was kept) and tracing must stop.
+    pub fn push_mte(&mut self, rec: &Record) -> Result<Push, FormatError> {
+        let mut s = std::mem::take(&mut self.scratch);
+        s.clear();
+        rec.encode(&mut s)?;
+        self.mte_records += 1;
+        let seg = self.cfg.segment_size;
+        let r = match &mut self.mte {
+            Store::Linear(v) => {
+                v.extend_from_slice(&s);
+                Ok(if v.len() > self.cfg.mte_size { Push::Full } else { Push::Stored })
+            }
+            Store::Segment(v) => {
+                let r = if v.len() + s.len() > seg { flush(&mut self.writer, STREAM_MTE, 0, v) } else { Ok(()) };
+                v.extend_from_slice(&s);
+                r.map(|_| Push::Stored)
+            }
+            Store::Ring(_) => unreachable!("the MTE stream never wraps"),
+        };
+        self.scratch = s;
+        r
+    }
+
+    fn push_cpu(&mut self, cpu: usize, rec: &[u8], control: bool) -> Result<Push, FormatError> {
+        let store = &mut self.cpus[cpu];
+        match store {
+            Store::Linear(v) => {
+                if !control && v.len() + rec.len() > self.cfg.buffer_size {
+                    return Ok(Push::Full);
+                }
+                v.extend_from_slice(rec);
+            }
+            Store::Ring(ring) => {
+                let cap = self.cfg.buffer_size;
+                while !ring.is_empty() && ring.len() + rec.len() > cap {
+                    let n = if ring.len() >= 2 {
+                        record_len(Endian::native(), &[ring[0], ring[1]]).unwrap_or(0)
+                    } else {
+                        0
+                    };
+                    if n == 0 || n > ring.len() {
+                        ring.clear();
+                        break;
+                    }
+                    ring.drain(..n);
+                    self.lost[cpu] += 1;
+                    self.records[cpu] -= 1;
+                }
+                ring.extend(rec);
+            }
+            Store::Segment(v) => {
+                if v.len() + rec.len() > self.cfg.segment_size {
+                    flush(&mut self.writer, cpu as u16, 0, v)?;
+                }
+                v.extend_from_slice(rec);
+            }
+        }
+        self.records[cpu] += 1;
+        Ok(Push::Stored)
+    }
+
+    /// Records stored per CPU (in wrap mode: those still in the ring).
+    pub fn records(&self) -> &[u64] {
+        &self.records
+    }
+
+    /// Records lost per CPU.
+    pub fn lost(&self) -> &[u64] {
+        &self.lost
+    }
+
+    /// Bytes written to the file so far.
+    pub fn file_len(&self) -> u64 {
+        self.writer.len()
+    }
+
+    /// Write everything still buffered and the end summary; returns the file size.
+    pub fn finish(mut self, mut summary: Summary) -> Result<u64, FormatError> {
+        summary.records = self.records.clone();
+        summary.lost = self.lost.clone();
+        summary.mte_records = self.mte_records;
+        // MTE first: readers apply module changes before the branches that need them.
+        match std::mem::replace(&mut self.mte, Store::Linear(Vec::new())) {
+            Store::Linear(mut v) | Store::Segment(mut v) => flush(&mut self.writer, STREAM_MTE, 0, &mut v)?,
+            Store::Ring(_) => unreachable!(),
+        }
+        for cpu in 0..self.cpus.len() {
+            match std::mem::replace(&mut self.cpus[cpu], Store::Linear(Vec::new())) {
+                Store::Linear(mut v) | Store::Segment(mut v) => flush(&mut self.writer, cpu as u16, 0, &mut v)?,
+                Store::Ring(mut ring) => {
+                    let lost = self.lost[cpu];
+                    let data = ring.make_contiguous();
+                    let mut out = Vec::with_capacity(data.len() + 32);
+                    if lost > 0 && data.len() >= 16 {
+                        // Tell readers, in stream order, where the gap is.
+                        let ts = Endian::native().u64(&data[8..16]);
+                        Record::Lost(Lost { ts, count: lost }).encode(&mut out)?;
+                    }
+                    out.extend_from_slice(data);
+                    let flags = if lost > 0 { CHUNK_FLAG_WRAPPED } else { 0 };
+                    flush(&mut self.writer, cpu as u16, flags, &mut out)?;
+                }
+            }
+        }
+        let mut end = Vec::new();
+        Record::Summary(summary).encode(&mut end)?;
+        flush(&mut self.writer, STREAM_END, 0, &mut end)?;
+        self.writer.sync()?;
+        Ok(self.writer.len())
+    }
+}
+
+fn flush(w: &mut TraceWriter, stream: u16, flags: u16, v: &mut Vec<u8>) -> Result<(), FormatError> {
+    let r = w.write_chunk_atomic(stream, flags, v);
+    v.clear();
+    r
+}

@@ -1,0 +1,23 @@
+use std::path::PathBuf;
+
+/// What can go wrong writing or reading a trace file.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("cannot open trace file {path}: {source}")]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("cannot write trace file: {0}")]
+    Write(std::io::Error),
+    #[error("{path} is empty: not a trace file")]
+    Empty { path: PathBuf },
+    #[error("{path} is not an itrace trace file (magic {found:02x?}, expected \"ITRC\")")]
+    NotATrace { path: PathBuf, found: Vec<u8> },
+    #[error(
+        "{path}: trace format version {major}.{minor} is not supported (this itrace reads {}.x)",
+        crate::VERSION_MAJOR
+    )]
+    UnsupportedVersion { path: PathBuf, major: u16, minor: u16 },
+    #[error("corrupt trace at offset {offset:#x}: {what}")]
+    Corrupt { offset: u64, what: String },
+    #[error("record of {len} bytes is too large for the trace format (limit 65532)")]
+    RecordTooLarge { len: usize },
+}

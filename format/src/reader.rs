@@ -1,0 +1,276 @@
+//! Reading a trace: the file is mapped, its chunks indexed (one small entry
+//! per chunk), and records decoded lazily, stream by stream or merged in
+//! time order. A file cut short is read up to its last whole record; damage
+//! anywhere else is an error naming the offset.
+
+use crate::record::{record_len, Summary};
+use crate::writer::{CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END, STREAM_MTE};
+use crate::{FileHeader, FormatError, Record, HEADER_LEN, RECORD_HEADER_LEN};
+use std::path::{Path, PathBuf};
+
+/// A stream: a CPU number, or [`STREAM_MTE`].
+pub type StreamId = u16;
+
+/// Where one chunk lies in the file.
+#[derive(Clone, Debug)]
+pub struct ChunkInfo {
+    /// Offset of the chunk header.
+    pub offset: u64,
+    pub stream: StreamId,
+    pub flags: u16,
+    /// Payload bytes present in the file.
+    pub len: usize,
+    /// The file ends inside this chunk's payload.
+    pub truncated: bool,
+}
+
+/// An open trace file.
+pub struct TraceFile {
+    path: PathBuf,
+    data: Data,
+    header: FileHeader,
+    chunks: Vec<ChunkInfo>,
+    truncated_at: Option<u64>,
+    summary: Option<Summary>,
+}
+
+enum Data {
+    Map(memmap2::Mmap),
+    Empty,
+}
+
+impl Data {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Data::Map(m) => m,
+            Data::Empty => &[],
+        }
+    }
+}
+
+impl TraceFile {
+    /// Open, validate the header and index the chunks.
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        let open_err = |source| FormatError::Open { path: path.into(), source };
+        let file = std::fs::File::open(path).map_err(open_err)?;
+        let len = file.metadata().map_err(open_err)?.len();
+        if file.metadata().map_err(open_err)?.is_dir() {
+            return Err(open_err(std::io::Error::other("is a directory")));
+        }
+        let data = if len == 0 {
+            Data::Empty
+        } else {
+            // SAFETY: the map is read-only and private to this process; itrace
+            // never writes a trace while reading it. A file truncated by another
+            // process while mapped could fault, as with any mapped reader.
+            Data::Map(unsafe { memmap2::Mmap::map(&file) }.map_err(open_err)?)
+        };
+        let header = FileHeader::decode(path, data.bytes())?;
+        let mut t =
+            TraceFile { path: path.into(), data, header, chunks: Vec::new(), truncated_at: None, summary: None };
+        t.index()?;
+        Ok(t)
+    }
+
+    fn index(&mut self) -> Result<(), FormatError> {
+        let b = self.data.bytes();
+        let e = self.header.endian;
+        let ncpu = self.header.ncpu;
+        let mut off = HEADER_LEN;
+        while off < b.len() {
+            if b.len() - off < CHUNK_HEADER_LEN {
+                self.truncated_at = Some(off as u64);
+                break;
+            }
+            let h = &b[off..off + CHUNK_HEADER_LEN];
+            if h[0..4] != CHUNK_MAGIC {
+                return Err(corrupt(off, format!("expected a chunk header, found bytes {:02x?}", &h[0..4])));
+            }
+            let stream = e.u16(&h[4..]);
+            if stream >= ncpu && stream != STREAM_MTE && stream != STREAM_END {
+                return Err(corrupt(off + 4, format!("chunk for stream {stream}, but the trace has {ncpu} CPUs")));
+            }
+            let flags = e.u16(&h[6..]);
+            let want = e.u32(&h[8..]) as usize;
+            let start = off + CHUNK_HEADER_LEN;
+            let have = want.min(b.len() - start);
+            let truncated = have < want;
+            if !truncated && crate::writer::chunk_crc(&h[4..12], &b[start..start + want]) != e.u32(&h[12..]) {
+                return Err(corrupt(off, format!("checksum mismatch in the {want}-byte chunk of stream {stream}")));
+            }
+            self.chunks.push(ChunkInfo { offset: off as u64, stream, flags, len: have, truncated });
+            if truncated {
+                self.truncated_at = Some(b.len() as u64);
+                break;
+            }
+            off = start + want;
+        }
+        if let Some(c) = self.chunks.iter().rev().find(|c| c.stream == STREAM_END) {
+            let c = c.clone();
+            let mut found = None;
+            for r in StreamRecords::new(self, vec![c]) {
+                if let (_, Record::Summary(s)) = r? {
+                    found = Some(s);
+                }
+            }
+            self.summary = found;
+        }
+        Ok(())
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file header.
+    pub fn header(&self) -> &FileHeader {
+        &self.header
+    }
+
+    /// All chunks, in file order.
+    pub fn chunks(&self) -> &[ChunkInfo] {
+        &self.chunks
+    }
+
+    /// Where the file ends early, if it does: records up to there are readable.
+    pub fn truncated_at(&self) -> Option<u64> {
+        self.truncated_at
+    }
+
+    /// The end summary; `None` when the recording did not finish writing (crash of itrace, full disk, truncation).
+    pub fn summary(&self) -> Option<&Summary> {
+        self.summary.as_ref()
+    }
+
+    /// Payload bytes of all CPU streams (for progress reporting).
+    pub fn trace_bytes(&self) -> u64 {
+        self.chunks.iter().filter(|c| c.stream < self.header.ncpu).map(|c| c.len as u64).sum()
+    }
+
+    /// The records of one stream, in order.
+    pub fn stream(&self, id: StreamId) -> StreamRecords<'_> {
+        StreamRecords::new(self, self.chunks.iter().filter(|c| c.stream == id).cloned().collect())
+    }
+
+    /// The records of every CPU stream and the MTE stream, merged in timestamp
+    /// order (MTE first on equal timestamps, then by CPU).
+    pub fn merged(&self) -> MergedRecords<'_> {
+        let mut ids = vec![STREAM_MTE];
+        ids.extend(0..self.header.ncpu);
+        let streams = ids.into_iter().map(|id| (id, self.stream(id), None)).collect();
+        MergedRecords { streams, failed: false }
+    }
+}
+
+fn corrupt(offset: usize, what: String) -> FormatError {
+    FormatError::Corrupt { offset: offset as u64, what }
+}
+
+/// The records of one stream, each with its file offset.
+pub struct StreamRecords<'a> {
+    file: &'a TraceFile,
+    chunks: std::vec::IntoIter<ChunkInfo>,
+    cur: Option<(usize, usize, bool)>,
+    failed: bool,
+}
+
+impl<'a> StreamRecords<'a> {
+    fn new(file: &'a TraceFile, chunks: Vec<ChunkInfo>) -> Self {
+        StreamRecords { file, chunks: chunks.into_iter(), cur: None, failed: false }
+    }
+}
+
+impl Iterator for StreamRecords<'_> {
+    type Item = Result<(u64, Record), FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let b = self.file.data.bytes();
+        let e = self.file.header.endian;
+        loop {
+            let (pos, end, truncated) = match self.cur {
+                Some(c) if c.0 < c.1 => c,
+                _ => {
+                    let c = self.chunks.next()?;
+                    let start = c.offset as usize + CHUNK_HEADER_LEN;
+                    self.cur = Some((start, start + c.len, c.truncated));
+                    continue;
+                }
+            };
+            let rest = &b[pos..end];
+            let len = record_len(e, rest).unwrap_or(0);
+            if rest.len() < RECORD_HEADER_LEN || len > rest.len() {
+                if truncated {
+                    // The file was cut inside this record: the stream ends at the last whole one.
+                    self.cur = Some((end, end, truncated));
+                    continue;
+                }
+                self.failed = true;
+                return Some(Err(corrupt(pos, format!("record length {len} runs past the end of its chunk"))));
+            }
+            if len < RECORD_HEADER_LEN {
+                self.failed = true;
+                return Some(Err(corrupt(pos, format!("record length {len} is shorter than a record header"))));
+            }
+            self.cur = Some((pos + len, end, truncated));
+            return Some(match Record::decode(e, &rest[..len], pos as u64) {
+                Ok(r) => Ok((pos as u64, r)),
+                Err(err) => {
+                    self.failed = true;
+                    Err(err)
+                }
+            });
+        }
+    }
+}
+
+/// One record of a merged read.
+#[derive(Clone, Debug)]
+pub struct Event {
+    /// The stream it came from: its CPU, or [`STREAM_MTE`].
+    pub stream: StreamId,
+    /// File offset of the record.
+    pub offset: u64,
+    pub record: Record,
+}
+
+/// Records of all streams in time order.
+pub struct MergedRecords<'a> {
+    streams: Vec<(StreamId, StreamRecords<'a>, Option<(u64, Record)>)>,
+    failed: bool,
+}
+
+impl Iterator for MergedRecords<'_> {
+    type Item = Result<Event, FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let mut best: Option<(usize, u64)> = None;
+        for i in 0..self.streams.len() {
+            let (_, it, head) = &mut self.streams[i];
+            if head.is_none() {
+                match it.next() {
+                    None => continue,
+                    Some(Err(e)) => {
+                        self.failed = true;
+                        return Some(Err(e));
+                    }
+                    Some(Ok(r)) => *head = Some(r),
+                }
+            }
+            let ts = head.as_ref().map(|(_, r)| r.ts()).unwrap_or(u64::MAX);
+            if best.is_none_or(|(_, t)| ts < t) {
+                best = Some((i, ts));
+            }
+        }
+        let (i, _) = best?;
+        let (stream, _, head) = &mut self.streams[i];
+        let (offset, record) = head.take().expect("chosen stream has a head");
+        Some(Ok(Event { stream: *stream, offset, record }))
+    }
+}

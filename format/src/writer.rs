@@ -1,0 +1,115 @@
+//! Writing the file: the header, then chunks of records, each a slice of one
+//! stream (a CPU's trace records, the MTE records, or the end summary).
+
+use crate::{FileHeader, FormatError};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// First four bytes of every chunk.
+pub const CHUNK_MAGIC: [u8; 4] = *b"CHNK";
+/// Size of a chunk header.
+pub const CHUNK_HEADER_LEN: usize = 16;
+/// Stream id of the module-table stream.
+pub const STREAM_MTE: u16 = 0xFFFE;
+/// Stream id of the end chunk, which holds the summary record.
+pub const STREAM_END: u16 = 0xFFFF;
+/// Chunk flag: records of this stream before this chunk were overwritten (wrap mode).
+pub const CHUNK_FLAG_WRAPPED: u16 = 1;
+
+/// Appends chunks to a trace file. After a failed write it truncates the file
+/// back to its last whole chunk and refuses further writes, so whatever was
+/// written stays a valid (if short) trace.
+pub struct TraceWriter {
+    file: File,
+    path: PathBuf,
+    good_len: u64,
+    failed: bool,
+}
+
+impl TraceWriter {
+    /// Create (or truncate) `path` and write the header.
+    pub fn create(path: &Path, header: &FileHeader) -> Result<Self, FormatError> {
+        let file = File::create(path).map_err(|source| FormatError::Open { path: path.into(), source })?;
+        let mut w = TraceWriter { file, path: path.into(), good_len: 0, failed: false };
+        w.write_all(&header.encode())?;
+        Ok(w)
+    }
+
+    /// Path of the file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far (whole chunks only).
+    pub fn len(&self) -> u64 {
+        self.good_len
+    }
+
+    /// Whether nothing but the header has been written.
+    pub fn is_empty(&self) -> bool {
+        self.good_len <= crate::HEADER_LEN as u64
+    }
+
+    /// Append one chunk of `stream` holding `payload` (whole records).
+    pub fn write_chunk(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {
+        if payload.is_empty() {
+            return Ok(());
+        }
+        let mut h = [0u8; CHUNK_HEADER_LEN];
+        h[0..4].copy_from_slice(&CHUNK_MAGIC);
+        h[4..6].copy_from_slice(&stream.to_ne_bytes());
+        h[6..8].copy_from_slice(&flags.to_ne_bytes());
+        h[8..12].copy_from_slice(&(payload.len() as u32).to_ne_bytes());
+        let crc = chunk_crc(&h[4..12], payload);
+        h[12..16].copy_from_slice(&crc.to_ne_bytes());
+        self.write_all(&h)?;
+        self.write_all(payload)
+    }
+
+    fn write_all(&mut self, b: &[u8]) -> Result<(), FormatError> {
+        if self.failed {
+            return Err(FormatError::Write(std::io::Error::other("an earlier write to the trace file failed")));
+        }
+        match self.file.write_all(b) {
+            Ok(()) => {
+                // A chunk header alone is not "good": only count it once its payload follows.
+                self.good_len += b.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(FormatError::Write(e))
+            }
+        }
+    }
+
+    /// After a failed write: cut the file back to `len` bytes, the end of the last whole chunk.
+    fn rollback(&mut self, len: u64) {
+        let _ = self.file.set_len(len);
+        self.good_len = len;
+    }
+
+    /// Append one chunk, rolling the file back to its previous end if any part fails.
+    pub fn write_chunk_atomic(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {
+        let before = self.good_len;
+        let r = self.write_chunk(stream, flags, payload);
+        if r.is_err() {
+            self.rollback(before);
+        }
+        r
+    }
+
+    /// Flush to the disk.
+    pub fn sync(&mut self) -> Result<(), FormatError> {
+        self.file.flush().map_err(FormatError::Write)
+    }
+}
+
+/// Checksum of a chunk: its stream, flags and length fields, then its payload.
+pub(crate) fn chunk_crc(fields: &[u8], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(fields);
+    h.update(payload);
+    h.finalize()
+}

@@ -1,0 +1,239 @@
+//! Round trips and the promises of each mode, checked against the records we
+//! put in (the truth here is the input sequence itself).
+
+use itrace_format::*;
+use std::path::Path;
+
+fn header(mode: Mode, ncpu: u16) -> FileHeader {
+    FileHeader {
+        endian: Endian::native(),
+        version_major: VERSION_MAJOR,
+        version_minor: VERSION_MINOR,
+        arch: Arch::X86_64,
+        mode,
+        step_method: StepMethod::PtraceSingleStep,
+        ncpu,
+        flags: FLAG_ICOUNT,
+        buffer_size: 0,
+        segment_size: 0,
+        start_realtime_ns: 1,
+        start_monotonic_ns: 2,
+    }
+}
+
+fn branch(i: u64, cpu: usize) -> Branch {
+    Branch {
+        ts: 1000 + i,
+        kernel: i % 7 == 0,
+        kind: if i % 3 == 0 { BranchKind::CondJump } else { BranchKind::Call },
+        flags: 0,
+        aux: (i % 5) as u16,
+        from: 0x400000 + i * 16,
+        to: 0x500000 + i,
+        tid: 100 + cpu as u32,
+        icount: (i % 13) as u32 + 1,
+    }
+}
+
+/// Record `n` branches alternating over `ncpu` CPUs, plus MTE records; returns the branches pushed.
+fn record(path: &Path, mode: Mode, ncpu: usize, buffer: usize, segment: usize, n: u64) -> (Vec<Branch>, Push) {
+    let w = TraceWriter::create(path, &header(mode, ncpu as u16)).unwrap();
+    let cfg = BufferConfig { mode, ncpu, buffer_size: buffer, segment_size: segment, mte_size: 1 << 20 };
+    let mut b = Buffers::new(cfg, w);
+    b.push_mte(&Record::Mte(Mte::ProcessName { ts: 999, pid: 100, ppid: 1, name: "prog".into() })).unwrap();
+    let mut pushed = Vec::new();
+    let mut last = Push::Stored;
+    for i in 0..n {
+        let cpu = (i as usize) % ncpu;
+        let br = branch(i, cpu);
+        let mut a = [0u8; BRANCH_RECORD_LEN];
+        br.encode_into(&mut a);
+        last = b.push_trace(cpu, &a).unwrap();
+        if last == Push::Full {
+            break;
+        }
+        pushed.push(br);
+        if i % 1000 == 0 {
+            let seg = Mte::Segment {
+                ts: 1000 + i,
+                pid: 100,
+                prot: prot::READ | prot::EXEC,
+                start: i,
+                end: i + 4096,
+                offset: 0,
+                path: format!("/lib/x{i}.so"),
+            };
+            b.push_mte(&Record::Mte(seg)).unwrap();
+        }
+    }
+    b.finish(Summary { ts: 5_000_000, ..Default::default() }).unwrap();
+    (pushed, last)
+}
+
+fn branches(t: &TraceFile) -> Vec<Branch> {
+    t.merged()
+        .filter_map(|e| match e.unwrap().record {
+            Record::Branch(b) => Some(b),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_record_kind_round_trips() {
+    let recs = vec![
+        Record::Branch(branch(3, 0)),
+        Record::TraceOn(TraceOn { ts: 1, reason: TraceOnReason::Attach, pid: 7, tid: 8, pc: 0xdead }),
+        Record::TraceOff(TraceOff {
+            ts: 2,
+            reason: StopReason::Signaled,
+            pid: 7,
+            tid: 8,
+            pc: 0xbeef,
+            icount: 5,
+            value: 11,
+        }),
+        Record::Lost(Lost { ts: 3, count: 42 }),
+        Record::Mte(Mte::Segment { ts: 4, pid: 1, prot: 5, start: 1, end: 2, offset: 3, path: "/a b/ü".into() }),
+        Record::Mte(Mte::Unmap { ts: 5, pid: 1, start: 1, end: 2 }),
+        Record::Mte(Mte::ThreadName { ts: 6, pid: 1, tid: 2, name: "worker 1".into() }),
+        Record::Mte(Mte::Exec { ts: 7, pid: 1, tid: 1, path: "/bin/true".into() }),
+        Record::Mte(Mte::JitSymbol { ts: 8, pid: 1, start: 9, size: 10, name: "LazyCompile:foo".into() }),
+        Record::Mte(Mte::VdsoImage { ts: 9, pid: 1, start: 0x7fff0000, image: vec![1, 2, 3, 4, 5] }),
+        Record::Mte(Mte::Clone { ts: 10, parent_pid: 1, parent_tid: 1, child_pid: 1, child_tid: 3, thread: true }),
+        Record::Summary(Summary {
+            ts: 11,
+            stop_reason: 2,
+            instructions: 99,
+            records: vec![1, 2],
+            lost: vec![0, 3],
+            mte_records: 4,
+        }),
+    ];
+    for r in recs {
+        let mut v = Vec::new();
+        r.encode(&mut v).unwrap();
+        assert_eq!(v.len() % 4, 0, "{r:?} not padded");
+        assert_eq!((u16::from_ne_bytes([v[0], v[1]]) & 0xfffc) as usize, v.len());
+        assert_eq!(Record::decode(Endian::native(), &v, 0).unwrap(), r);
+    }
+}
+
+#[test]
+fn normal_mode_stops_when_full_and_keeps_everything_before() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.itr");
+    let (pushed, last) = record(&p, Mode::Normal, 2, 4000, 0, 10_000);
+    assert_eq!(last, Push::Full);
+    // 4000 bytes per CPU hold 100 records of 40 bytes: 200 over two CPUs.
+    assert_eq!(pushed.len(), 200);
+    let t = TraceFile::open(&p).unwrap();
+    assert_eq!(branches(&t), pushed);
+    assert_eq!(t.summary().unwrap().records, vec![100, 100]);
+    assert_eq!(t.truncated_at(), None);
+}
+
+#[test]
+fn wrap_mode_keeps_exactly_the_last_records() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.itr");
+    let (pushed, _) = record(&p, Mode::Wrap, 2, 4000, 4096, 10_000);
+    assert_eq!(pushed.len(), 10_000);
+    let t = TraceFile::open(&p).unwrap();
+    let got = branches(&t);
+    assert_eq!(got.len(), 200);
+    assert_eq!(got, pushed[pushed.len() - 200..]);
+    let s = t.summary().unwrap();
+    assert_eq!(s.lost, vec![4900, 4900]);
+    let lost: u64 = t
+        .merged()
+        .filter_map(|e| match e.unwrap().record {
+            Record::Lost(l) => Some(l.count),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(lost, 9800);
+    // MTE records are never overwritten: all 10 segments are there.
+    let segs =
+        t.stream(STREAM_MTE).filter(|r| matches!(r.as_ref().unwrap().1, Record::Mte(Mte::Segment { .. }))).count();
+    assert_eq!(segs, 10);
+}
+
+#[test]
+fn continuous_mode_loses_nothing_with_small_segments() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.itr");
+    let (pushed, _) = record(&p, Mode::Continuous, 2, 0, 1024, 10_000);
+    let t = TraceFile::open(&p).unwrap();
+    assert!(t.chunks().len() > 300, "segments were written as they filled");
+    assert_eq!(branches(&t), pushed);
+    assert_eq!(t.summary().unwrap().lost, vec![0, 0]);
+}
+
+#[test]
+fn a_file_cut_anywhere_reads_up_to_its_last_whole_record() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.itr");
+    let (pushed, _) = record(&p, Mode::Continuous, 2, 0, 512, 300);
+    let full = std::fs::read(&p).unwrap();
+    let cut = d.path().join("cut.itr");
+    for len in 0..full.len() {
+        std::fs::write(&cut, &full[..len]).unwrap();
+        match TraceFile::open(&cut) {
+            Err(FormatError::Empty { .. }) => assert_eq!(len, 0),
+            Err(FormatError::NotATrace { .. }) => assert!(len < 4),
+            Err(FormatError::Corrupt { offset, .. }) => assert!(len < HEADER_LEN && offset as usize == len),
+            Err(e) => panic!("cut at {len}: unexpected {e}"),
+            Ok(t) => {
+                assert!(t.truncated_at().is_some() || t.summary().is_none());
+                let got = branches(&t);
+                // Streams are read chunk by chunk; whatever came back is a prefix per CPU.
+                for cpu in 0..2u32 {
+                    let want: Vec<_> = pushed.iter().filter(|b| b.tid == 100 + cpu).collect();
+                    let have: Vec<_> = got.iter().filter(|b| b.tid == 100 + cpu).collect();
+                    assert_eq!(have[..], want[..have.len()], "cut at {len}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn corruption_is_an_error_naming_the_offset() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.itr");
+    record(&p, Mode::Continuous, 2, 0, 512, 300);
+    let full = std::fs::read(&p).unwrap();
+    let bad = d.path().join("bad.itr");
+    let mut errors = 0;
+    for at in (HEADER_LEN..full.len()).step_by(7) {
+        let mut b = full.clone();
+        b[at] ^= 0x5a;
+        std::fs::write(&bad, &b).unwrap();
+        let res =
+            TraceFile::open(&bad).and_then(|t| t.merged().try_for_each(|e| e.map(|_| ())).map(|_| t.truncated_at()));
+        match res {
+            // A damaged chunk length that points past the end reads as a cut file, which is reported.
+            Ok(Some(_)) => {}
+            Err(FormatError::Corrupt { offset, what }) => {
+                errors += 1;
+                assert!((offset as usize) <= at, "offset {offset:#x} after the damage at {at:#x}: {what}");
+            }
+            Err(e) => panic!("flip at {at}: unexpected {e}"),
+            Ok(None) => panic!("flip at {at:#x} went unnoticed"),
+        }
+    }
+    assert!(errors > 100);
+}
+
+#[test]
+fn not_a_trace_and_wrong_version() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("x");
+    std::fs::write(&p, b"hello world, this is not a trace file at all, no sir, not at all....").unwrap();
+    assert!(matches!(TraceFile::open(&p), Err(FormatError::NotATrace { .. })));
+    let mut h = header(Mode::Normal, 1);
+    h.version_major = 9;
+    std::fs::write(&p, h.encode()).unwrap();
+    assert!(matches!(TraceFile::open(&p), Err(FormatError::UnsupportedVersion { major: 9, .. })));
+}
