@@ -237,9 +237,12 @@ pub struct Event {
     pub record: Record,
 }
 
+/// A stream being merged, with its next record read ahead.
+type MergeInput<'a> = (StreamId, StreamRecords<'a>, Option<(u64, Record)>);
+
 /// Records of all streams in time order.
 pub struct MergedRecords<'a> {
-    streams: Vec<(StreamId, StreamRecords<'a>, Option<(u64, Record)>)>,
+    streams: Vec<MergeInput<'a>>,
     failed: bool,
 }
 

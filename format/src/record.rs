@@ -630,7 +630,7 @@ impl Enc<'_> {
         self.out.extend_from_slice(&s.as_bytes()[..n]);
     }
     fn finish(self) -> Result<(), FormatError> {
-        while (self.out.len() - self.start) % 4 != 0 {
+        while !(self.out.len() - self.start).is_multiple_of(4) {
             self.out.push(0);
         }
         let len = self.out.len() - self.start;
