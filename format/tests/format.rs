@@ -24,8 +24,8 @@ fn header(mode: Mode, ncpu: u16) -> FileHeader {
 fn branch(i: u64, cpu: usize) -> Branch {
     Branch {
         ts: 1000 + i,
-        kernel: i % 7 == 0,
-        kind: if i % 3 == 0 { BranchKind::CondJump } else { BranchKind::Call },
+        kernel: i.is_multiple_of(7),
+        kind: if i.is_multiple_of(3) { BranchKind::CondJump } else { BranchKind::Call },
         flags: 0,
         aux: (i % 5) as u16,
         from: 0x400000 + i * 16,
@@ -53,7 +53,7 @@ fn record(path: &Path, mode: Mode, ncpu: usize, buffer: usize, segment: usize, n
             break;
         }
         pushed.push(br);
-        if i % 1000 == 0 {
+        if i.is_multiple_of(1000) {
             let seg = Mte::Segment {
                 ts: 1000 + i,
                 pid: 100,
