@@ -1,0 +1,1093 @@
+//! The stepping loop. One tracer thread waits for every traced thread and
+//! turns each stop into records.
+//!
+//! At each stop the thread's next instruction is decoded (from a cache for
+//! read-only code) and kept as `pending`; at the following stop, the new pc
+//! tells whether `pending` was a taken branch. Kernel transitions are
+//! recognised from the instruction itself (a system call) or from the stop
+//! (signal delivery), so no syscall-stops are needed.
+
+use super::procfs::{self, Mapping};
+use crate::x86_64::{X86, RESTART_CODES};
+use crate::Arch;
+use itrace_decoders::{Flow, Insn};
+use itrace_format::{
+    branch_flags, Branch, BranchKind, Buffers, FormatError, Mte, Push, Record, StopReason, TraceOff, TraceOn,
+    TraceOnReason, BRANCH_RECORD_LEN,
+};
+use nix::errno::Errno;
+use nix::sys::ptrace::{self, Options};
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::collections::HashMap;
+use std::ffi::{CString, OsString};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// What to trace.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Start `program` with `args` (argv[0] included) and trace it from its first instruction.
+    Launch { program: PathBuf, args: Vec<OsString>, aslr: bool },
+    /// Attach to every thread of a running process.
+    Attach { pid: i32 },
+}
+
+/// How to record.
+pub struct RecordOptions<'a> {
+    pub target: Target,
+    /// Trace child processes (fork, vfork, clone without CLONE_THREAD).
+    pub follow_forks: bool,
+    /// Trace threads created after the start.
+    pub follow_threads: bool,
+    /// Set (by a signal handler or timer) to stop tracing, detach and finish.
+    pub stop: &'a AtomicBool,
+}
+
+/// What happened.
+#[derive(Clone, Debug, Default)]
+pub struct RecordOutcome {
+    pub instructions: u64,
+    pub branches: u64,
+    /// Why tracing ended (a [`StopReason`]).
+    pub stop_reason: Option<StopReason>,
+    /// Exit code of a launched program, or the signal that killed it (negative).
+    pub exit_status: Option<i32>,
+    pub threads: u64,
+    pub processes: u64,
+    /// The trace file could not be written; tracing stopped there.
+    pub write_error: Option<String>,
+}
+
+/// Errors that stop a recording before it starts.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot execute {program}: {source}")]
+    Exec { program: String, source: std::io::Error },
+    #[error("no process with pid {0}")]
+    NoSuchProcess(i32),
+    #[error(
+        "not permitted to trace pid {pid} ({errno}): it may be traced already (gdb, strace), belong to another user, \
+         or be protected by Yama (see /proc/sys/kernel/yama/ptrace_scope; run as root or set it to 0)"
+    )]
+    NotPermitted { pid: i32, errno: Errno },
+    #[error("ptrace {what} failed: {errno}")]
+    Ptrace { what: &'static str, errno: Errno },
+    #[error(transparent)]
+    Format(#[from] FormatError),
+}
+
+/// A hasher for integer keys (addresses, tids): the std SipHash costs more than the lookups it serves.
+#[derive(Default)]
+struct IntHasher(u64);
+impl Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0xbf58476d1ce4e5b9);
+    }
+    fn write_i32(&mut self, v: i32) {
+        self.write_u64(v as u64)
+    }
+}
+type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
+/// The instruction a stopped thread will execute next.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    pc: u64,
+    insn: Insn,
+    /// For a system call: its number at entry (rax), for calls that never return.
+    entry_nr: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ThreadState {
+    /// Seized (or auto-attached) but not yet stopped for the first time.
+    New,
+    /// Launched program waiting for its exec.
+    Launching,
+    Stepping,
+    /// Tracing ended for it (trace-off written); waiting for it to go.
+    Finished,
+}
+
+struct Thread {
+    tid: i32,
+    pid: i32,
+    cpu: usize,
+    state: ThreadState,
+    pending: Option<Pending>,
+    /// Instructions since this thread's last record.
+    icount: u32,
+    arch: X86,
+    /// Signal passed on the last resume; the next stop may be a handler entry.
+    injected: Option<i32>,
+    /// The pending system call returned a restart code: it will run again.
+    syscall_interrupted: bool,
+    /// Time the pending system call was entered.
+    syscall_ts: u64,
+    /// Skip counting at the next stop if it is at this pc (the report at the end of exec).
+    skip_report_at: Option<u64>,
+    original_affinity: Option<libc::cpu_set_t>,
+    name: String,
+    /// Stopped and not yet resumed: detach it directly.
+    stopped: bool,
+}
+
+struct Process {
+    maps: Vec<Mapping>,
+    code: IntMap<u64, Insn>,
+    name: String,
+    vdso_saved: bool,
+}
+
+struct Session<'a> {
+    opts: &'a RecordOptions<'a>,
+    buffers: &'a mut Buffers,
+    threads: IntMap<i32, Thread>,
+    procs: IntMap<i32, Process>,
+    cpus: Vec<usize>,
+    next_cpu: usize,
+    out: RecordOutcome,
+    detaching: Option<StopReason>,
+    launched: Option<i32>,
+    rec: [u8; BRANCH_RECORD_LEN],
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call).
+pub(crate) fn now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn ptrace_options(o: &RecordOptions) -> Options {
+    let mut opts = Options::PTRACE_O_TRACEEXEC | Options::PTRACE_O_TRACEEXIT | Options::PTRACE_O_EXITKILL;
+    if matches!(o.target, Target::Attach { .. }) {
+        // Never kill an attached program if itrace dies.
+        opts.remove(Options::PTRACE_O_EXITKILL);
+    }
+    if o.follow_threads || o.follow_forks {
+        opts |= Options::PTRACE_O_TRACECLONE;
+    }
+    if o.follow_forks {
+        opts |= Options::PTRACE_O_TRACEFORK | Options::PTRACE_O_TRACEVFORK;
+    }
+    opts
+}
+
+/// Record `opts.target` into `buffers` until it exits, `opts.stop` is set, or a buffer fills (normal mode).
+pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutcome, RecordError> {
+    let mut s = Session {
+        opts,
+        buffers,
+        threads: IntMap::default(),
+        procs: IntMap::default(),
+        cpus: allowed_cpus(0),
+        next_cpu: 0,
+        out: RecordOutcome::default(),
+        detaching: None,
+        launched: None,
+        rec: [0; BRANCH_RECORD_LEN],
+    };
+    match &opts.target {
+        Target::Launch { program, args, aslr } => s.launch(program, args, *aslr)?,
+        Target::Attach { pid } => s.attach(*pid)?,
+    }
+    s.run();
+    s.out.stop_reason.get_or_insert(StopReason::Exited);
+    Ok(s.out)
+}
+
+fn allowed_cpus(pid: i32) -> Vec<usize> {
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let v: Vec<usize> = if r == 0 {
+        // SAFETY: CPU_ISSET reads the set only, with an in-range index.
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+    } else {
+        Vec::new()
+    };
+    if v.is_empty() {
+        vec![0]
+    } else {
+        v
+    }
+}
+
+fn get_affinity(tid: i32) -> Option<libc::cpu_set_t> {
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    (r == 0).then_some(set)
+}
+
+fn set_affinity(tid: i32, set: &libc::cpu_set_t) -> bool {
+    // SAFETY: set is a valid cpu_set_t of the size passed.
+    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
+}
+
+fn pin(tid: i32, cpu: usize) -> bool {
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu < CPU_SETSIZE (it came from an affinity mask); set is valid.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_affinity(tid, &set)
+}
+
+/// Read up to `buf.len()` bytes of `pid`'s memory at `addr`; returns how many were read.
+fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> usize {
+    // Stop at the page end first so an unmapped next page cannot fail the whole read.
+    let page_left = (0x1000 - (addr & 0xfff)) as usize;
+    let first = buf.len().min(page_left);
+    let mut done = 0;
+    for (off, len) in [(0usize, first), (first, buf.len() - first)] {
+        if len == 0 {
+            continue;
+        }
+        let local = libc::iovec { iov_base: buf[off..].as_mut_ptr().cast(), iov_len: len };
+        let remote = libc::iovec { iov_base: (addr + off as u64) as *mut libc::c_void, iov_len: len };
+        // SAFETY: `local` points into `buf` for `len` bytes; the remote range is only read by the kernel.
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if n <= 0 {
+            break;
+        }
+        done += n as usize;
+        if (n as usize) < len {
+            break;
+        }
+    }
+    done
+}
+
+fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
+    ptrace::getregs(Pid::from_raw(tid))
+}
+
+impl Session<'_> {
+    fn launch(&mut self, program: &std::path::Path, args: &[OsString], aslr: bool) -> Result<(), RecordError> {
+        let exec_err = |source| RecordError::Exec { program: program.display().to_string(), source };
+        let prog = CString::new(program.as_os_str().as_bytes()).map_err(|e| exec_err(std::io::Error::other(e)))?;
+        let argv: Vec<CString> = args
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| exec_err(std::io::Error::other(e)))?;
+        let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
+        let (go_r, go_w) = nix::unistd::pipe().map_err(|e| exec_err(e.into()))?;
+        let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| exec_err(e.into()))?;
+        use std::os::fd::AsRawFd;
+        let (go_r_fd, go_w_fd, err_r_fd, err_w_fd) =
+            (go_r.as_raw_fd(), go_w.as_raw_fd(), err_r.as_raw_fd(), err_w.as_raw_fd());
+        // SAFETY: the child only calls async-signal-safe functions (read, close, signal,
+        // personality, execv, write, _exit) on memory prepared before the fork.
+        let pid = match unsafe { libc::fork() } {
+            -1 => return Err(exec_err(std::io::Error::last_os_error())),
+            0 => unsafe {
+                libc::close(go_w_fd);
+                libc::close(err_r_fd);
+                let mut b = 0u8;
+                // Wait until the parent has seized us, so the exec is seen.
+                libc::read(go_r_fd, (&mut b as *mut u8).cast(), 1);
+                libc::close(go_r_fd);
+                // Dispositions set to "ignore" survive exec: give the program the defaults.
+                for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                if !aslr {
+                    let cur = libc::personality(0xffff_ffff);
+                    if cur != -1 {
+                        libc::personality((cur as libc::c_ulong) | libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+                    }
+                }
+                libc::execv(prog.as_ptr(), argv_ptrs.as_ptr());
+                let e = *libc::__errno_location();
+                libc::write(err_w_fd, (&e as *const i32).cast(), 4);
+                libc::_exit(127);
+            },
+            pid => pid,
+        };
+        drop(go_r);
+        drop(err_w);
+        let seized = ptrace::seize(Pid::from_raw(pid), ptrace_options(self.opts));
+        // Let the child go on either way; if seizing failed it must not be left blocked.
+        let _ = nix::unistd::write(&go_w, &[1]);
+        drop(go_w);
+        if let Err(errno) = seized {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = waitpid(Pid::from_raw(pid), None);
+            return Err(RecordError::Ptrace { what: "PTRACE_SEIZE of the launched program", errno });
+        }
+        let mut e = [0u8; 4];
+        let n = nix::unistd::read(err_r.as_raw_fd(), &mut e).unwrap_or(0);
+        if n == 4 {
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL));
+            return Err(exec_err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(e))));
+        }
+        self.launched = Some(pid);
+        let cpu = self.assign_cpu();
+        let mut t = self.new_thread(pid, pid, cpu);
+        t.state = ThreadState::Launching;
+        self.threads.insert(pid, t);
+        self.out.processes = 1;
+        Ok(())
+    }
+
+    fn attach(&mut self, pid: i32) -> Result<(), RecordError> {
+        if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(RecordError::NoSuchProcess(pid));
+        }
+        let pid = procfs::tgid(pid).unwrap_or(pid);
+        self.cpus = allowed_cpus(pid);
+        let opts = ptrace_options(self.opts);
+        // Threads may be created while we seize: repeat until no new one appears.
+        loop {
+            let tasks = procfs::tasks(pid).map_err(|_| RecordError::NoSuchProcess(pid))?;
+            let mut new = 0;
+            for tid in tasks {
+                if self.threads.contains_key(&tid) {
+                    continue;
+                }
+                match ptrace::seize(Pid::from_raw(tid), opts) {
+                    Ok(()) => {}
+                    Err(Errno::ESRCH) if tid != pid => continue, // exited meanwhile
+                    Err(Errno::ESRCH) => return Err(RecordError::NoSuchProcess(pid)),
+                    Err(errno @ Errno::EPERM) => {
+                        self.release_all();
+                        return Err(RecordError::NotPermitted { pid, errno });
+                    }
+                    Err(errno) => {
+                        self.release_all();
+                        return Err(RecordError::Ptrace { what: "PTRACE_SEIZE", errno });
+                    }
+                }
+                let _ = ptrace::interrupt(Pid::from_raw(tid));
+                let cpu = self.assign_cpu();
+                let t = self.new_thread(tid, pid, cpu);
+                self.threads.insert(tid, t);
+                new += 1;
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        let ts = now_ns();
+        self.new_process(pid, ts, procfs::ppid(pid).unwrap_or(0));
+        for tid in self.threads.keys().copied().collect::<Vec<_>>() {
+            self.name_thread(pid, tid, ts);
+        }
+        self.out.processes = 1;
+        Ok(())
+    }
+
+    /// Undo a partial attach.
+    fn release_all(&mut self) {
+        for tid in self.threads.keys() {
+            let _ = ptrace::detach(Pid::from_raw(*tid), None);
+        }
+        self.threads.clear();
+    }
+
+    fn assign_cpu(&mut self) -> usize {
+        let c = self.cpus[self.next_cpu % self.cpus.len()];
+        self.next_cpu += 1;
+        c
+    }
+
+    fn new_thread(&self, tid: i32, pid: i32, cpu: usize) -> Thread {
+        Thread {
+            tid,
+            pid,
+            cpu,
+            state: ThreadState::New,
+            pending: None,
+            icount: 0,
+            arch: X86 { compat: false },
+            injected: None,
+            syscall_interrupted: false,
+            syscall_ts: 0,
+            skip_report_at: None,
+            original_affinity: None,
+            name: String::new(),
+            stopped: false,
+        }
+    }
+
+    /// Pin a thread to its CPU, remembering its affinity to restore later.
+    fn pin_thread(&mut self, tid: i32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            if t.original_affinity.is_none() {
+                t.original_affinity = get_affinity(tid);
+            }
+            if !pin(tid, t.cpu) {
+                // Cannot pin (cpuset rules): report the CPU the tracer sees; mostly right for a ping-pong.
+                // SAFETY: sched_getcpu has no preconditions.
+                let c = unsafe { libc::sched_getcpu() };
+                t.cpu = c.max(0) as usize;
+            }
+        }
+    }
+
+    fn emit_mte(&mut self, m: Mte) {
+        match self.buffers.push_mte(&Record::Mte(m)) {
+            Ok(Push::Stored) => {}
+            Ok(Push::Full) => self.begin_detach(StopReason::BufferFull),
+            Err(e) => self.write_failed(e),
+        }
+    }
+
+    fn write_failed(&mut self, e: FormatError) {
+        if self.out.write_error.is_none() {
+            self.out.write_error = Some(e.to_string());
+        }
+        self.begin_detach(StopReason::WriteError);
+    }
+
+    /// Module-table records for a process seen for the first time (attach, exec, fork).
+    fn new_process(&mut self, pid: i32, ts: u64, ppid: i32) {
+        let name = procfs::comm(pid, pid);
+        self.emit_mte(Mte::ProcessName { ts, pid: pid as u32, ppid: ppid as u32, name: name.clone() });
+        let p = Process { maps: Vec::new(), code: IntMap::default(), name, vdso_saved: false };
+        self.procs.insert(pid, p);
+        self.refresh_maps(pid, ts);
+    }
+
+    fn name_thread(&mut self, pid: i32, tid: i32, ts: u64) {
+        let name = procfs::comm(pid, tid);
+        let changed = match self.threads.get_mut(&tid) {
+            Some(t) if t.name != name && !name.is_empty() => {
+                t.name = name.clone();
+                true
+            }
+            _ => false,
+        };
+        if changed {
+            self.emit_mte(Mte::ThreadName { ts, pid: pid as u32, tid: tid as u32, name });
+        }
+    }
+
+    /// Re-read a process's executable mappings; write what changed; forget decoded code that moved.
+    fn refresh_maps(&mut self, pid: i32, ts: u64) {
+        let Ok(new) = procfs::exec_mappings(pid) else { return };
+        let Some(p) = self.procs.get_mut(&pid) else { return };
+        let old = std::mem::take(&mut p.maps);
+        let mut records = Vec::new();
+        for m in old.iter().filter(|m| !new.contains(m)) {
+            records.push(Mte::Unmap { ts, pid: pid as u32, start: m.start, end: m.end });
+            p.code.retain(|a, _| *a < m.start || *a >= m.end);
+        }
+        let mut vdso = None;
+        for m in new.iter().filter(|m| !old.contains(m)) {
+            p.code.retain(|a, _| *a < m.start || *a >= m.end);
+            records.push(Mte::Segment {
+                ts,
+                pid: pid as u32,
+                prot: m.prot,
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                path: m.path.clone(),
+            });
+            if m.path == "[vdso]" && !p.vdso_saved {
+                vdso = Some((m.start, m.end));
+            }
+        }
+        p.maps = new;
+        if let Some((start, end)) = vdso {
+            let mut image = vec![0u8; (end - start).min(1 << 16) as usize - 4096 * ((end - start) > (1 << 16)) as usize];
+            let n = read_mem(pid, start, &mut image);
+            image.truncate(n);
+            if n > 0 {
+                p.vdso_saved = true;
+                records.push(Mte::VdsoImage { ts, pid: pid as u32, start, image });
+            }
+        }
+        for r in records {
+            self.emit_mte(r);
+        }
+    }
+
+    /// Decode the instruction at `pc` in `pid`, from the cache when the code cannot change unseen.
+    fn decode(&mut self, pid: i32, arch: X86, pc: u64) -> Insn {
+        if let Some(i) = self.procs.get(&pid).and_then(|p| p.code.get(&pc)) {
+            return *i;
+        }
+        let mut buf = [0u8; 16];
+        let n = read_mem(pid, pc, &mut buf[..arch.max_insn_len()]);
+        let insn = arch.decode(pc, &buf[..n]);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            let i = p.maps.partition_point(|m| m.end <= pc);
+            let cacheable = p.maps.get(i).is_some_and(|m| m.start <= pc && !m.writable());
+            if cacheable {
+                p.code.insert(pc, insn);
+            }
+        }
+        insn
+    }
+
+    fn push_branch(&mut self, cpu: usize, b: Branch) {
+        self.out.branches += 1;
+        self.out.instructions += b.icount as u64;
+        b.encode_into(&mut self.rec);
+        match self.buffers.push_trace(cpu, &self.rec) {
+            Ok(Push::Stored) => {}
+            Ok(Push::Full) => {
+                // Not stored: its instructions go to the trace-off record's partial block.
+                self.out.branches -= 1;
+                self.out.instructions -= b.icount as u64;
+                if let Some(t) = self.threads.get_mut(&(b.tid as i32)) {
+                    t.icount += b.icount;
+                }
+                self.begin_detach(StopReason::BufferFull);
+            }
+            Err(e) => self.write_failed(e),
+        }
+    }
+
+    fn push_control(&mut self, cpu: usize, r: Record) {
+        if let Err(e) = self.buffers.push_control(cpu, &r) {
+            self.write_failed(e);
+        }
+    }
+
+    /// Stop tracing everything: threads are detached as they stop.
+    fn begin_detach(&mut self, reason: StopReason) {
+        if self.detaching.is_some() {
+            return;
+        }
+        self.detaching = Some(reason);
+        self.out.stop_reason = Some(reason);
+        for t in self.threads.values() {
+            if !t.stopped && t.state != ThreadState::Finished {
+                let _ = ptrace::interrupt(Pid::from_raw(t.tid));
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        while !self.threads.is_empty() {
+            if self.detaching.is_none() && self.opts.stop.load(Ordering::Relaxed) {
+                self.begin_detach(StopReason::Detached);
+            }
+            let status = match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(s) => s,
+                Err(Errno::EINTR) => continue,
+                Err(_) => break, // ECHILD: nothing left
+            };
+            match status {
+                WaitStatus::Exited(pid, code) => self.gone(pid.as_raw(), StopReason::Exited, code),
+                WaitStatus::Signaled(pid, sig, _) => self.gone(pid.as_raw(), StopReason::Signaled, sig as i32),
+                WaitStatus::Stopped(pid, sig) => self.on_signal_stop(pid.as_raw(), sig as i32),
+                WaitStatus::PtraceEvent(pid, sig, ev) => self.on_event(pid.as_raw(), sig as i32, ev),
+                WaitStatus::PtraceSyscall(pid) => self.resume(pid.as_raw(), 0),
+                WaitStatus::Continued(_) | WaitStatus::StillAlive => {}
+            }
+        }
+    }
+
+    /// Resume a thread: one more step while tracing, or detach it once tracing is ending.
+    fn resume(&mut self, tid: i32, sig: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.stopped = false;
+        let pid = Pid::from_raw(tid);
+        let sig_opt = Signal::try_from(sig).ok();
+        if self.detaching.is_some() || t.state == ThreadState::Finished {
+            self.detach_thread(tid, sig);
+            return;
+        }
+        t.injected = (sig != 0).then_some(sig);
+        if let Err(e) = ptrace::step(pid, sig_opt) {
+            if e != Errno::ESRCH {
+                self.finish_thread(tid, StopReason::TracerError, e as i32);
+            }
+        }
+    }
+
+    fn detach_thread(&mut self, tid: i32, sig: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if t.state != ThreadState::Finished {
+            let reason = self.detaching.unwrap_or(StopReason::Detached);
+            self.finish_thread(tid, reason, 0);
+        }
+        let Some(t) = self.threads.get(&tid) else { return };
+        if let Some(set) = t.original_affinity {
+            set_affinity(tid, &set);
+        }
+        let _ = ptrace::detach(Pid::from_raw(tid), Signal::try_from(sig).ok());
+        self.threads.remove(&tid);
+    }
+
+    /// Write the thread's trace-off record (once).
+    fn finish_thread(&mut self, tid: i32, reason: StopReason, value: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if t.state == ThreadState::Finished {
+            return;
+        }
+        let was_tracing = t.state == ThreadState::Stepping;
+        t.state = ThreadState::Finished;
+        if !was_tracing {
+            return;
+        }
+        let (cpu, pid, icount) = (t.cpu, t.pid, t.icount);
+        let pc = t.pending.map(|p| p.pc).unwrap_or(0);
+        t.icount = 0;
+        self.out.instructions += icount as u64;
+        let ts = now_ns();
+        let r = TraceOff { ts, reason, pid: pid as u32, tid: tid as u32, pc, icount, value };
+        self.push_control(cpu, Record::TraceOff(r));
+    }
+
+    /// A thread is gone (wait reported its exit).
+    fn gone(&mut self, tid: i32, reason: StopReason, value: i32) {
+        if Some(tid) == self.launched {
+            self.out.exit_status = Some(if reason == StopReason::Signaled { -value } else { value });
+        }
+        if let Some(t) = self.threads.get(&tid) {
+            if t.state == ThreadState::Stepping {
+                // No exit event was seen (killed by exec of another thread, or SIGKILL).
+                let r = if reason == StopReason::Exited { StopReason::Vanished } else { reason };
+                self.finish_thread(tid, r, value);
+            }
+        }
+        self.threads.remove(&tid);
+    }
+
+    fn on_event(&mut self, tid: i32, sig: i32, ev: i32) {
+        if !self.threads.contains_key(&tid) {
+            self.adopt(tid);
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.stopped = true;
+        }
+        match ev {
+            libc::PTRACE_EVENT_STOP => self.on_interrupt_stop(tid, sig),
+            libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                let child = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
+                self.on_clone(tid, child, ev);
+                self.resume(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                let former = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(tid as i64) as i32;
+                self.on_exec(tid, former);
+                self.resume(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXIT => {
+                let status = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
+                self.on_exit_event(tid, status);
+                // Let it exit; it is no longer ours to step.
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.stopped = false;
+                }
+                let _ = ptrace::cont(Pid::from_raw(tid), None);
+            }
+            _ => self.resume(tid, 0),
+        }
+    }
+
+    /// A stopped tid we did not know: a new thread or child reported before its parent's event.
+    fn adopt(&mut self, tid: i32) {
+        let pid = procfs::tgid(tid).unwrap_or(tid);
+        let cpu = if let Some(parent) = self.threads.values().find(|t| t.pid == pid) {
+            let _ = parent;
+            self.assign_cpu()
+        } else {
+            self.assign_cpu()
+        };
+        let t = self.new_thread(tid, pid, cpu);
+        self.threads.insert(tid, t);
+    }
+
+    fn on_clone(&mut self, parent: i32, child: i32, ev: i32) {
+        let Some(p) = self.threads.get(&parent) else { return };
+        let parent_pid = p.pid;
+        let child_pid = procfs::tgid(child).unwrap_or(if ev == libc::PTRACE_EVENT_CLONE { parent_pid } else { child });
+        let thread = child_pid == parent_pid;
+        let ts = now_ns();
+        self.emit_mte(Mte::Clone {
+            ts,
+            parent_pid: parent_pid as u32,
+            parent_tid: parent as u32,
+            child_pid: child_pid as u32,
+            child_tid: child as u32,
+            thread,
+        });
+        if !self.threads.contains_key(&child) {
+            let cpu = self.assign_cpu();
+            let t = self.new_thread(child, child_pid, cpu);
+            self.threads.insert(child, t);
+        }
+        if let Some(t) = self.threads.get_mut(&child) {
+            t.pid = child_pid;
+        }
+        if thread {
+            self.out.threads += 1;
+        } else if self.opts.follow_forks {
+            self.out.processes += 1;
+            // The child starts with a copy of the parent's address space.
+            let (maps, code, name) = match self.procs.get(&parent_pid) {
+                Some(pp) => (pp.maps.clone(), pp.code.clone(), pp.name.clone()),
+                None => (Vec::new(), IntMap::default(), String::new()),
+            };
+            self.emit_mte(Mte::ProcessName { ts, pid: child_pid as u32, ppid: parent_pid as u32, name: name.clone() });
+            for m in &maps {
+                self.emit_mte(Mte::Segment {
+                    ts,
+                    pid: child_pid as u32,
+                    prot: m.prot,
+                    start: m.start,
+                    end: m.end,
+                    offset: m.offset,
+                    path: m.path.clone(),
+                });
+            }
+            self.procs.insert(child_pid, Process { maps, code, name, vdso_saved: false });
+        }
+    }
+
+    fn on_exec(&mut self, tid: i32, former: i32) {
+        let ts = now_ns();
+        if former != tid {
+            // A non-leader thread called exec and took over the leader's tid.
+            if let Some(mut t) = self.threads.remove(&former) {
+                self.finish_thread(tid, StopReason::Vanished, 0);
+                self.threads.remove(&tid);
+                t.tid = tid;
+                self.threads.insert(tid, t);
+            }
+        }
+        let Some(t) = self.threads.get(&tid) else { return };
+        let pid = t.pid;
+        let launching = t.state == ThreadState::Launching;
+        let path = procfs::exe(pid);
+        self.emit_mte(Mte::Exec { ts, pid: pid as u32, tid: tid as u32, path });
+        self.procs.remove(&pid);
+        let ppid = procfs::ppid(pid).unwrap_or(0);
+        self.new_process(pid, ts, ppid);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.name.clear();
+        }
+        self.name_thread(pid, tid, ts);
+        if launching {
+            // The launched program's first instruction: start stepping here.
+            self.pin_thread(tid);
+            self.pin_tracer(tid);
+            let Ok(regs) = getregs(tid) else { return };
+            let arch = X86::from_cs(regs.cs);
+            let insn = self.decode(pid, arch, regs.rip);
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.arch = arch;
+            t.state = ThreadState::Stepping;
+            t.pending = Some(Pending { pc: regs.rip, insn, entry_nr: regs.rax });
+            // Resuming with a step makes the kernel report the end of execve before the first instruction.
+            t.skip_report_at = Some(regs.rip);
+            let (cpu, pc) = (t.cpu, regs.rip);
+            self.out.threads += 1;
+            let on = TraceOn { ts, reason: TraceOnReason::Start, pid: pid as u32, tid: tid as u32, pc };
+            self.push_control(cpu, Record::TraceOn(on));
+        }
+    }
+
+    /// Keep the tracer on the CPU of the (first) traced thread: a step is a ping-pong between
+    /// the two, cheaper without a cross-CPU wake-up.
+    fn pin_tracer(&mut self, tid: i32) {
+        if let Some(t) = self.threads.get(&tid) {
+            pin(0, t.cpu);
+        }
+    }
+
+    fn on_exit_event(&mut self, tid: i32, status: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        if t.state != ThreadState::Stepping {
+            return;
+        }
+        let (pid, cpu) = (t.pid, t.cpu);
+        self.name_thread(pid, tid, now_ns());
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        let signaled = libc::WIFSIGNALED(status);
+        if let Some(p) = t.pending {
+            if p.insn.flow == Flow::Syscall && !signaled && t.arch.is_exit_syscall(p.entry_nr) {
+                // The exit system call ran and never returns.
+                let b = Branch {
+                    ts: t.syscall_ts,
+                    kernel: false,
+                    kind: BranchKind::Intrpt,
+                    flags: branch_flags::SYSCALL,
+                    aux: p.entry_nr as u16,
+                    from: p.pc,
+                    to: 0,
+                    tid: tid as u32,
+                    icount: t.icount + 1,
+                };
+                t.icount = 0;
+                t.pending = Some(Pending { pc: p.pc + p.insn.len as u64, ..p });
+                self.push_branch(cpu, b);
+            }
+        }
+        if signaled {
+            self.finish_thread(tid, StopReason::Signaled, libc::WTERMSIG(status));
+        } else {
+            self.finish_thread(tid, StopReason::Exited, libc::WEXITSTATUS(status));
+        }
+    }
+
+    /// PTRACE_EVENT_STOP: our interrupt, a new thread's first stop, or a group-stop.
+    fn on_interrupt_stop(&mut self, tid: i32, sig: i32) {
+        let group_stop = matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
+        let state = self.threads.get(&tid).map(|t| t.state);
+        if self.detaching.is_some() {
+            if state == Some(ThreadState::Stepping) && procfs::thread_pending_signals(tid) & (1 << (libc::SIGTRAP - 1)) != 0 {
+                // A step trap is queued behind this stop: detaching now would deliver it untraced
+                // and kill the program. Let it surface as a signal stop, then detach there.
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.stopped = false;
+                }
+                let _ = ptrace::cont(Pid::from_raw(tid), None);
+                return;
+            }
+            self.detach_thread(tid, 0);
+            return;
+        }
+        if group_stop {
+            // Stay stopped like an untraced process until SIGCONT.
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.stopped = false;
+            }
+            // SAFETY: plain ptrace request on a tracee in group-stop; no pointers are passed.
+            unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid, 0, 0) };
+            return;
+        }
+        match state {
+            Some(ThreadState::New) => self.start_thread(tid),
+            Some(ThreadState::Launching) => {
+                let _ = ptrace::cont(Pid::from_raw(tid), None);
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.stopped = false;
+                }
+            }
+            _ => self.resume(tid, 0),
+        }
+    }
+
+    /// First stop of an attached thread or a new thread/process: start stepping it.
+    fn start_thread(&mut self, tid: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        let pid = t.pid;
+        let attach = matches!(self.opts.target, Target::Attach { .. }) && self.out.threads < self.threads.len() as u64;
+        if !self.procs.contains_key(&pid) {
+            // A new process whose fork event has not been seen, or one we must not follow.
+            if !self.opts.follow_forks {
+                self.threads.remove(&tid);
+                let _ = ptrace::detach(Pid::from_raw(tid), None);
+                return;
+            }
+            self.new_process(pid, now_ns(), procfs::ppid(pid).unwrap_or(0));
+        }
+        if !self.opts.follow_forks && Some(pid) != self.root_pid() {
+            self.threads.remove(&tid);
+            let _ = ptrace::detach(Pid::from_raw(tid), None);
+            return;
+        }
+        self.pin_thread(tid);
+        let Ok(regs) = getregs(tid) else {
+            self.threads.remove(&tid);
+            return;
+        };
+        let arch = X86::from_cs(regs.cs);
+        // Stopped inside a system call that will be restarted: the kernel moves the pc back
+        // onto the system call instruction when it resumes, so that is what runs next.
+        let in_syscall = regs.orig_rax as i64 >= 0;
+        let mut pc = regs.rip;
+        if in_syscall && RESTART_CODES.contains(&(regs.rax as i64)) {
+            pc -= 2;
+        }
+        let insn = self.decode(pid, arch, pc);
+        let ts = now_ns();
+        self.name_thread(pid, tid, ts);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.arch = arch;
+        t.state = ThreadState::Stepping;
+        t.pending = Some(Pending { pc, insn, entry_nr: regs.orig_rax });
+        t.syscall_ts = ts;
+        let cpu = t.cpu;
+        if self.out.threads == 0 {
+            self.pin_tracer(tid);
+        }
+        self.out.threads += if attach { 1 } else { 0 };
+        let reason = if attach { TraceOnReason::Attach } else { TraceOnReason::Start };
+        self.push_control(cpu, Record::TraceOn(TraceOn { ts, reason, pid: pid as u32, tid: tid as u32, pc }));
+        self.resume(tid, 0);
+    }
+
+    fn root_pid(&self) -> Option<i32> {
+        match self.opts.target {
+            Target::Attach { pid } => Some(procfs::tgid(pid).unwrap_or(pid)),
+            Target::Launch { .. } => self.launched,
+        }
+    }
+
+    /// A signal-delivery stop (or a step trap, which is SIGTRAP).
+    fn on_signal_stop(&mut self, tid: i32, sig: i32) {
+        if !self.threads.contains_key(&tid) {
+            self.adopt(tid);
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.stopped = true;
+        if t.state != ThreadState::Stepping {
+            // Not stepping yet (or finished): pass the signal on.
+            let state = t.state;
+            if state == ThreadState::New && sig == libc::SIGSTOP {
+                // A new child's initial stop when not seized (older kernels): start it.
+                self.start_thread(tid);
+                return;
+            }
+            self.resume(tid, sig);
+            return;
+        }
+        if sig != libc::SIGTRAP {
+            // The program gets a signal: deliver it on the next step; the stop after shows the handler.
+            self.resume(tid, sig);
+            return;
+        }
+        let Ok(regs) = getregs(tid) else {
+            self.resume(tid, 0);
+            return;
+        };
+        let mut inject = 0;
+        self.on_step(tid, &regs, &mut inject);
+        self.resume(tid, inject);
+    }
+
+    /// The core: a thread stopped after a step. Classify what ran, write records, decode what runs next.
+    fn on_step(&mut self, tid: i32, regs: &libc::user_regs_struct, inject: &mut i32) {
+        let rip = regs.rip;
+        let t = self.threads.get_mut(&tid).expect("stepping thread exists");
+        let (cpu, pid) = (t.cpu, t.pid);
+        let mut out: [Option<Branch>; 2] = [None, None];
+        let mut syscall_done: Option<u64> = None;
+        if let Some(p) = t.pending {
+            let next = p.pc.wrapping_add(p.insn.len as u64);
+            let injected = t.injected.take();
+            let handler_entry = injected.is_some() && !(p.insn.flow == Flow::Syscall && rip == next) && {
+                // A signal was delivered: a stop with si_code TRAP_BRKPT is the kernel's report at
+                // the handler's first instruction, before it runs.
+                ptrace::getsiginfo(Pid::from_raw(tid)).map(|si| si.si_code == 1).unwrap_or(false)
+            };
+            if t.skip_report_at == Some(rip) {
+                t.skip_report_at = None;
+            } else if handler_entry {
+                let signo = injected.unwrap_or(0) as u16;
+                let now = now_ns();
+                if t.syscall_interrupted && p.insn.flow == Flow::Syscall {
+                    // The system call ran and was interrupted by this signal.
+                    t.syscall_interrupted = false;
+                    out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, regs.orig_rax));
+                    t.syscall_ts = now;
+                } else {
+                    out[0] = Some(branch(t, false, p.pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, signo as u64));
+                }
+                t.syscall_ts = now;
+                out[1] = Some(branch(t, false, 0, rip, BranchKind::Iret, branch_flags::SIGNAL, signo as u64));
+                out[1].as_mut().expect("set").kernel = true;
+            } else {
+                t.skip_report_at = None;
+                match p.insn.flow {
+                    Flow::Syscall => {
+                        if RESTART_CODES.contains(&(regs.rax as i64)) && rip == next {
+                            // Interrupted; the kernel will run it again (or deliver a signal first).
+                            t.syscall_interrupted = true;
+                            self.update_pending_after(tid, rip, regs, true);
+                            return;
+                        }
+                        t.syscall_interrupted = false;
+                        let nr = regs.orig_rax;
+                        out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, nr));
+                        t.syscall_ts = now_ns();
+                        let mut k = branch(t, false, 0, rip, BranchKind::Iret, branch_flags::SYSCALL, nr);
+                        k.kernel = true;
+                        out[1] = Some(k);
+                        syscall_done = Some(nr);
+                    }
+                    Flow::RepString if rip == p.pc => {} // one more iteration of the same instruction
+                    Flow::Interrupt => {
+                        // int3 and friends: the program's own SIGTRAP (or other signal); deliver it.
+                        t.icount += 1;
+                        out[0] = Some(branch(t, false, p.pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, libc::SIGTRAP as u64));
+                        *inject = libc::SIGTRAP;
+                    }
+                    flow => {
+                        t.icount += 1;
+                        if flow.always_branches() || rip != next {
+                            let kind = if flow == Flow::Next || flow == Flow::RepString { BranchKind::Other } else { flow.branch_kind() };
+                            out[0] = Some(branch(t, false, p.pc, rip, kind, 0, 0));
+                        }
+                    }
+                }
+            }
+        }
+        for b in out.into_iter().flatten() {
+            self.push_branch(cpu, b);
+        }
+        if let Some(nr) = syscall_done {
+            let arch = self.threads[&tid].arch;
+            if arch.changes_mappings(nr) {
+                self.refresh_maps(pid, now_ns());
+            }
+            if arch.may_rename(nr) {
+                self.name_thread(pid, tid, now_ns());
+            }
+        }
+        self.update_pending_after(tid, rip, regs, false);
+    }
+
+    /// Decode the thread's next instruction (unless it is an interrupted system call that runs again).
+    fn update_pending_after(&mut self, tid: i32, rip: u64, regs: &libc::user_regs_struct, keep: bool) {
+        if keep {
+            return;
+        }
+        let t = &self.threads[&tid];
+        let (pid, mut arch) = (t.pid, t.arch);
+        if regs.cs != 0 {
+            arch = X86::from_cs(regs.cs);
+        }
+        let insn = self.decode(pid, arch, rip);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.arch = arch;
+        t.pending = Some(Pending { pc: rip, insn, entry_nr: regs.rax });
+        if insn.flow == Flow::Syscall {
+            t.syscall_ts = now_ns();
+        }
+    }
+}
+
+/// A branch record for thread `t` ending its current block; resets its count.
+/// `counts_insn`: the instruction at `from` executed and belongs to the block.
+fn branch(t: &mut Thread, counts_insn: bool, from: u64, to: u64, kind: BranchKind, flags: u8, aux: u64) -> Branch {
+    if counts_insn {
+        t.icount += 1;
+    }
+    let b = Branch {
+        ts: if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL { t.syscall_ts } else { now_ns() },
+        kernel: false,
+        kind,
+        flags,
+        aux: aux as u16,
+        from,
+        to,
+        tid: t.tid as u32,
+        icount: t.icount,
+    };
+    t.icount = 0;
+    b
+}

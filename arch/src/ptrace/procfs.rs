@@ -1,0 +1,113 @@
+//! What the recorder reads from /proc: mappings, names, thread lists.
+
+use std::fs;
+
+/// One executable mapping of a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub prot: u32,
+    pub offset: u64,
+    pub path: String,
+}
+
+impl Mapping {
+    /// Whether code here may change without a system call we see (writable code: JITs).
+    pub fn writable(&self) -> bool {
+        self.prot & itrace_format::prot::WRITE != 0
+    }
+}
+
+/// The executable mappings of `pid`, sorted by address.
+pub fn exec_mappings(pid: i32) -> std::io::Result<Vec<Mapping>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(parse_maps(&text))
+}
+
+/// Parse /proc/PID/maps text, keeping executable mappings.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(perms), Some(off)) = (f.next(), f.next(), f.next()) else { continue };
+        let (_dev, _inode) = (f.next(), f.next());
+        let path = f.next().unwrap_or("").trim_start().to_string();
+        let p = perms.as_bytes();
+        if p.len() < 3 || p[2] != b'x' {
+            continue;
+        }
+        let Some((s, e)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end), Ok(offset)) =
+            (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
+        else {
+            continue;
+        };
+        use itrace_format::prot::*;
+        let prot = (p[0] == b'r') as u32 * READ | (p[1] == b'w') as u32 * WRITE | EXEC;
+        out.push(Mapping { start, end, prot, offset, path });
+    }
+    out.sort_by_key(|m| m.start);
+    out
+}
+
+/// The thread's name (`comm`), or "" if it is gone.
+pub fn comm(pid: i32, tid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
+}
+
+/// A field of /proc/TID/status, as text.
+fn status_field(tid: i32, name: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+}
+
+/// The process (thread group) a thread belongs to.
+pub fn tgid(tid: i32) -> Option<i32> {
+    status_field(tid, "Tgid:")?.parse().ok()
+}
+
+/// The parent of a process.
+pub fn ppid(pid: i32) -> Option<i32> {
+    status_field(pid, "PPid:")?.parse().ok()
+}
+
+/// Signals pending for the thread itself (not the whole process).
+pub fn thread_pending_signals(tid: i32) -> u64 {
+    status_field(tid, "SigPnd:").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0)
+}
+
+/// The threads of a process.
+pub fn tasks(pid: i32) -> std::io::Result<Vec<i32>> {
+    let mut v: Vec<i32> =
+        fs::read_dir(format!("/proc/{pid}/task"))?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// The executable file of a process.
+pub fn exe(pid: i32) -> String {
+    fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_executable_mappings_with_paths() {
+        let text = "\
+00400000-00401000 r--p 00000000 08:01 123 /usr/bin/prog
+00401000-00402000 r-xp 00001000 08:01 123 /usr/bin/prog
+7ffd1000-7ffd3000 r-xp 00000000 00:00 0                          [vdso]
+7f000000-7f001000 rwxp 00000000 00:00 0 
+7f100000-7f101000 r-xp 00002000 08:01 9 /tmp/with space/lib.so
+";
+        let m = parse_maps(text);
+        assert_eq!(m.len(), 4);
+        assert_eq!((m[0].start, m[0].end, m[0].offset, m[0].path.as_str()), (0x401000, 0x402000, 0x1000, "/usr/bin/prog"));
+        assert!(m[1].writable() && m[1].path.is_empty());
+        assert_eq!(m[2].path, "/tmp/with space/lib.so");
+        assert_eq!(m[3].path, "[vdso]");
+    }
+}

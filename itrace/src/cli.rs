@@ -1,0 +1,169 @@
+//! Command-line definitions.
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "itrace", version, about = "Instruction and branch tracer for Linux: records every taken branch of a program (or a region of it) and writes PI-style arc files and reports.")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Trace a program: launch it (`-- CMD ARGS`) or attach to a running one (`-p PID`).
+    Record(RecordArgs),
+    /// Write the arc file: one line per taken branch (PI's `post -arc`).
+    Arc(ArcArgs),
+    /// Summarise a trace: instructions and calls per function, module and thread.
+    Report(ReportArgs),
+    /// Print every record of a trace, raw (for debugging traces and itrace itself).
+    Dump(DumpArgs),
+}
+
+/// Collection modes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// Stop tracing when a per-CPU buffer is full; the program runs on untraced.
+    Normal,
+    /// Keep only the most recent records (a flight recorder); older ones are counted as lost.
+    Wrap,
+    /// Write full segments to the file as tracing goes on; constant memory, nothing lost.
+    Continuous,
+}
+
+#[derive(Args)]
+pub struct RecordArgs {
+    /// Trace file to write.
+    #[arg(short, long, default_value = "itrace.itr")]
+    pub output: PathBuf,
+    /// Collection mode.
+    #[arg(long, value_enum, default_value_t = ModeArg::Continuous)]
+    pub mode: ModeArg,
+    /// Trace buffer size per CPU (normal and wrap modes), e.g. 64K, 8M, 1G.
+    #[arg(long, default_value = "64M", value_parser = crate::size::parse_size)]
+    pub buffer_size: usize,
+    /// Segment size for continuous mode (and the MTE stream in wrap mode): a segment is written when full.
+    #[arg(long, default_value = "1M", value_parser = crate::size::parse_size)]
+    pub segment_size: usize,
+    /// Module-table buffer size (normal mode): tracing stops when it is full.
+    #[arg(long, default_value = "8M", value_parser = crate::size::parse_size)]
+    pub mte_size: usize,
+    /// Also trace child processes (fork, vfork) and what they execute.
+    #[arg(long)]
+    pub follow_forks: bool,
+    /// Do not trace threads created after tracing starts.
+    #[arg(long)]
+    pub no_follow_threads: bool,
+    /// Stop tracing after this many seconds (fractions allowed), detach and keep the program running.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<f64>,
+    /// Also write the arc file next to the trace (TRACE.arc).
+    #[arg(long)]
+    pub arc: bool,
+    /// Keep address-space randomisation on for a launched program (off by default, like gdb, so traces repeat).
+    #[arg(long)]
+    pub aslr: bool,
+    /// Attach to this running process (all its threads).
+    #[arg(short, long, conflicts_with = "command")]
+    pub pid: Option<i32>,
+    /// Program to launch and its arguments (after `--`).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
+}
+
+#[derive(Args)]
+pub struct ArcArgs {
+    /// Trace file to read.
+    pub trace: PathBuf,
+    /// Where to write the arc file (default: standard output).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// Trace file to read.
+    pub trace: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Rows per table in the text report (0: all).
+    #[arg(long, default_value_t = 40)]
+    pub top: usize,
+}
+
+#[derive(Args)]
+pub struct DumpArgs {
+    /// Trace file to read.
+    pub trace: PathBuf,
+}
+
+/// A progress bar on a terminal for reads of large traces; hidden otherwise.
+pub fn progress(total: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() || total < (64 << 20) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(total);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} [{bar:40}] {eta} left")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+pub fn arc(args: ArcArgs) -> Result<ExitCode> {
+    let trace = itrace_post::open(&args.trace).with_context(|| format!("cannot read {}", args.trace.display()))?;
+    let pb = progress(trace.trace_bytes());
+    let out: Box<dyn std::io::Write> = match &args.output {
+        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let out = std::io::BufWriter::with_capacity(1 << 16, out);
+    let stats = itrace_post::arc::write_arc(&trace, out, &mut |done| pb.set_position(done))
+        .with_context(|| format!("cannot write the arc of {}", args.trace.display()))?;
+    pb.finish_and_clear();
+    warn_truncated(&trace);
+    if let Some(p) = &args.output {
+        eprintln!("itrace: wrote {} ({} lines)", p.display(), stats.lines);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn report(args: ReportArgs) -> Result<ExitCode> {
+    let trace = itrace_post::open(&args.trace).with_context(|| format!("cannot read {}", args.trace.display()))?;
+    let pb = progress(trace.trace_bytes());
+    let report = itrace_post::report::build(&trace, &mut |done| pb.set_position(done))
+        .with_context(|| format!("cannot read {}", args.trace.display()))?;
+    pb.finish_and_clear();
+    warn_truncated(&trace);
+    let stdout = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(stdout);
+    if args.json {
+        report.write_json(&mut out)?;
+    } else {
+        report.write_text(&mut out, args.top)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tell the user when a trace was cut short (records up to the cut were used).
+pub fn warn_truncated(trace: &itrace_post::Trace) {
+    if let Some(off) = trace.truncated_at() {
+        eprintln!("itrace: warning: {} is truncated at offset {off:#x}; read up to its last whole record", trace.path().display());
+    } else if trace.summary().is_none() {
+        eprintln!("itrace: warning: {} has no end summary (recording did not finish); read what is there", trace.path().display());
+    }
+}

@@ -1,0 +1,133 @@
+//! The arc file (PI's `post -arc`): one line per block, in time order.
+//! Format: docs/arc-and-report.md.
+
+use crate::replay::{replay, Block, Sink, Where};
+use crate::resolve::{Location, Resolver};
+use crate::threads::Names;
+use crate::{PostError, Trace};
+use itrace_format::{BranchKind, Lost, StopReason, TraceOff};
+use std::io::Write;
+
+/// Counts of what was written.
+#[derive(Clone, Debug, Default)]
+pub struct ArcStats {
+    pub lines: u64,
+    pub instructions: u64,
+}
+
+const HEADER: &str = "\
+# arc Field Definition:
+#   1: cpu no.
+#   2: K(kernel) or U(user)
+#   3: last instruction type
+#      0=INTRPT, 1=CALL, 2=RETURN, 3=JUMP, 4=IRET, 5=OTHER, 6=UNDEFD, 7=ALLOC
+#   4: no. of instructions
+#   5: @ = Call_Flow
+#   6: offset (from symbol start)
+#   7: symbol:module
+#   8: pid_tid_pidname_threadname
+#   9: last instruction type (string)
+#  10: line number (if available)
+";
+
+struct ArcSink<W: Write> {
+    out: W,
+    stats: ArcStats,
+}
+
+impl<W: Write> ArcSink<W> {
+    #[allow(clippy::too_many_arguments)]
+    fn line(
+        &mut self,
+        cpu: u16,
+        ku: char,
+        kind: BranchKind,
+        count: u32,
+        offset: u64,
+        sym: &str,
+        module: &str,
+        label: &str,
+        line: u32,
+    ) -> Result<(), PostError> {
+        self.stats.lines += 1;
+        self.stats.instructions += count as u64;
+        writeln!(
+            self.out,
+            " {cpu:>2} {ku} {}  {count:>5} @ {offset:>4x} {sym}:{module}   {label} {} {line}",
+            kind.arc_code(),
+            kind.arc_name()
+        )?;
+        Ok(())
+    }
+}
+
+impl<W: Write> Sink for ArcSink<W> {
+    fn block(&mut self, b: &Block, names: &mut Names, _res: &mut Resolver) -> Result<(), PostError> {
+        let label = names.label(b.branch.tid).to_string();
+        match &b.loc {
+            Where::User(l) => self.line(
+                b.cpu,
+                'U',
+                b.branch.kind,
+                b.branch.icount,
+                l.offset,
+                &l.symbol,
+                &l.module,
+                &label,
+                l.line,
+            ),
+            Where::Kernel(name) => self.line(b.cpu, 'K', b.branch.kind, b.branch.icount, 0, name, "[kernel]", &label, 0),
+        }
+    }
+
+    fn trace_off(&mut self, off: &TraceOff, partial: Option<&Location>, names: &mut Names) -> Result<(), PostError> {
+        let label = names.label(off.tid).to_string();
+        if let Some(l) = partial {
+            // The last block never reached a branch.
+            self.line(0, 'U', BranchKind::Other, off.icount, l.offset, &l.symbol, &l.module, &label, l.line)?;
+        }
+        let why = match off.reason {
+            StopReason::Exited => format!("exited with status {}", off.value),
+            StopReason::Signaled => format!("killed by {} at {:#x}", signal_name(off.value), off.pc),
+            StopReason::Detached => format!("detached at {:#x}", off.pc),
+            StopReason::BufferFull => format!("trace buffer full at {:#x} (normal mode): tracing stopped", off.pc),
+            StopReason::WriteError => format!("trace file write failed at {:#x}", off.pc),
+            StopReason::Vanished => "thread ended (exec in another thread, or killed)".to_string(),
+            StopReason::TracerError => format!("tracer error (errno {})", off.value),
+        };
+        writeln!(self.out, "# end of trace for {label}: {why}")?;
+        Ok(())
+    }
+
+    fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError> {
+        writeln!(self.out, "# cpu {cpu}: {} older records were overwritten (wrap mode) before this point", lost.count)?;
+        Ok(())
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    crate::names::signal(sig as u16).trim_start_matches("signal_").to_string()
+}
+
+/// Write the arc of `trace` to `out`.
+pub fn write_arc<W: Write>(trace: &Trace, out: W, progress: &mut dyn FnMut(u64)) -> Result<ArcStats, PostError> {
+    let mut sink = ArcSink { out, stats: ArcStats::default() };
+    let h = trace.header();
+    sink.out.write_all(HEADER.as_bytes())?;
+    writeln!(
+        sink.out,
+        "# trace {} arch {} mode {} step {} cpus {}",
+        trace.path().display(),
+        h.arch,
+        h.mode,
+        h.step_method,
+        h.ncpu
+    )?;
+    replay(trace, true, &mut sink, progress)?;
+    if let Some(s) = trace.summary() {
+        let lost: u64 = s.lost.iter().sum();
+        writeln!(sink.out, "# total: {} instructions in {} lines, {lost} records lost", sink.stats.instructions, sink.stats.lines)?;
+    }
+    sink.out.flush()?;
+    Ok(sink.stats)
+}

@@ -1,0 +1,34 @@
+//! Post-processing of itrace traces: replays the module-table records to
+//! resolve addresses to symbols, modules and source lines, and turns the
+//! branch records into PI-style arc files and reports. Everything streams:
+//! memory grows with the program's code and threads, not the trace's length.
+
+pub mod arc;
+mod names;
+pub mod replay;
+pub mod report;
+pub mod resolve;
+mod threads;
+pub mod symbols;
+
+use std::path::Path;
+
+/// An open trace (the format crate's reader).
+pub type Trace = itrace_format::TraceFile;
+
+/// What can stop post-processing.
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    #[error(transparent)]
+    Format(#[from] itrace_format::FormatError),
+    #[error("write failed: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// Open a trace for post-processing.
+pub fn open(path: &Path) -> Result<Trace, PostError> {
+    Ok(itrace_format::TraceFile::open(path)?)
+}
+
+/// How often (in records) progress callbacks run.
+const PROGRESS_EVERY: u64 = 1 << 16;

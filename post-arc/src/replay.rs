@@ -1,0 +1,108 @@
+//! The one pass over a trace that arc and report share: records in time
+//! order, module-table state applied as it comes, each branch record turned
+//! into a block (the instructions from the previous branch target of the
+//! same thread up to this branch) with its location resolved.
+
+use crate::names;
+use crate::resolve::{Location, Resolver};
+use crate::threads::Names;
+use crate::{PostError, Trace, PROGRESS_EVERY};
+use itrace_format::{branch_flags, Branch, Lost, Record, TraceOff};
+use std::collections::HashMap;
+
+/// One block of a thread.
+pub struct Block<'a> {
+    pub cpu: u16,
+    pub pid: u32,
+    pub branch: &'a Branch,
+    /// Address of the block's first instruction (0 for kernel blocks).
+    pub start: u64,
+    /// Where the block is: a resolved user location, or a kernel name (`sys_write`, `signal_SIGSEGV`).
+    pub loc: Where,
+}
+
+/// Location of a block.
+pub enum Where {
+    User(Location),
+    Kernel(String),
+}
+
+/// Receives the replayed trace.
+pub trait Sink {
+    /// A block ending in a taken branch or kernel transition.
+    fn block(&mut self, b: &Block, names: &mut Names, res: &mut Resolver) -> Result<(), PostError>;
+    /// Tracing of a thread ended; `partial` is its last, unfinished block (if it ran instructions).
+    fn trace_off(&mut self, off: &TraceOff, partial: Option<&Location>, names: &mut Names) -> Result<(), PostError>;
+    /// Records were lost on `cpu` (wrap mode overwrote them).
+    fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError>;
+}
+
+/// Replay `trace` into `sink`; `progress` gets the file offset reached now and then.
+pub fn replay(
+    trace: &Trace,
+    lines: bool,
+    sink: &mut dyn Sink,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Names, Resolver), PostError> {
+    let arch = trace.header().arch;
+    let mut names = Names::default();
+    let mut res = Resolver::new(lines);
+    // Start of each thread's current block.
+    let mut block_start: HashMap<u32, u64> = HashMap::new();
+    let mut n = 0u64;
+    for ev in trace.merged() {
+        let ev = ev?;
+        n += 1;
+        if n.is_multiple_of(PROGRESS_EVERY) {
+            progress(ev.offset);
+        }
+        match &ev.record {
+            Record::Branch(b) => {
+                let pid = names.pid_of(b.tid);
+                let (start, loc) = if b.kernel {
+                    let name = if b.flags & branch_flags::SIGNAL != 0 {
+                        names::signal(b.aux)
+                    } else if b.flags & branch_flags::SYSCALL != 0 {
+                        names::syscall(arch, b.aux)
+                    } else {
+                        "kernel".to_string()
+                    };
+                    (0, Where::Kernel(name))
+                } else {
+                    // Without a known start (wrap mode cut it off), the block is placed at its branch.
+                    let start = block_start.get(&b.tid).copied().unwrap_or(b.from);
+                    (start, Where::User(res.resolve(pid, start)))
+                };
+                sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
+                if b.to != 0 {
+                    block_start.insert(b.tid, b.to);
+                } else {
+                    block_start.remove(&b.tid);
+                }
+            }
+            Record::TraceOn(on) => {
+                names.trace_on(on.pid, on.tid);
+                block_start.insert(on.tid, on.pc);
+            }
+            Record::TraceOff(off) => {
+                let partial = if off.icount > 0 {
+                    let start = block_start.get(&off.tid).copied().unwrap_or(off.pc);
+                    Some(res.resolve(off.pid, start))
+                } else {
+                    None
+                };
+                sink.trace_off(off, partial.as_ref(), &mut names)?;
+                block_start.remove(&off.tid);
+            }
+            Record::Lost(l) => {
+                sink.lost(ev.stream, l)?;
+            }
+            Record::Mte(m) => {
+                names.apply(m);
+                res.apply(m);
+            }
+            Record::Summary(_) | Record::Unknown { .. } => {}
+        }
+    }
+    Ok((names, res))
+}

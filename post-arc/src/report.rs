@@ -1,0 +1,304 @@
+//! `itrace report`: instructions (self and inclusive) and calls per
+//! function, instructions per module and per thread.
+//!
+//! Inclusive counts come from a shadow call stack per thread: a CALL pushes
+//! a frame, a RETURN pops to the frame whose call it returns after (so
+//! longjmp and unmatched returns resynchronise), a signal handler is a frame
+//! that ends when the kernel returns to the interrupted pc. A function
+//! already on the stack (recursion) is counted once.
+
+use crate::replay::{replay, Block, Sink, Where};
+use crate::resolve::{Location, Resolver};
+use crate::threads::Names;
+use crate::{PostError, Trace};
+use itrace_format::{branch_flags, BranchKind, Lost, TraceOff};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+
+/// A return lands at most this far after its call (longest x86 call is 7 bytes; other architectures less).
+const MAX_CALL_LEN: u64 = 16;
+
+/// One function's totals.
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionRow {
+    pub name: String,
+    pub module: String,
+    #[serde(rename = "self")]
+    pub self_instructions: u64,
+    pub inclusive: u64,
+    pub calls: u64,
+}
+
+/// One module's total.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModuleRow {
+    pub module: String,
+    #[serde(rename = "self")]
+    pub self_instructions: u64,
+}
+
+/// One thread's totals.
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreadRow {
+    pub pid: u32,
+    pub tid: u32,
+    pub name: String,
+    pub instructions: u64,
+    pub branches: u64,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub arch: String,
+    pub mode: String,
+    pub step_method: String,
+    pub total_instructions: u64,
+    pub total_branches: u64,
+    pub lost_records: u64,
+    pub functions: Vec<FunctionRow>,
+    pub modules: Vec<ModuleRow>,
+    pub threads: Vec<ThreadRow>,
+}
+
+#[derive(Default, Clone)]
+struct FuncStats {
+    self_: u64,
+    inclusive: u64,
+    calls: u64,
+    active: u32,
+}
+
+struct Frame {
+    func: u32,
+    /// Address of the call instruction (u64::MAX for a signal handler frame).
+    call_from: u64,
+    /// For a signal handler: where the interrupted code resumes.
+    resume_pc: u64,
+    entry_total: u64,
+}
+
+#[derive(Default)]
+struct ThreadStats {
+    pid: u32,
+    instructions: u64,
+    branches: u64,
+    stack: Vec<Frame>,
+    /// Where the last signal interrupted this thread.
+    signal_from: u64,
+}
+
+#[derive(Default)]
+struct ReportSink {
+    funcs: Vec<FuncStats>,
+    threads: BTreeMap<u32, ThreadStats>,
+    total_branches: u64,
+    lost: u64,
+}
+
+impl ReportSink {
+    fn func(&mut self, id: u32) -> &mut FuncStats {
+        let i = id as usize;
+        if i >= self.funcs.len() {
+            self.funcs.resize(i + 1, FuncStats::default());
+        }
+        &mut self.funcs[i]
+    }
+
+    fn push(&mut self, tid: u32, func: u32, call_from: u64, resume_pc: u64) {
+        let f = self.func(func);
+        f.active += 1;
+        let th = self.threads.entry(tid).or_default();
+        th.stack.push(Frame { func, call_from, resume_pc, entry_total: th.instructions });
+    }
+
+    /// Close the frames of `tid` from index `i` up.
+    fn pop_to(&mut self, tid: u32, i: usize) {
+        let th = self.threads.entry(tid).or_default();
+        let total = th.instructions;
+        let frames: Vec<Frame> = th.stack.drain(i..).collect();
+        for fr in frames.into_iter().rev() {
+            let f = self.func(fr.func);
+            f.active -= 1;
+            if f.active == 0 {
+                f.inclusive += total - fr.entry_total;
+            }
+        }
+    }
+
+    fn add_self(&mut self, tid: u32, pid: u32, func: u32, n: u32) {
+        self.func(func).self_ += n as u64;
+        let th = self.threads.entry(tid).or_default();
+        th.pid = pid;
+        th.instructions += n as u64;
+    }
+}
+
+impl Sink for ReportSink {
+    fn block(&mut self, b: &Block, _names: &mut Names, res: &mut Resolver) -> Result<(), PostError> {
+        let br = b.branch;
+        self.total_branches += 1;
+        self.threads.entry(br.tid).or_default().branches += 1;
+        match &b.loc {
+            Where::User(l) => {
+                self.add_self(br.tid, b.pid, l.func, br.icount);
+                match br.kind {
+                    BranchKind::Call => {
+                        let callee = res.resolve(b.pid, br.to).func;
+                        self.func(callee).calls += 1;
+                        self.push(br.tid, callee, br.from, 0);
+                    }
+                    BranchKind::Return => {
+                        let th = self.threads.entry(br.tid).or_default();
+                        let hit = th
+                            .stack
+                            .iter()
+                            .rposition(|f| f.call_from != u64::MAX && br.to > f.call_from && br.to - f.call_from <= MAX_CALL_LEN);
+                        if let Some(i) = hit {
+                            self.pop_to(br.tid, i);
+                        }
+                    }
+                    BranchKind::Intrpt if br.flags & branch_flags::SIGNAL != 0 => {
+                        self.threads.entry(br.tid).or_default().signal_from = br.from;
+                    }
+                    _ => {}
+                }
+            }
+            Where::Kernel(_) => {
+                let th = self.threads.entry(br.tid).or_default();
+                // Back from the kernel to where a signal interrupted: its handler frames end.
+                if let Some(i) = th.stack.iter().rposition(|f| f.call_from == u64::MAX && f.resume_pc == br.to) {
+                    self.pop_to(br.tid, i);
+                }
+                if br.flags & branch_flags::SIGNAL != 0 {
+                    let resume = self.threads.entry(br.tid).or_default().signal_from;
+                    let handler = res.resolve(b.pid, br.to).func;
+                    self.func(handler).calls += 1;
+                    self.push(br.tid, handler, u64::MAX, resume);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn trace_off(&mut self, off: &TraceOff, partial: Option<&Location>, _names: &mut Names) -> Result<(), PostError> {
+        if let Some(l) = partial {
+            self.add_self(off.tid, off.pid, l.func, off.icount);
+        }
+        self.pop_to(off.tid, 0);
+        Ok(())
+    }
+
+    fn lost(&mut self, _cpu: u16, lost: &Lost) -> Result<(), PostError> {
+        self.lost += lost.count;
+        Ok(())
+    }
+}
+
+/// Build the report of `trace`.
+pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, PostError> {
+    let mut sink = ReportSink::default();
+    let (names, res) = replay(trace, false, &mut sink, progress)?;
+    let tids: Vec<u32> = sink.threads.keys().copied().collect();
+    for tid in tids {
+        sink.pop_to(tid, 0);
+    }
+    let mut functions: Vec<FunctionRow> = sink
+        .funcs
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.self_ > 0 || f.calls > 0 || f.inclusive > 0)
+        .map(|(i, f)| {
+            let (module, name) = res.func(i as u32);
+            FunctionRow {
+                name: name.to_string(),
+                module: module.to_string(),
+                self_instructions: f.self_,
+                // A function never seen called (the entry point) still includes its own work.
+                inclusive: f.inclusive.max(f.self_),
+                calls: f.calls,
+            }
+        })
+        .collect();
+    functions.sort_by(|a, b| b.self_instructions.cmp(&a.self_instructions).then(a.name.cmp(&b.name)));
+    let mut modules: HashMap<&str, u64> = HashMap::new();
+    for f in &functions {
+        *modules.entry(&f.module).or_default() += f.self_instructions;
+    }
+    let mut modules: Vec<ModuleRow> =
+        modules.into_iter().map(|(m, n)| ModuleRow { module: m.to_string(), self_instructions: n }).collect();
+    modules.sort_by(|a, b| b.self_instructions.cmp(&a.self_instructions).then(a.module.cmp(&b.module)));
+    let threads: Vec<ThreadRow> = sink
+        .threads
+        .iter()
+        .map(|(tid, t)| ThreadRow {
+            pid: if t.pid != 0 { t.pid } else { names.pid_of(*tid) },
+            tid: *tid,
+            name: names.thread_name(*tid).to_string(),
+            instructions: t.instructions,
+            branches: t.branches,
+        })
+        .collect();
+    let h = trace.header();
+    let lost = match trace.summary() {
+        Some(s) => s.lost.iter().sum::<u64>().max(sink.lost),
+        None => sink.lost,
+    };
+    Ok(Report {
+        arch: h.arch.to_string(),
+        mode: h.mode.to_string(),
+        step_method: h.step_method.to_string(),
+        total_instructions: threads.iter().map(|t| t.instructions).sum(),
+        total_branches: sink.total_branches,
+        lost_records: lost,
+        functions,
+        modules,
+        threads,
+    })
+}
+
+impl Report {
+    /// JSON, for machines.
+    pub fn write_json(&self, out: &mut dyn Write) -> Result<(), PostError> {
+        serde_json::to_writer_pretty(&mut *out, self).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+        Ok(())
+    }
+
+    /// Text tables, `top` rows each (0: all).
+    pub fn write_text(&self, out: &mut dyn Write, top: usize) -> Result<(), PostError> {
+        let take = |n: usize| if top == 0 { n } else { n.min(top) };
+        writeln!(
+            out,
+            "{} instructions, {} taken branches, {} records lost ({} trace, {} mode, {})",
+            self.total_instructions, self.total_branches, self.lost_records, self.arch, self.mode, self.step_method
+        )?;
+        let pct = |n: u64| if self.total_instructions == 0 { 0.0 } else { 100.0 * n as f64 / self.total_instructions as f64 };
+        writeln!(out, "\nFunctions (by self instructions)")?;
+        writeln!(out, "{:>12} {:>6} {:>12} {:>9}  function  module", "self", "%", "inclusive", "calls")?;
+        for f in &self.functions[..take(self.functions.len())] {
+            writeln!(
+                out,
+                "{:>12} {:>6.2} {:>12} {:>9}  {}  {}",
+                f.self_instructions,
+                pct(f.self_instructions),
+                f.inclusive,
+                f.calls,
+                f.name,
+                f.module
+            )?;
+        }
+        writeln!(out, "\nModules")?;
+        writeln!(out, "{:>12} {:>6}  module", "self", "%")?;
+        for m in &self.modules[..take(self.modules.len())] {
+            writeln!(out, "{:>12} {:>6.2}  {}", m.self_instructions, pct(m.self_instructions), m.module)?;
+        }
+        writeln!(out, "\nThreads")?;
+        writeln!(out, "{:>8} {:>8} {:>12} {:>10}  name", "pid", "tid", "instructions", "branches")?;
+        for t in &self.threads[..take(self.threads.len())] {
+            writeln!(out, "{:>8} {:>8} {:>12} {:>10}  {}", t.pid, t.tid, t.instructions, t.branches, t.name)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! Address to symbol, module and line, as of the moment of the record:
+//! the module-table records are applied in time order, so an address reused
+//! by a later mapping (or an exec) resolves to what was there at the time.
+
+use crate::symbols::{JitSymbols, ModuleSymbols, SymbolCache};
+use itrace_format::Mte;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where an address is.
+#[derive(Clone, Debug)]
+pub struct Location {
+    /// Demangled function name, `<plt>`, or `<unknown>`.
+    pub symbol: Arc<str>,
+    /// Offset of the address from the symbol's start.
+    pub offset: u64,
+    /// Module path, `[vdso]`, `JITCODE`, or `0x<addr>` for unmapped code.
+    pub module: Arc<str>,
+    /// Source line, 0 when unknown.
+    pub line: u32,
+    /// Interned (module, symbol) pair: the function's identity in reports.
+    pub func: u32,
+}
+
+#[derive(Clone)]
+struct Segment {
+    start: u64,
+    end: u64,
+    offset: u64,
+    path: Arc<str>,
+}
+
+#[derive(Clone, Default)]
+struct Space {
+    segs: Vec<Segment>,
+    vdso: Option<Arc<ModuleSymbols>>,
+    jit: Arc<JitSymbols>,
+    cache: HashMap<u64, Location>,
+}
+
+/// Resolves addresses of every traced process.
+pub struct Resolver {
+    spaces: HashMap<u32, Space>,
+    symbols: SymbolCache,
+    lines: bool,
+    funcs: HashMap<(Arc<str>, Arc<str>), u32>,
+    func_names: Vec<(Arc<str>, Arc<str>)>,
+    unknown: Arc<str>,
+    jitcode: Arc<str>,
+}
+
+impl Resolver {
+    /// A resolver; `lines` looks up DWARF source lines too (slower on first use of each module).
+    pub fn new(lines: bool) -> Self {
+        Resolver {
+            spaces: HashMap::new(),
+            symbols: SymbolCache::new(),
+            lines,
+            funcs: HashMap::new(),
+            func_names: Vec::new(),
+            unknown: Arc::from("<unknown>"),
+            jitcode: Arc::from("JITCODE"),
+        }
+    }
+
+    /// Apply a module-table record.
+    pub fn apply(&mut self, m: &Mte) {
+        match m {
+            Mte::Segment { pid, start, end, offset, path, .. } => {
+                let s = self.spaces.entry(*pid).or_default();
+                s.segs.retain(|g| g.end <= *start || g.start >= *end);
+                let i = s.segs.partition_point(|g| g.start < *start);
+                s.segs.insert(i, Segment { start: *start, end: *end, offset: *offset, path: Arc::from(path.as_str()) });
+                s.cache.clear();
+            }
+            Mte::Unmap { pid, start, end, .. } => {
+                let s = self.spaces.entry(*pid).or_default();
+                s.segs.retain(|g| g.end <= *start || g.start >= *end);
+                s.cache.clear();
+            }
+            Mte::Exec { pid, .. } => {
+                self.spaces.insert(*pid, Space::default());
+            }
+            Mte::VdsoImage { pid, image, .. } => {
+                let name = format!("[vdso] of {pid}");
+                let syms = ModuleSymbols::from_bytes(&name, image.clone()).ok().map(Arc::new);
+                let s = self.spaces.entry(*pid).or_default();
+                s.vdso = syms;
+                s.cache.clear();
+            }
+            Mte::JitSymbol { pid, start, size, name, .. } => {
+                let s = self.spaces.entry(*pid).or_default();
+                Arc::make_mut(&mut s.jit).add(*start, *size, name.clone());
+                s.cache.clear();
+            }
+            Mte::Clone { parent_pid, child_pid, thread: false, .. } => {
+                if let Some(p) = self.spaces.get(parent_pid).cloned() {
+                    self.spaces.insert(*child_pid, Space { cache: HashMap::new(), ..p });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn intern(&mut self, module: &Arc<str>, symbol: &Arc<str>) -> u32 {
+        let key = (module.clone(), symbol.clone());
+        if let Some(&id) = self.funcs.get(&key) {
+            return id;
+        }
+        let id = self.func_names.len() as u32;
+        self.func_names.push(key.clone());
+        self.funcs.insert(key, id);
+        id
+    }
+
+    /// The (module, symbol) of an interned function id.
+    pub fn func(&self, id: u32) -> (&str, &str) {
+        let (m, s) = &self.func_names[id as usize];
+        (m, s)
+    }
+
+    /// Number of interned functions.
+    pub fn func_count(&self) -> usize {
+        self.func_names.len()
+    }
+
+    /// Resolve `addr` in process `pid`.
+    pub fn resolve(&mut self, pid: u32, addr: u64) -> Location {
+        if let Some(l) = self.spaces.get(&pid).and_then(|s| s.cache.get(&addr)) {
+            return l.clone();
+        }
+        let (symbol, offset, module, line) = self.lookup(pid, addr);
+        let func = self.intern(&module, &symbol);
+        let loc = Location { symbol, offset, module, line, func };
+        self.spaces.entry(pid).or_default().cache.insert(addr, loc.clone());
+        loc
+    }
+
+    fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, u32) {
+        let space = self.spaces.entry(pid).or_default();
+        let i = space.segs.partition_point(|g| g.end <= addr);
+        let seg = space.segs.get(i).filter(|g| g.start <= addr).cloned();
+        let jit = |space: &Space, module: Arc<str>| match space.jit.lookup(addr) {
+            Some(h) => (Arc::from(h.name), h.offset, module, 0),
+            None => (Arc::from("<unknown>"), 0, Arc::from(format!("{addr:#x}")), 0),
+        };
+        let Some(seg) = seg else {
+            let j = self.jitcode.clone();
+            return jit(space, j);
+        };
+        if &*seg.path == "[vdso]" {
+            if let Some(v) = space.vdso.clone() {
+                if let Some(va) = v.file_vaddr(seg.start, 0, addr) {
+                    if let Some(h) = v.lookup(va) {
+                        return (Arc::from(h.name), h.offset, seg.path.clone(), 0);
+                    }
+                }
+            }
+            return (self.unknown.clone(), addr - seg.start, seg.path.clone(), 0);
+        }
+        if seg.path.is_empty() || seg.path.starts_with('[') {
+            let j = self.jitcode.clone();
+            let r = jit(space, j);
+            if &*r.0 != "<unknown>" {
+                return r;
+            }
+            let name: Arc<str> = if seg.path.is_empty() { Arc::from("[anon]") } else { seg.path.clone() };
+            return (self.unknown.clone(), addr - seg.start, name, 0);
+        }
+        let lines = self.lines;
+        match self.symbols.get(&seg.path).cloned() {
+            Some(ms) => {
+                let va = ms.file_vaddr(seg.start, seg.offset, addr).unwrap_or(addr - seg.start + seg.offset);
+                let line = if lines { ms.line(va).unwrap_or(0) } else { 0 };
+                match ms.lookup(va) {
+                    Some(h) => (Arc::from(h.name), h.offset, seg.path.clone(), line),
+                    None => (self.unknown.clone(), va, seg.path.clone(), line),
+                }
+            }
+            None => (self.unknown.clone(), addr - seg.start + seg.offset, seg.path.clone(), 0),
+        }
+    }
+}
