@@ -30,21 +30,15 @@ pub const HANG_GUARD: Duration = Duration::from_secs(300);
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("test executable has a parent directory");
-    let profile = if deps.file_name() == Some(OsStr::new("deps")) {
-        deps.parent().expect("deps has a parent")
-    } else {
-        deps
-    };
+    let profile =
+        if deps.file_name() == Some(OsStr::new("deps")) { deps.parent().expect("deps has a parent") } else { deps };
     profile.to_path_buf()
 }
 
 /// The cargo target directory (`target/`).
 pub fn target_dir() -> PathBuf {
     let profile = profile_dir();
-    profile
-        .parent()
-        .expect("profile dir has a parent")
-        .to_path_buf()
+    profile.parent().expect("profile dir has a parent").to_path_buf()
 }
 
 /// The itrace binary under test: `$ITRACE_BIN` if set, else
@@ -93,9 +87,7 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
 
 fn find_in_path(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
-    std::env::split_paths(&path)
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
 }
 
 /// Fails the test with an installation hint when `tool` is missing.
@@ -103,11 +95,7 @@ pub fn require_tool(tool: &str) -> PathBuf {
     match find_in_path(tool) {
         Some(p) => p,
         None => {
-            let pkg = TOOL_PACKAGES
-                .iter()
-                .find(|(t, _)| *t == tool)
-                .map(|(_, p)| *p)
-                .unwrap_or("(unknown package)");
+            let pkg = TOOL_PACKAGES.iter().find(|(t, _)| *t == tool).map(|(_, p)| *p).unwrap_or("(unknown package)");
             panic!(
                 "required tool `{tool}` is not installed: install the Debian package `{pkg}` \
                  (apt-get install -y {pkg}, or run scripts/install-test-deps.sh)"
@@ -213,12 +201,8 @@ fn describe(cmd: &Command) -> String {
 /// killing it if it outlives [`HANG_GUARD`].
 pub fn run(cmd: &mut Command) -> Output {
     let command = describe(cmd);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {command}: {e}"));
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {command}: {e}"));
     let out = child.stdout.take().expect("stdout");
     let err = child.stderr.take().expect("stderr");
     let out_t = std::thread::spawn(move || read_all(out));
@@ -248,10 +232,7 @@ pub fn wait_with_guard(child: &mut Child, what: &str) -> ExitStatus {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "hang guard: `{what}` still running after {} s; killed it",
-                HANG_GUARD.as_secs()
-            );
+            panic!("hang guard: `{what}` still running after {} s; killed it", HANG_GUARD.as_secs());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -286,12 +267,8 @@ pub fn arc_text(trace: &Path) -> String {
 pub fn report_json(trace: &Path) -> serde_json::Value {
     let out = itrace([OsStr::new("report"), trace.as_os_str(), OsStr::new("--json")]);
     out.assert_success();
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "report --json is not valid JSON ({e}):\n{}",
-            tail(&out.stdout, 2000)
-        )
-    })
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("report --json is not valid JSON ({e}):\n{}", tail(&out.stdout, 2000)))
 }
 
 /// Self instructions per function name from a report, summed over all the
@@ -299,10 +276,7 @@ pub fn report_json(trace: &Path) -> serde_json::Value {
 pub fn report_self_counts(report: &serde_json::Value, module: &Path) -> HashMap<String, u64> {
     let module = module.to_string_lossy();
     let mut m = HashMap::new();
-    for f in report["functions"]
-        .as_array()
-        .expect("report: `functions` array")
-    {
+    for f in report["functions"].as_array().expect("report: `functions` array") {
         if f["module"].as_str() == Some(&*module) {
             let name = f["name"].as_str().expect("function name").to_string();
             *m.entry(name).or_insert(0) += f["self"].as_u64().expect("function self");
@@ -315,10 +289,7 @@ pub fn report_self_counts(report: &serde_json::Value, module: &Path) -> HashMap<
 pub fn report_calls(report: &serde_json::Value, module: &Path) -> HashMap<String, u64> {
     let module = module.to_string_lossy();
     let mut m = HashMap::new();
-    for f in report["functions"]
-        .as_array()
-        .expect("report: `functions` array")
-    {
+    for f in report["functions"].as_array().expect("report: `functions` array") {
         if f["module"].as_str() == Some(&*module) {
             let name = f["name"].as_str().expect("function name").to_string();
             *m.entry(name).or_insert(0) += f["calls"].as_u64().expect("function calls");
@@ -360,16 +331,8 @@ pub fn programs_dir() -> &'static Path {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("programs");
         let lock = fs::File::create(out.join(".build.lock")).expect("lock file");
         let _guard = FileLock::new(&lock);
-        let o = run(Command::new("make")
-            .arg("-C")
-            .arg(&src)
-            .arg(format!("OUT={}", out.display())));
-        assert!(
-            o.success(),
-            "building the test programs failed:\n{}\n{}",
-            o.stdout,
-            o.stderr
-        );
+        let o = run(Command::new("make").arg("-C").arg(&src).arg(format!("OUT={}", out.display())));
+        assert!(o.success(), "building the test programs failed:\n{}\n{}", o.stdout, o.stderr);
         out
     })
 }
@@ -433,8 +396,8 @@ pub enum Flow {
 }
 
 const PREFIXES: &[&str] = &[
-    "rep", "repz", "repe", "repnz", "repne", "lock", "notrack", "bnd", "data16", "data32",
-    "addr32", "cs", "ds", "es", "fs", "gs", "ss", "rex", "rex.w", "xacquire", "xrelease",
+    "rep", "repz", "repe", "repnz", "repne", "lock", "notrack", "bnd", "data16", "data32", "addr32", "cs", "ds", "es",
+    "fs", "gs", "ss", "rex", "rex.w", "xacquire", "xrelease",
 ];
 
 impl Insn {
@@ -445,12 +408,9 @@ impl Insn {
             return false;
         }
         let m = self.mnemonic.as_str();
-        ["movs", "stos", "lods", "cmps", "scas", "ins", "outs"]
-            .iter()
-            .any(|base| {
-                m.strip_prefix(base)
-                    .is_some_and(|sfx| sfx.is_empty() || matches!(sfx, "b" | "w" | "l" | "d" | "q"))
-            })
+        ["movs", "stos", "lods", "cmps", "scas", "ins", "outs"].iter().any(|base| {
+            m.strip_prefix(base).is_some_and(|sfx| sfx.is_empty() || matches!(sfx, "b" | "w" | "l" | "d" | "q"))
+        })
     }
 
     pub fn flow(&self) -> Flow {
@@ -460,9 +420,7 @@ impl Insn {
             "ret" | "retq" | "lret" | "lretq" | "retf" => Flow::Return,
             "jmp" | "jmpq" | "ljmp" => Flow::Jump,
             "syscall" | "sysenter" | "int" | "int3" | "into" | "int1" => Flow::Syscall,
-            "loop" | "loope" | "loopz" | "loopne" | "loopnz" | "jrcxz" | "jecxz" | "jcxz" => {
-                Flow::CondJump
-            }
+            "loop" | "loope" | "loopz" | "loopne" | "loopnz" | "jrcxz" | "jecxz" | "jcxz" => Flow::CondJump,
             _ if m.starts_with('j') => Flow::CondJump,
             _ => Flow::Next,
         }
@@ -519,15 +477,7 @@ pub fn parse_objdump(text: &str) -> BTreeMap<u64, Insn> {
             mnemonic = tok.to_string();
             break;
         }
-        m.insert(
-            pc,
-            Insn {
-                len,
-                mnemonic,
-                rep,
-                text,
-            },
-        );
+        m.insert(pc, Insn { len, mnemonic, rep, text });
     }
     m
 }
@@ -581,10 +531,7 @@ pub fn parse_qemu_log(r: impl BufRead) -> Vec<u64> {
         };
         let inner = &rest[open + 1..];
         let inner = &inner[..inner.find(']').expect("closing ]")];
-        let pc = inner
-            .split('/')
-            .nth(1)
-            .unwrap_or_else(|| panic!("unexpected qemu log line: {line}"));
+        let pc = inner.split('/').nth(1).unwrap_or_else(|| panic!("unexpected qemu log line: {line}"));
         pcs.push(u64::from_str_radix(pc, 16).expect("hex pc"));
     }
     pcs
@@ -690,13 +637,7 @@ pub fn oracle_branches(pcs: &[u64], insns: &BTreeMap<u64, Insn>) -> Vec<OracleBr
             },
         };
         if let Some(kind) = kind {
-            out.push(OracleBranch {
-                from: pc,
-                to: next.unwrap_or(0),
-                kind,
-                start,
-                count,
-            });
+            out.push(OracleBranch { from: pc, to: next.unwrap_or(0), kind, start, count });
             count = 0;
             if let Some(n) = next {
                 start = n;
@@ -744,10 +685,7 @@ pub struct Symbols(pub Vec<Symbol>);
 impl Symbols {
     pub fn of(binary: &Path) -> Symbols {
         require_tool("nm");
-        let o = run(Command::new("nm")
-            .arg("-S")
-            .arg("--defined-only")
-            .arg(binary));
+        let o = run(Command::new("nm").arg("-S").arg("--defined-only").arg(binary));
         o.assert_success();
         Symbols::parse(&o.stdout)
     }
@@ -847,11 +785,7 @@ pub fn qemu_self_counts(binary: &Path, pcs: &[u64]) -> HashMap<String, u64> {
     let insns = objdump_insns(binary);
     let syms = Symbols::of(binary);
     let (e_type, entry) = elf_type_entry(binary);
-    let bias = if e_type == 3 {
-        find_load_bias(pcs, &insns, entry)
-    } else {
-        0
-    };
+    let bias = if e_type == 3 { find_load_bias(pcs, &insns, entry) } else { 0 };
     let mut counts = HashMap::new();
     let mut i = 0;
     while i < pcs.len() {
@@ -887,11 +821,7 @@ fn find_load_bias(pcs: &[u64], insns: &BTreeMap<u64, Insn>, entry: u64) -> u64 {
         if bias % 4096 != 0 {
             continue;
         }
-        if seq
-            .iter()
-            .enumerate()
-            .all(|(n, &a)| pcs.get(k + n) == Some(&a.wrapping_add(bias)))
-        {
+        if seq.iter().enumerate().all(|(n, &a)| pcs.get(k + n) == Some(&a.wrapping_add(bias))) {
             return bias;
         }
     }
@@ -939,11 +869,7 @@ impl CallgrindProfile {
 /// (following exec'd children when `trace_children`; forked children are
 /// always followed) and returns its self Ir per function name, summed over
 /// every output file (every process).
-pub fn callgrind_self_counts(
-    binary: &Path,
-    args: &[&str],
-    trace_children: bool,
-) -> HashMap<String, u64> {
+pub fn callgrind_self_counts(binary: &Path, args: &[&str], trace_children: bool) -> HashMap<String, u64> {
     callgrind_profile(binary, args, trace_children).self_counts()
 }
 
@@ -961,29 +887,20 @@ pub fn callgrind_profile(binary: &Path, args: &[&str], trace_children: bool) -> 
         // (and qemu with nm) charge them to no function of the program
         "--skip-plt=no",
     ])
-    .arg(format!(
-        "--trace-children={}",
-        if trace_children { "yes" } else { "no" }
-    ))
-    .arg(format!(
-        "--callgrind-out-file={}/callgrind.out.%p",
-        dir.path().display()
-    ))
+    .arg(format!("--trace-children={}", if trace_children { "yes" } else { "no" }))
+    .arg(format!("--callgrind-out-file={}/callgrind.out.%p", dir.path().display()))
     .arg(binary)
     .args(args);
     let o = run(&mut cmd);
     o.assert_success();
     let mut profile = CallgrindProfile::default();
-    let mut files: Vec<PathBuf> = fs::read_dir(dir.path())
-        .expect("read callgrind dir")
-        .map(|e| e.expect("dir entry").path())
-        .collect();
+    let mut files: Vec<PathBuf> =
+        fs::read_dir(dir.path()).expect("read callgrind dir").map(|e| e.expect("dir entry").path()).collect();
     files.sort();
     assert!(!files.is_empty(), "callgrind wrote no output file");
     for f in files {
         let text = fs::read_to_string(&f).expect("read callgrind output");
-        parse_callgrind_into(&text, &mut profile)
-            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        parse_callgrind_into(&text, &mut profile).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
     }
     profile
 }
@@ -1005,20 +922,14 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
     let mut summary: Option<u64> = None;
     let mut totals: Option<u64> = None;
 
-    let resolve = |names: &mut HashMap<(&'static str, String), String>,
-                   ns: &'static str,
-                   v: &str|
-     -> String {
+    let resolve = |names: &mut HashMap<(&'static str, String), String>, ns: &'static str, v: &str| -> String {
         let v = v.trim();
         if let Some(rest) = v.strip_prefix('(') {
             let close = rest.find(')').unwrap_or(rest.len());
             let id = rest[..close].to_string();
             let name = rest[(close + 1).min(rest.len())..].trim();
             if name.is_empty() {
-                names
-                    .get(&(ns, id.clone()))
-                    .cloned()
-                    .unwrap_or_else(|| format!("<undefined id {id}>"))
+                names.get(&(ns, id.clone())).cloned().unwrap_or_else(|| format!("<undefined id {id}>"))
             } else {
                 names.insert((ns, id), name.to_string());
                 name.to_string()
@@ -1044,18 +955,13 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
                 return Err(format!("line {lineno}: cost line before `events:`"));
             };
             let v = match toks.get(positions + ir) {
-                Some(t) => t
-                    .parse::<u64>()
-                    .map_err(|e| format!("line {lineno}: bad cost {t:?}: {e}"))?,
+                Some(t) => t.parse::<u64>().map_err(|e| format!("line {lineno}: bad cost {t:?}: {e}"))?,
                 None => 0,
             };
             let Some(f) = &func else {
                 return Err(format!("line {lineno}: cost line outside a function"));
             };
-            *profile
-                .by_object
-                .entry((ob.clone(), f.clone()))
-                .or_insert(0) += v;
+            *profile.by_object.entry((ob.clone(), f.clone())).or_insert(0) += v;
             file_total += v;
             continue;
         }
@@ -1094,9 +1000,7 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
     // (callgrind 3.19 leaves out some costs of signal handlers there).
     if let Some(t) = totals.or(summary) {
         if t != file_total {
-            return Err(format!(
-                "self costs add up to {file_total}, the file's totals say {t}"
-            ));
+            return Err(format!("self costs add up to {file_total}, the file's totals say {t}"));
         }
     }
     profile.summary += file_total;
@@ -1214,12 +1118,9 @@ fn parse_arc_line(raw: &str) -> Result<ArcLine, String> {
     let type_code = num(tok(2), "type")? as u8;
     let count = num(tok(3), "count")?;
     let marker = tok(4).to_string();
-    let offset =
-        u64::from_str_radix(tok(5), 16).map_err(|e| format!("offset {:?}: {e}", tok(5)))?;
+    let offset = u64::from_str_radix(tok(5), 16).map_err(|e| format!("offset {:?}: {e}", tok(5)))?;
     let f7 = &raw[spans[6].0..spans[n - 4].1];
-    let (symbol, module) = f7
-        .rsplit_once(':')
-        .ok_or_else(|| format!("field 7 {f7:?} has no ':'"))?;
+    let (symbol, module) = f7.rsplit_once(':').ok_or_else(|| format!("field 7 {f7:?} has no ':'"))?;
     let f8 = tok(n - 3);
     let mut parts = f8.splitn(3, '_');
     let pid = parts.next().unwrap_or("");
@@ -1275,9 +1176,7 @@ pub fn trailing_comments(text: &str) -> Vec<String> {
 /// Basic consistency of every line: field 9 matches field 3, `@` marker,
 /// `K` lines are in `[kernel]`.
 pub fn check_arc_consistency(lines: &[ArcLine]) {
-    const NAMES: [&str; 8] = [
-        "INTRPT", "CALL", "RETURN", "JUMP", "IRET", "OTHER", "UNDEFD", "ALLOC",
-    ];
+    const NAMES: [&str; 8] = ["INTRPT", "CALL", "RETURN", "JUMP", "IRET", "OTHER", "UNDEFD", "ALLOC"];
     for l in lines {
         assert!(
             (l.type_code as usize) < NAMES.len() && NAMES[l.type_code as usize] == l.type_str,
@@ -1301,11 +1200,7 @@ pub fn check_arc_consistency(lines: &[ArcLine]) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expected {
     /// A `U` block line.
-    User {
-        location: String,
-        count: u64,
-        type_code: u8,
-    },
+    User { location: String, count: u64, type_code: u8 },
     /// The `K` IRET line after a system call that returned (count 0,
     /// `sys_NAME` or `signal_NAME` in `[kernel]`).
     Kernel,
@@ -1314,11 +1209,7 @@ pub enum Expected {
 impl std::fmt::Display for Expected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Expected::User {
-                location,
-                count,
-                type_code,
-            } => write!(f, "U {type_code} {count:>5} {location}"),
+            Expected::User { location, count, type_code } => write!(f, "U {type_code} {count:>5} {location}"),
             Expected::Kernel => write!(f, "K 4     0 sys_*/signal_*"),
         }
     }
@@ -1334,11 +1225,7 @@ fn show_line(l: &ArcLine) -> String {
 
 fn matches(l: &ArcLine, e: &Expected, module: &str) -> bool {
     match e {
-        Expected::User {
-            location,
-            count,
-            type_code,
-        } => {
+        Expected::User { location, count, type_code } => {
             !l.kernel
                 && l.type_code == *type_code
                 && l.count == *count
@@ -1360,11 +1247,7 @@ fn matches(l: &ArcLine, e: &Expected, module: &str) -> bool {
 pub fn expected_lines(branches: &[OracleBranch], syms: &Symbols) -> Vec<Expected> {
     let mut v = Vec::new();
     for b in branches {
-        v.push(Expected::User {
-            location: syms.describe(b.start),
-            count: b.count,
-            type_code: b.kind.type_code(),
-        });
+        v.push(Expected::User { location: syms.describe(b.start), count: b.count, type_code: b.kind.type_code() });
         if b.kind == BranchKind::Intrpt && b.to != 0 {
             v.push(Expected::Kernel);
         }
@@ -1413,10 +1296,7 @@ fn context(arc: &[ArcLine], expected: &[Expected], at: usize) -> String {
     let hi = (at + 5).min(arc.len().max(expected.len()));
     for i in lo..hi {
         let a = arc.get(i).map(show_line).unwrap_or_else(|| "-".into());
-        let e = expected
-            .get(i)
-            .map(|e| e.to_string())
-            .unwrap_or_else(|| "-".into());
+        let e = expected.get(i).map(|e| e.to_string()).unwrap_or_else(|| "-".into());
         let mark = if i == at { ">>" } else { "  " };
         s.push_str(&format!("{mark} {i:>6} | {a:<40} | {e}\n"));
     }
@@ -1441,14 +1321,7 @@ impl Oracle {
         let instructions = oracle_instruction_count(&pcs, &insns);
         let syms = Symbols::of(binary);
         let expected = expected_lines(&branches, &syms);
-        Oracle {
-            pcs,
-            insns,
-            branches,
-            instructions,
-            syms,
-            expected,
-        }
+        Oracle { pcs, insns, branches, instructions, syms, expected }
     }
 }
 
@@ -1477,10 +1350,8 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// A pid that exists nowhere: pids are always below kernel.pid_max.
 pub fn nonexistent_pid() -> u32 {
-    let max: u32 = fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(4_194_304);
+    let max: u32 =
+        fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(4_194_304);
     assert!(!Path::new(&format!("/proc/{max}")).exists());
     max
 }
