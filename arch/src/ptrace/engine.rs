@@ -27,6 +27,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// si_code of a step report from the kernel rather than the debug trap.
+const TRAP_BRKPT: i32 = 1;
+
 /// What to trace.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -980,9 +983,12 @@ impl Session<'_> {
             let next = p.pc.wrapping_add(p.insn.len as u64);
             let injected = t.injected.take();
             let handler_entry = injected.is_some() && !(p.insn.flow == Flow::Syscall && rip == next) && {
-                // A signal was delivered: a stop with si_code TRAP_BRKPT is the kernel's report at
-                // the handler's first instruction, before it runs.
-                ptrace::getsiginfo(Pid::from_raw(tid)).map(|si| si.si_code == 1).unwrap_or(false)
+                // A signal was delivered: the kernel reports the handler's first instruction, before
+                // it runs, with ptrace_notify(SIGTRAP) (si_code SIGTRAP); older kernels used
+                // TRAP_BRKPT. A real step after an ignored signal says TRAP_TRACE.
+                ptrace::getsiginfo(Pid::from_raw(tid))
+                    .map(|si| si.si_code == libc::SIGTRAP || si.si_code == TRAP_BRKPT)
+                    .unwrap_or(false)
             };
             if t.skip_report_at == Some(rip) {
                 t.skip_report_at = None;
@@ -1011,7 +1017,8 @@ impl Session<'_> {
                             return;
                         }
                         t.syscall_interrupted = false;
-                        let nr = regs.orig_rax;
+                        // rt_sigreturn sets orig_rax to -1 (no restart): use the number seen at entry.
+                        let nr = if regs.orig_rax as i64 == -1 { p.entry_nr } else { regs.orig_rax };
                         out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, nr));
                         t.syscall_ts = now_ns();
                         let mut k = branch(t, false, 0, rip, BranchKind::Iret, branch_flags::SYSCALL, nr);
