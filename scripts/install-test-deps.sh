@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite needs. Idempotent: packages
+# already installed are left alone, and apt-get runs only when something is
+# missing. Works as root (CI) or through sudo.
+set -euo pipefail
+
+# package                 used for
+PACKAGES=(
+    gcc                   # test programs (tests/programs, post-arc tests)
+    g++                   # C++ symbol tests (post-arc)
+    make                  # tests/programs/Makefile
+    libc6-dev             # headers and crt files for the libc test programs
+    binutils              # objdump, nm, addr2line, readelf, objcopy, strip
+    qemu-user             # qemu-x86_64: the instruction-sequence oracle
+    valgrind              # callgrind: the per-function count oracle (+ callgrind.h)
+    strace                # a second tracer for the "already traced" test
+    file                  # identifying binaries when debugging failures
+    coreutils             # env -i, sleep
+    mount                 # mount/umount of a small tmpfs for the disk-full test
+)
+
+log() { echo "install-test-deps: $*"; }
+
+if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+elif command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+else
+    SUDO=()
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        log "$p: installed"
+    else
+        log "$p: missing"
+        missing+=("$p")
+    fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    log "all ${#PACKAGES[@]} packages are installed"
+else
+    if [ "$(id -u)" -ne 0 ] && [ "${#SUDO[@]}" -eq 0 ]; then
+        log "not root and no sudo: install these packages yourself: ${missing[*]}" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    log "running: ${SUDO[*]} apt-get update"
+    "${SUDO[@]}" apt-get update
+    log "running: ${SUDO[*]} apt-get install -y --no-install-recommends ${missing[*]}"
+    "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# cargo fmt and cargo clippy (rustup components) for scripts/test.sh
+if command -v rustup >/dev/null 2>&1; then
+    for c in rustfmt clippy; do
+        if rustup component list --installed 2>/dev/null | grep -q "^$c"; then
+            log "rust component $c: installed"
+        else
+            log "running: rustup component add $c"
+            rustup component add "$c"
+        fi
+    done
+fi

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The project's one test command: dependencies, formatting, lints, tests.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { echo; echo "=== test.sh: $*"; }
+
+step "scripts/install-test-deps.sh"
+scripts/install-test-deps.sh
+
+# the CI machines have 2 cores
+export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+# the end-to-end tests run target/<profile>/itrace: make sure it is built
+step "cargo build --workspace --bins"
+cargo build --workspace --bins
+
+step "cargo test --workspace"
+cargo test --workspace
+
+step "all passed"
