@@ -23,7 +23,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build --workspace --bins"
 cargo build --workspace --bins
 
-step "cargo test --workspace"
-cargo test --workspace
+step "cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast
 
 step "all passed"

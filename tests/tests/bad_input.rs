@@ -270,6 +270,8 @@ fn file_size_limit() {
     check_write_failure(&out, &trace);
 }
 
+const FULL_DISK_OPTIONS: &[&str] = &["--mode", "continuous", "--segment-size", "16K"];
+
 struct Unmount(PathBuf);
 
 impl Drop for Unmount {
@@ -292,15 +294,17 @@ fn disk_full() {
         .status()
         .is_ok_and(|s| s.success());
     if mounted {
-        let _unmount = Unmount(mnt.clone());
+        let unmount = Unmount(mnt.clone());
         let trace = mnt.join("t.itr");
-        let out = record(&trace, &[], &program("long_loop"), &[]);
+        // small segments, so that some whole segments fit before the disk
+        // is full
+        let out = record(&trace, FULL_DISK_OPTIONS, &program("long_loop"), &[]);
         let line = out.assert_clean_error();
         assert!(line.to_lowercase().contains("space"), "the error should say the disk is full (ENOSPC): {line}");
         // read the partial trace from a copy, then release the tmpfs
         let copy = dir.join("partial.itr");
         fs::copy(&trace, &copy).expect("no partial trace left");
-        drop(_unmount);
+        drop(unmount);
         check_write_failure(&out, &copy);
     } else {
         eprintln!(
@@ -308,7 +312,7 @@ fn disk_full() {
              testing a full disk through RLIMIT_FSIZE instead"
         );
         let trace = dir.join("t.itr");
-        let out = record_with_fsize_limit(&trace, &[], 128 * 1024);
+        let out = record_with_fsize_limit(&trace, FULL_DISK_OPTIONS, 128 * 1024);
         check_write_failure(&out, &trace);
     }
 }

@@ -108,6 +108,30 @@ ob=(2) /lib/libc.so.6\nfn=(4) printf\n0 20\nfn=(3)\n0 4\n\ntotals: 40\n";
 }
 
 #[test]
+fn symbol_lookup() {
+    let nm = "0000000000001000 T _init\n\
+0000000000001050 0000000000000022 T _start\n\
+0000000000001080 t deregister_tm_clones\n\
+00000000000010b0 t register_tm_clones\n\
+00000000000011f2 0000000000000099 T main\n\
+0000000000004040 0000000000000100 b data\n";
+    let sections = "  9 .init 0000001b  0000000000001000  0000000000001000  00001000  2**2  CONTENTS\n\
+ 10 .plt 00000030  0000000000001020  0000000000001020  00001020  2**4  CONTENTS\n\
+ 11 .text 00000233  0000000000001050  0000000000001050  00001050  2**4  CONTENTS\n";
+    let mut s = Symbols::parse(nm);
+    s.sections = parse_sections(sections);
+    assert_eq!(s.syms.len(), 5, "data symbols are left out");
+    assert_eq!(s.describe(0x1000), "_init+0x0");
+    assert_eq!(s.describe(0x1012), "_init+0x12", "zero size: up to the next symbol");
+    assert_eq!(s.describe(0x1030), "<unknown>", ".plt is not _init's section");
+    assert_eq!(s.describe(0x1071), "_start+0x21");
+    assert_eq!(s.describe(0x1072), "<unknown>", "past _start's size");
+    assert_eq!(s.describe(0x10c0), "register_tm_clones+0x10");
+    assert_eq!(s.describe(0x11f2 + 0x98), "main+0x98");
+    assert_eq!(s.describe(0x11f2 + 0x99), "<unknown>");
+}
+
+#[test]
 fn name_splitting() {
     assert_eq!(split_names("a_b_a_b"), ("a_b".into(), "a_b".into()));
     assert_eq!(split_names("prog_worker"), ("prog".into(), "worker".into()));

@@ -679,17 +679,29 @@ pub struct Symbol {
     pub kind: char,
 }
 
-/// Code symbols of `binary` from `nm -S --defined-only`, sorted by address.
-pub struct Symbols(pub Vec<Symbol>);
+/// Code symbols of `binary` from `nm -S --defined-only`, sorted by address,
+/// and its sections from `objdump -h`.
+pub struct Symbols {
+    pub syms: Vec<Symbol>,
+    /// (name, start, end) of every section.
+    pub sections: Vec<(String, u64, u64)>,
+}
 
 impl Symbols {
     pub fn of(binary: &Path) -> Symbols {
         require_tool("nm");
+        require_tool("objdump");
         let o = run(Command::new("nm").arg("-S").arg("--defined-only").arg(binary));
         o.assert_success();
-        Symbols::parse(&o.stdout)
+        let mut s = Symbols::parse(&o.stdout);
+        let h = run(Command::new("objdump").arg("-h").arg("-w").arg(binary));
+        h.assert_success();
+        s.sections = parse_sections(&h.stdout);
+        s
     }
 
+    /// Parses nm output (no section information: zero-size symbols then
+    /// extend to the next symbol).
     pub fn parse(text: &str) -> Symbols {
         let mut v = Vec::new();
         for line in text.lines() {
@@ -711,20 +723,37 @@ impl Symbols {
             });
         }
         v.sort_by_key(|s| (s.addr, s.kind.is_ascii_lowercase()));
-        Symbols(v)
+        Symbols { syms: v, sections: Vec::new() }
     }
 
     pub fn by_name(&self, name: &str) -> Option<&Symbol> {
-        self.0.iter().find(|s| s.name == name)
+        self.syms.iter().find(|s| s.name == name)
     }
 
-    /// The symbol whose [addr, addr+size) covers `addr`, and the offset.
+    fn section_of(&self, addr: u64) -> Option<&(String, u64, u64)> {
+        self.sections.iter().find(|(_, lo, hi)| *lo <= addr && addr < *hi)
+    }
+
+    /// The symbol covering `addr`, and the offset: a symbol with a size
+    /// covers [addr, addr+size); one without (crt code such as `_init`,
+    /// `frame_dummy`) covers up to the next symbol, within its section.
     pub fn lookup(&self, addr: u64) -> Option<(&Symbol, u64)> {
-        self.0
+        if let Some(s) = self
+            .syms
             .iter()
             .filter(|s| s.addr <= addr && addr < s.addr + s.size)
             .min_by_key(|s| (s.kind.is_ascii_lowercase(), s.size))
-            .map(|s| (s, addr - s.addr))
+        {
+            return Some((s, addr - s.addr));
+        }
+        let s = self.syms.iter().rev().find(|s| s.addr <= addr)?;
+        if s.size != 0 {
+            return None; // after the end of a sized symbol
+        }
+        if !self.sections.is_empty() && self.section_of(s.addr) != self.section_of(addr) {
+            return None;
+        }
+        Some((s, addr - s.addr))
     }
 
     /// `symbol+0xoff` (or `<unknown>`), as used in comparisons.
@@ -734,6 +763,23 @@ impl Symbols {
             None => "<unknown>".to_string(),
         }
     }
+}
+
+/// Parses `objdump -h -w`: (name, start, end) of each section.
+pub fn parse_sections(text: &str) -> Vec<(String, u64, u64)> {
+    let mut v = Vec::new();
+    for line in text.lines() {
+        // "  0 .interp  0000001c  0000000000000318  0000000000000318  00000318  2**0  CONTENTS, ..."
+        let t: Vec<&str> = line.split_whitespace().collect();
+        if t.len() < 6 || t[0].parse::<u32>().is_err() {
+            continue;
+        }
+        let (Ok(size), Ok(vma)) = (u64::from_str_radix(t[2], 16), u64::from_str_radix(t[3], 16)) else {
+            continue;
+        };
+        v.push((t[1].to_string(), vma, vma + size));
+    }
+    v
 }
 
 /// Source line of each address from `addr2line -e binary`; 0 when unknown.
