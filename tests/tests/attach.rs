@@ -7,7 +7,8 @@ use common::*;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-const ROUNDS: &str = "300";
+// 500 rounds with 10 ms sleeps: about 5 s, ample time to attach
+const ROUNDS: &str = "500";
 
 #[test]
 fn attach_to_spinner() {
