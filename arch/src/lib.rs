@@ -24,4 +24,7 @@ pub trait Arch {
     fn changes_mappings(&self, nr: u64) -> bool;
     /// System calls that may change a thread's name (prctl).
     fn may_rename(&self, nr: u64) -> bool;
+    /// The number of rt_sigreturn, which the kernel hides (it clears the saved number so the
+    /// interrupted call is not restarted).
+    fn rt_sigreturn_nr(&self) -> u64;
 }

@@ -87,6 +87,14 @@ impl Arch for X86 {
         }
     }
 
+    fn rt_sigreturn_nr(&self) -> u64 {
+        if self.compat {
+            173
+        } else {
+            15
+        }
+    }
+
     fn may_rename(&self, nr: u64) -> bool {
         nr == if self.compat { nr32::PRCTL } else { nr64::PRCTL }
     }

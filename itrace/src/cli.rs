@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "itrace", version, about = "Instruction and branch tracer for Linux: records every taken branch of a program (or a region of it) and writes PI-style arc files and reports.")]
+#[command(
+    name = "itrace",
+    version,
+    about = "Instruction and branch tracer for Linux: records every taken branch of a program (or a region of it) and writes PI-style arc files and reports."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -67,6 +71,10 @@ pub struct RecordArgs {
     /// Keep address-space randomisation on for a launched program (off by default, like gdb, so traces repeat).
     #[arg(long)]
     pub aslr: bool,
+    /// Testing: feed the block-step (PTRACE_SINGLEBLOCK) decoder from single steps, as if the
+    /// branch trap worked, to check that both give the same trace.
+    #[arg(long, hide = true)]
+    pub emulate_block_step: bool,
     /// Attach to this running process (all its threads).
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
@@ -162,8 +170,14 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
 /// Tell the user when a trace was cut short (records up to the cut were used).
 pub fn warn_truncated(trace: &itrace_post::Trace) {
     if let Some(off) = trace.truncated_at() {
-        eprintln!("itrace: warning: {} is truncated at offset {off:#x}; read up to its last whole record", trace.path().display());
+        eprintln!(
+            "itrace: warning: {} is truncated at offset {off:#x}; read up to its last whole record",
+            trace.path().display()
+        );
     } else if trace.summary().is_none() {
-        eprintln!("itrace: warning: {} has no end summary (recording did not finish); read what is there", trace.path().display());
+        eprintln!(
+            "itrace: warning: {} has no end summary (recording did not finish); read what is there",
+            trace.path().display()
+        );
     }
 }

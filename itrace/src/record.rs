@@ -49,7 +49,9 @@ fn ncpu() -> u16 {
 pub fn run(args: RecordArgs) -> Result<ExitCode> {
     let target = match (&args.pid, args.command.first()) {
         (Some(pid), _) => Target::Attach { pid: *pid },
-        (None, Some(cmd)) => Target::Launch { program: resolve_program(cmd)?, args: args.command.clone(), aslr: args.aslr },
+        (None, Some(cmd)) => {
+            Target::Launch { program: resolve_program(cmd)?, args: args.command.clone(), aslr: args.aslr }
+        }
         (None, None) => bail!("nothing to trace: give a command after `--`, or `-p PID`"),
     };
     if let Target::Attach { pid } = target {
@@ -70,13 +72,17 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         bail!("--segment-size must be at most 1G");
     }
 
-    let step = match ptrace::probe_singleblock() {
-        BlockStep::Works => StepMethod::PtraceSingleStep, // see docs/recording.md: block decoding not yet wired
-        BlockStep::StepsEachInstruction | BlockStep::Unavailable(_) => StepMethod::PtraceSingleStep,
+    // Block stepping only where the probe saw it stop at a branch target; the trace is the same either way.
+    let block_step = args.emulate_block_step || ptrace::probe_singleblock() == BlockStep::Works;
+    let step = if block_step && !args.emulate_block_step {
+        StepMethod::PtraceSingleBlock
+    } else {
+        StepMethod::PtraceSingleStep
     };
     let ncpu = ncpu();
     let mono = itrace_arch_now();
-    let real = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let real =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let header = FileHeader {
         endian: Endian::native(),
         version_major: VERSION_MAJOR,
@@ -107,6 +113,8 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         follow_forks: args.follow_forks,
         follow_threads: !args.no_follow_threads,
         stop: &crate::signals::STOP,
+        block_step,
+        emulate_block_step: args.emulate_block_step,
     };
     let outcome = match ptrace::record(&opts, &mut buffers) {
         Ok(o) => o,

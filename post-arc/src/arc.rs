@@ -65,18 +65,12 @@ impl<W: Write> Sink for ArcSink<W> {
     fn block(&mut self, b: &Block, names: &mut Names, _res: &mut Resolver) -> Result<(), PostError> {
         let label = names.label(b.branch.tid).to_string();
         match &b.loc {
-            Where::User(l) => self.line(
-                b.cpu,
-                'U',
-                b.branch.kind,
-                b.branch.icount,
-                l.offset,
-                &l.symbol,
-                &l.module,
-                &label,
-                l.line,
-            ),
-            Where::Kernel(name) => self.line(b.cpu, 'K', b.branch.kind, b.branch.icount, 0, name, "[kernel]", &label, 0),
+            Where::User(l) => {
+                self.line(b.cpu, 'U', b.branch.kind, b.branch.icount, l.offset, &l.symbol, &l.module, &label, l.line)
+            }
+            Where::Kernel(name) => {
+                self.line(b.cpu, 'K', b.branch.kind, b.branch.icount, 0, name, "[kernel]", &label, 0)
+            }
         }
     }
 
@@ -126,7 +120,11 @@ pub fn write_arc<W: Write>(trace: &Trace, out: W, progress: &mut dyn FnMut(u64))
     replay(trace, true, &mut sink, progress)?;
     if let Some(s) = trace.summary() {
         let lost: u64 = s.lost.iter().sum();
-        writeln!(sink.out, "# total: {} instructions in {} lines, {lost} records lost", sink.stats.instructions, sink.stats.lines)?;
+        writeln!(
+            sink.out,
+            "# total: {} instructions in {} lines, {lost} records lost",
+            sink.stats.instructions, sink.stats.lines
+        )?;
     }
     sink.out.flush()?;
     Ok(sink.stats)

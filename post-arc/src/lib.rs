@@ -8,8 +8,8 @@ mod names;
 pub mod replay;
 pub mod report;
 pub mod resolve;
-mod threads;
 pub mod symbols;
+mod threads;
 
 use std::path::Path;
 

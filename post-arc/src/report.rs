@@ -151,10 +151,9 @@ impl Sink for ReportSink {
                     }
                     BranchKind::Return => {
                         let th = self.threads.entry(br.tid).or_default();
-                        let hit = th
-                            .stack
-                            .iter()
-                            .rposition(|f| f.call_from != u64::MAX && br.to > f.call_from && br.to - f.call_from <= MAX_CALL_LEN);
+                        let hit = th.stack.iter().rposition(|f| {
+                            f.call_from != u64::MAX && br.to > f.call_from && br.to - f.call_from <= MAX_CALL_LEN
+                        });
                         if let Some(i) = hit {
                             self.pop_to(br.tid, i);
                         }
@@ -274,7 +273,8 @@ impl Report {
             "{} instructions, {} taken branches, {} records lost ({} trace, {} mode, {})",
             self.total_instructions, self.total_branches, self.lost_records, self.arch, self.mode, self.step_method
         )?;
-        let pct = |n: u64| if self.total_instructions == 0 { 0.0 } else { 100.0 * n as f64 / self.total_instructions as f64 };
+        let pct =
+            |n: u64| if self.total_instructions == 0 { 0.0 } else { 100.0 * n as f64 / self.total_instructions as f64 };
         writeln!(out, "\nFunctions (by self instructions)")?;
         writeln!(out, "{:>12} {:>6} {:>12} {:>9}  function  module", "self", "%", "inclusive", "calls")?;
         for f in &self.functions[..take(self.functions.len())] {

@@ -8,7 +8,7 @@
 //! (signal delivery), so no syscall-stops are needed.
 
 use super::procfs::{self, Mapping};
-use crate::x86_64::{X86, RESTART_CODES};
+use crate::x86_64::{RESTART_CODES, X86};
 use crate::Arch;
 use itrace_decoders::{Flow, Insn};
 use itrace_format::{
@@ -48,6 +48,13 @@ pub struct RecordOptions<'a> {
     pub follow_threads: bool,
     /// Set (by a signal handler or timer) to stop tracing, detach and finish.
     pub stop: &'a AtomicBool,
+    /// Step by taken branch (PTRACE_SINGLEBLOCK) instead of by instruction: only where
+    /// [`super::probe_singleblock`] found that it works.
+    pub block_step: bool,
+    /// Test hook: single-step, but hand only the stops that follow a taken branch or a system
+    /// call to the block-step logic, as a working branch trap would. With `block_step` set, this
+    /// exercises block decoding on machines whose hypervisor ignores BTF.
+    pub emulate_block_step: bool,
 }
 
 /// What happened.
@@ -145,9 +152,18 @@ struct Thread {
     name: String,
     /// Stopped and not yet resumed: detach it directly.
     stopped: bool,
+    /// Block-step emulation: pc of the instruction the last single step ran.
+    emu_prev: u64,
+    /// Block mode: this resume single-steps (the block is ambiguous for the branch trap).
+    single_step_now: bool,
+    /// Block mode: the system call that ends the running block and the instructions before it,
+    /// known before it runs (an exec replaces the code a later walk would need).
+    planned_syscall: Option<(u64, Insn, u32)>,
 }
 
 struct Process {
+    /// Block mode: what is known of the block starting at an address.
+    ambiguous: IntMap<u64, super::block::BlockInfo>,
     maps: Vec<Mapping>,
     code: IntMap<u64, Insn>,
     name: String,
@@ -425,6 +441,9 @@ impl Session<'_> {
             original_affinity: None,
             name: String::new(),
             stopped: false,
+            emu_prev: 0,
+            single_step_now: false,
+            planned_syscall: None,
         }
     }
 
@@ -462,7 +481,13 @@ impl Session<'_> {
     fn new_process(&mut self, pid: i32, ts: u64, ppid: i32) {
         let name = procfs::comm(pid, pid);
         self.emit_mte(Mte::ProcessName { ts, pid: pid as u32, ppid: ppid as u32, name: name.clone() });
-        let p = Process { maps: Vec::new(), code: IntMap::default(), name, vdso_saved: false };
+        let p = Process {
+            ambiguous: IntMap::default(),
+            maps: Vec::new(),
+            code: IntMap::default(),
+            name,
+            vdso_saved: false,
+        };
         self.procs.insert(pid, p);
         self.refresh_maps(pid, ts);
     }
@@ -490,6 +515,7 @@ impl Session<'_> {
         for m in old.iter().filter(|m| !new.contains(m)) {
             records.push(Mte::Unmap { ts, pid: pid as u32, start: m.start, end: m.end });
             p.code.retain(|a, _| *a < m.start || *a >= m.end);
+            p.ambiguous.clear();
         }
         let mut vdso = None;
         for m in new.iter().filter(|m| !old.contains(m)) {
@@ -509,7 +535,8 @@ impl Session<'_> {
         }
         p.maps = new;
         if let Some((start, end)) = vdso {
-            let mut image = vec![0u8; (end - start).min(1 << 16) as usize - 4096 * ((end - start) > (1 << 16)) as usize];
+            let mut image =
+                vec![0u8; (end - start).min(1 << 16) as usize - 4096 * ((end - start) > (1 << 16)) as usize];
             let n = read_mem(pid, start, &mut image);
             image.truncate(n);
             if n > 0 {
@@ -611,7 +638,28 @@ impl Session<'_> {
             return;
         }
         t.injected = (sig != 0).then_some(sig);
-        if let Err(e) = ptrace::step(pid, sig_opt) {
+        if self.opts.block_step {
+            let info = match t.pending {
+                Some(p) => self.block_info(tid, p.pc),
+                None => super::block::BlockInfo { ambiguous: true, syscall: None },
+            };
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.single_step_now = info.ambiguous;
+            t.planned_syscall = info.syscall;
+        }
+        let t = &self.threads[&tid];
+        let r = if self.opts.block_step && !self.opts.emulate_block_step && !t.single_step_now {
+            // SAFETY: plain ptrace request on our stopped tracee; the data argument is a signal number.
+            let r = unsafe { libc::ptrace(super::probe::PTRACE_SINGLEBLOCK, tid, 0, sig as libc::c_long) };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(Errno::last())
+            }
+        } else {
+            ptrace::step(pid, sig_opt)
+        };
+        if let Err(e) = r {
             if e != Errno::ESRCH {
                 self.finish_thread(tid, StopReason::TracerError, e as i32);
             }
@@ -755,7 +803,7 @@ impl Session<'_> {
                     path: m.path.clone(),
                 });
             }
-            self.procs.insert(child_pid, Process { maps, code, name, vdso_saved: false });
+            self.procs.insert(child_pid, Process { ambiguous: IntMap::default(), maps, code, name, vdso_saved: false });
         }
     }
 
@@ -768,6 +816,19 @@ impl Session<'_> {
                 self.threads.remove(&tid);
                 t.tid = tid;
                 self.threads.insert(tid, t);
+            }
+        }
+        if self.opts.block_step {
+            // The old image is gone: account for the block up to execve from the plan made before it ran.
+            if let Some(t) = self.threads.get_mut(&tid) {
+                if let (Some((pc, insn, before)), Some(p)) = (t.planned_syscall.take(), t.pending) {
+                    if p.pc != pc || !t.single_step_now {
+                        t.icount += before;
+                    }
+                    t.pending = Some(Pending { pc, insn, entry_nr: p.entry_nr });
+                }
+                // The next stop is the end of execve: classify it as one step of the system call.
+                t.single_step_now = true;
             }
         }
         let Some(t) = self.threads.get(&tid) else { return };
@@ -793,6 +854,7 @@ impl Session<'_> {
             t.arch = arch;
             t.state = ThreadState::Stepping;
             t.pending = Some(Pending { pc: regs.rip, insn, entry_nr: regs.rax });
+            t.emu_prev = regs.rip;
             // Resuming with a step makes the kernel report the end of execve before the first instruction.
             t.skip_report_at = Some(regs.rip);
             let (cpu, pc) = (t.cpu, regs.rip);
@@ -817,17 +879,33 @@ impl Session<'_> {
         }
         let (pid, cpu) = (t.pid, t.cpu);
         self.name_thread(pid, tid, now_ns());
-        let t = self.threads.get_mut(&tid).expect("thread exists");
         let signaled = libc::WIFSIGNALED(status);
+        // Inside the exit system call orig_rax holds its number (in block mode nothing else does).
+        let nr = getregs(tid).map(|r| r.orig_rax).unwrap_or(u64::MAX);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
         if let Some(p) = t.pending {
-            if p.insn.flow == Flow::Syscall && !signaled && t.arch.is_exit_syscall(p.entry_nr) {
+            if self.opts.block_step && !signaled && t.arch.is_exit_syscall(nr) {
+                let (pid, arch) = (t.pid, t.arch);
+                // The block ran up to the system call instruction, which the walk finds.
+                let rip = getregs(tid).map(|r| r.rip).unwrap_or(0);
+                let w = super::block::walk_block(|pc| self.decode(pid, arch, pc), p.pc, rip, true, 1 << 24);
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                if let super::block::WalkEnd::Branch { pc, insn } = w.end {
+                    t.icount += w.before;
+                    t.pending = Some(Pending { pc, insn, entry_nr: nr });
+                }
+            }
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        if let Some(p) = t.pending {
+            if p.insn.flow == Flow::Syscall && !signaled && t.arch.is_exit_syscall(nr) {
                 // The exit system call ran and never returns.
                 let b = Branch {
                     ts: t.syscall_ts,
                     kernel: false,
                     kind: BranchKind::Intrpt,
                     flags: branch_flags::SYSCALL,
-                    aux: p.entry_nr as u16,
+                    aux: nr as u16,
                     from: p.pc,
                     to: 0,
                     tid: tid as u32,
@@ -850,7 +928,9 @@ impl Session<'_> {
         let group_stop = matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
         let state = self.threads.get(&tid).map(|t| t.state);
         if self.detaching.is_some() {
-            if state == Some(ThreadState::Stepping) && procfs::thread_pending_signals(tid) & (1 << (libc::SIGTRAP - 1)) != 0 {
+            if state == Some(ThreadState::Stepping)
+                && procfs::thread_pending_signals(tid) & (1 << (libc::SIGTRAP - 1)) != 0
+            {
                 // A step trap is queued behind this stop: detaching now would deliver it untraced
                 // and kill the program. Let it surface as a signal stop, then detach there.
                 if let Some(t) = self.threads.get_mut(&tid) {
@@ -922,6 +1002,7 @@ impl Session<'_> {
         t.arch = arch;
         t.state = ThreadState::Stepping;
         t.pending = Some(Pending { pc, insn, entry_nr: regs.orig_rax });
+        t.emu_prev = pc;
         t.syscall_ts = ts;
         let cpu = t.cpu;
         if self.out.threads == 0 {
@@ -960,6 +1041,11 @@ impl Session<'_> {
         }
         if sig != libc::SIGTRAP {
             // The program gets a signal: deliver it on the next step; the stop after shows the handler.
+            if self.opts.block_step {
+                if let Ok(regs) = getregs(tid) {
+                    self.fast_forward(tid, regs.rip, false);
+                }
+            }
             self.resume(tid, sig);
             return;
         }
@@ -967,14 +1053,29 @@ impl Session<'_> {
             self.resume(tid, 0);
             return;
         };
+        if self.opts.emulate_block_step && !self.emulated_block_ended(tid, &regs) {
+            self.resume(tid, 0);
+            return;
+        }
         let mut inject = 0;
         self.on_step(tid, &regs, &mut inject);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.emu_prev = regs.rip;
+        }
         self.resume(tid, inject);
     }
 
     /// The core: a thread stopped after a step. Classify what ran, write records, decode what runs next.
     fn on_step(&mut self, tid: i32, regs: &libc::user_regs_struct, inject: &mut i32) {
         let rip = regs.rip;
+        if self.opts.block_step {
+            let t = &self.threads[&tid];
+            let report = t.single_step_now || t.skip_report_at == Some(rip) || t.injected.is_some();
+            if !report && !self.fast_forward(tid, rip, true) {
+                self.update_pending_after(tid, rip, regs, false);
+                return;
+            }
+        }
         let t = self.threads.get_mut(&tid).expect("stepping thread exists");
         let (cpu, pid) = (t.cpu, t.pid);
         let mut out: [Option<Branch>; 2] = [None, None];
@@ -1017,8 +1118,13 @@ impl Session<'_> {
                             return;
                         }
                         t.syscall_interrupted = false;
-                        // rt_sigreturn sets orig_rax to -1 (no restart): use the number seen at entry.
-                        let nr = if regs.orig_rax as i64 == -1 { p.entry_nr } else { regs.orig_rax };
+                        // rt_sigreturn sets orig_rax to -1 (no restart). (i386's old sigreturn, 119, also
+                        // does; it is told apart only when single-stepping saw eax at the call.)
+                        let nr = match regs.orig_rax as i64 {
+                            -1 if p.entry_nr == 119 && t.arch.compat && !self.opts.block_step => 119,
+                            -1 => t.arch.rt_sigreturn_nr(),
+                            _ => regs.orig_rax,
+                        };
                         out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, nr));
                         t.syscall_ts = now_ns();
                         let mut k = branch(t, false, 0, rip, BranchKind::Iret, branch_flags::SYSCALL, nr);
@@ -1030,13 +1136,25 @@ impl Session<'_> {
                     Flow::Interrupt => {
                         // int3 and friends: the program's own SIGTRAP (or other signal); deliver it.
                         t.icount += 1;
-                        out[0] = Some(branch(t, false, p.pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, libc::SIGTRAP as u64));
+                        out[0] = Some(branch(
+                            t,
+                            false,
+                            p.pc,
+                            0,
+                            BranchKind::Intrpt,
+                            branch_flags::SIGNAL,
+                            libc::SIGTRAP as u64,
+                        ));
                         *inject = libc::SIGTRAP;
                     }
                     flow => {
                         t.icount += 1;
                         if flow.always_branches() || rip != next {
-                            let kind = if flow == Flow::Next || flow == Flow::RepString { BranchKind::Other } else { flow.branch_kind() };
+                            let kind = if flow == Flow::Next || flow == Flow::RepString {
+                                BranchKind::Other
+                            } else {
+                                flow.branch_kind()
+                            };
                             out[0] = Some(branch(t, false, p.pc, rip, kind, 0, 0));
                         }
                     }
@@ -1056,6 +1174,64 @@ impl Session<'_> {
             }
         }
         self.update_pending_after(tid, rip, regs, false);
+    }
+
+    /// Block mode: what the block starting at `pc` holds (cached per address).
+    fn block_info(&mut self, tid: i32, pc: u64) -> super::block::BlockInfo {
+        let t = &self.threads[&tid];
+        let (pid, arch) = (t.pid, t.arch);
+        if let Some(&a) = self.procs.get(&pid).and_then(|p| p.ambiguous.get(&pc)) {
+            return a;
+        }
+        let a = super::block::block_info(|a| self.decode(pid, arch, a), pc, 4096);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.ambiguous.insert(pc, a);
+        }
+        a
+    }
+
+    /// Block-step emulation: would a branch trap have stopped here? (After a taken branch, a
+    /// system call or interrupt, and for the kernel's own reports.)
+    fn emulated_block_ended(&mut self, tid: i32, regs: &libc::user_regs_struct) -> bool {
+        let t = &self.threads[&tid];
+        if t.single_step_now || t.injected.is_some() || t.skip_report_at == Some(regs.rip) || t.emu_prev == 0 {
+            return true;
+        }
+        let (pid, arch, prev) = (t.pid, t.arch, t.emu_prev);
+        let insn = self.decode(pid, arch, prev);
+        let ended = match insn.flow {
+            Flow::Syscall | Flow::Interrupt | Flow::Invalid => true,
+            Flow::CondJump => regs.rip != prev.wrapping_add(insn.len as u64),
+            f => f.always_branches(),
+        };
+        if !ended {
+            self.threads.get_mut(&tid).expect("thread exists").emu_prev = regs.rip;
+        }
+        ended
+    }
+
+    /// Block stepping: account for the instructions from `pending` up to the one that ended the
+    /// block (which becomes `pending`, to be classified like a single step), or up to `rip` when
+    /// the thread was stopped mid-block. Returns whether a block-ending instruction was found.
+    fn fast_forward(&mut self, tid: i32, rip: u64, branch_stop: bool) -> bool {
+        let Some(t) = self.threads.get(&tid) else { return false };
+        let Some(p) = t.pending else { return false };
+        let (pid, arch) = (t.pid, t.arch);
+        let w = super::block::walk_block(|pc| self.decode(pid, arch, pc), p.pc, rip, branch_stop, 1 << 24);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.icount += w.before;
+        match w.end {
+            super::block::WalkEnd::Branch { pc, insn } => {
+                t.pending = Some(Pending { pc, insn, entry_nr: p.entry_nr });
+                true
+            }
+            super::block::WalkEnd::Reached | super::block::WalkEnd::Lost => {
+                let insn = self.decode(pid, arch, rip);
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                t.pending = Some(Pending { pc: rip, insn, entry_nr: p.entry_nr });
+                false
+            }
+        }
     }
 
     /// Decode the thread's next instruction (unless it is an interrupted system call that runs again).

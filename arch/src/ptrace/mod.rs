@@ -8,6 +8,7 @@
 //! affinity is restored at detach. The pinning is visible to the program
 //! (`sched_getaffinity`) while it is traced.
 
+mod block;
 mod engine;
 mod probe;
 pub mod procfs;

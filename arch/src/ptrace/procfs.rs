@@ -44,7 +44,7 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
             continue;
         };
         use itrace_format::prot::*;
-        let prot = (p[0] == b'r') as u32 * READ | (p[1] == b'w') as u32 * WRITE | EXEC;
+        let prot = if p[0] == b'r' { READ } else { 0 } | if p[1] == b'w' { WRITE } else { 0 } | EXEC;
         out.push(Mapping { start, end, prot, offset, path });
     }
     out.sort_by_key(|m| m.start);
@@ -105,7 +105,10 @@ mod tests {
 ";
         let m = parse_maps(text);
         assert_eq!(m.len(), 4);
-        assert_eq!((m[0].start, m[0].end, m[0].offset, m[0].path.as_str()), (0x401000, 0x402000, 0x1000, "/usr/bin/prog"));
+        assert_eq!(
+            (m[0].start, m[0].end, m[0].offset, m[0].path.as_str()),
+            (0x401000, 0x402000, 0x1000, "/usr/bin/prog")
+        );
         assert!(m[1].writable() && m[1].path.is_empty());
         assert_eq!(m[2].path, "/tmp/with space/lib.so");
         assert_eq!(m[3].path, "[vdso]");
