@@ -10,7 +10,7 @@
 //!   `segment_size` bytes, written to the file as a chunk when full; memory
 //!   stays constant and nothing is lost unless the write fails.
 
-use crate::record::{record_len, Lost, Record, Summary};
+use crate::record::{major, record_len, Lost, Record, Summary, TraceOn, TraceOnReason};
 use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
 use crate::{Endian, FormatError, Mode};
 use std::collections::VecDeque;
@@ -52,6 +52,9 @@ pub struct Buffers {
     lost: Vec<u64>,
     mte_records: u64,
     scratch: Vec<u8>,
+    /// Wrap mode, per CPU: where each thread's next block starts, as of the newest evicted record,
+    /// so the oldest surviving block of each thread still has a known start.
+    evicted_start: Vec<std::collections::HashMap<u32, u64>>,
 }
 
 impl Buffers {
@@ -63,6 +66,7 @@ impl Buffers {
             Mode::Continuous => Store::Segment(Vec::with_capacity(cfg.segment_size)),
         };
         let cpus = (0..cfg.ncpu).map(|_| cpu_store()).collect();
+        let cfg_ncpu = cfg.ncpu;
         let mte = match cfg.mode {
             Mode::Normal => Store::Linear(Vec::new()),
             Mode::Wrap | Mode::Continuous => Store::Segment(Vec::with_capacity(cfg.segment_size)),
@@ -76,6 +80,7 @@ impl Buffers {
             mte,
             mte_records: 0,
             scratch: Vec::with_capacity(256),
+            evicted_start: vec![Default::default(); cfg_ncpu],
         }
     }
 
@@ -140,6 +145,8 @@ impl Buffers {
                         ring.clear();
                         break;
                     }
+                    let head: Vec<u8> = ring.range(..n.min(40)).copied().collect();
+                    note_evicted(&mut self.evicted_start[cpu], &head);
                     ring.drain(..n);
                     self.lost[cpu] += 1;
                     self.records[cpu] -= 1;
@@ -148,6 +155,11 @@ impl Buffers {
             }
             Store::Segment(v) => {
                 if v.len() + rec.len() > self.cfg.segment_size {
+                    // MTE records first, so any trace chunk on disk can be symbolised even if
+                    // the recording never finishes.
+                    if let Store::Segment(m) = &mut self.mte {
+                        flush(&mut self.writer, STREAM_MTE, 0, m)?;
+                    }
                     flush(&mut self.writer, cpu as u16, 0, v)?;
                 }
                 v.extend_from_slice(rec);
@@ -190,9 +202,16 @@ impl Buffers {
                     let data = ring.make_contiguous();
                     let mut out = Vec::with_capacity(data.len() + 32);
                     if lost > 0 && data.len() >= 16 {
-                        // Tell readers, in stream order, where the gap is.
+                        // Tell readers, in stream order, where the gap is, and where each thread's
+                        // first surviving block starts (pid 0: known from the MTE stream).
                         let ts = Endian::native().u64(&data[8..16]);
                         Record::Lost(Lost { ts, count: lost }).encode(&mut out)?;
+                        let mut starts: Vec<_> = self.evicted_start[cpu].iter().collect();
+                        starts.sort();
+                        for (&tid, &pc) in starts {
+                            let on = TraceOn { ts, reason: TraceOnReason::Resume, pid: 0, tid, pc };
+                            Record::TraceOn(on).encode(&mut out)?;
+                        }
                     }
                     out.extend_from_slice(data);
                     let flags = if lost > 0 { CHUNK_FLAG_WRAPPED } else { 0 };
@@ -205,6 +224,31 @@ impl Buffers {
         flush(&mut self.writer, STREAM_END, 0, &mut end)?;
         self.writer.sync()?;
         Ok(self.writer.len())
+    }
+}
+
+/// Remember what an evicted record says about where its thread's next block starts.
+fn note_evicted(starts: &mut std::collections::HashMap<u32, u64>, r: &[u8]) {
+    let e = Endian::native();
+    if r.len() < 32 {
+        return;
+    }
+    match e.u16(&r[2..]) {
+        major::BRANCH_USER | major::BRANCH_KERNEL if r.len() >= 40 => {
+            let (to, tid) = (e.u64(&r[24..]), e.u32(&r[32..]));
+            if to != 0 {
+                starts.insert(tid, to);
+            } else {
+                starts.remove(&tid);
+            }
+        }
+        major::TRACE_ON => {
+            starts.insert(e.u32(&r[20..]), e.u64(&r[24..]));
+        }
+        major::TRACE_OFF => {
+            starts.remove(&e.u32(&r[20..]));
+        }
+        _ => {}
     }
 }
 

@@ -142,6 +142,10 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         StopReason::WriteError => "the trace file could not be written",
         StopReason::Vanished | StopReason::TracerError => "tracer error",
     };
+    if let Some(e) = outcome.write_error {
+        // One line: what failed and what is kept.
+        bail!("{e}; tracing stopped, the trace up to the failure is in {} ({size} bytes)", args.output.display());
+    }
     eprintln!(
         "itrace: {} records ({} instructions, {} taken branches), {} lost, mode {}, {}, {} bytes in {}; tracing ended: {}",
         records,
@@ -158,9 +162,6 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         Some(code) if code < 0 => eprintln!("itrace: the program was killed by signal {}", signal_name(-code)),
         Some(code) if code != 0 => eprintln!("itrace: the program exited with status {code}"),
         _ => {}
-    }
-    if let Some(e) = outcome.write_error {
-        bail!("{e}; the trace up to the failure is in {} ({size} bytes)", args.output.display());
     }
     finished.with_context(|| format!("cannot finish writing {}", args.output.display()))?;
     if args.arc {

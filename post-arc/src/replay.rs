@@ -81,7 +81,10 @@ pub fn replay(
                 }
             }
             Record::TraceOn(on) => {
-                names.trace_on(on.pid, on.tid);
+                // pid 0: a wrap-mode resume point; the thread's process comes from the MTE stream.
+                if on.pid != 0 {
+                    names.trace_on(on.pid, on.tid);
+                }
                 block_start.insert(on.tid, on.pc);
             }
             Record::TraceOff(off) => {
