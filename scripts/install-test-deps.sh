@@ -17,6 +17,9 @@ PACKAGES=(
     file                  # identifying binaries when debugging failures
     coreutils             # env -i, sleep
     mount                 # mount/umount of a small tmpfs for the disk-full test
+    libc6-dbg             # separate debug info of libc (post-arc symbol tests)
+    gcc-powerpc64-linux-gnu  # big-endian ELFv1 and ELF32 symbol tests (post-arc)
+    bc                    # bench/run.sh arithmetic
 )
 
 log() { echo "install-test-deps: $*"; }
