@@ -47,6 +47,11 @@ pub fn replay(
     let arch = trace.header().arch;
     let mut names = Names::default();
     let mut res = Resolver::new(lines);
+    for r in trace.stream(itrace_format::STREAM_MTE) {
+        if let (_, Record::Mte(m)) = r? {
+            res.preload(&m);
+        }
+    }
     // Start of each thread's current block.
     let mut block_start: HashMap<u32, u64> = HashMap::new();
     let mut n = 0u64;

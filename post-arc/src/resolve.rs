@@ -34,7 +34,6 @@ struct Segment {
 struct Space {
     segs: Vec<Segment>,
     vdso: Option<Arc<ModuleSymbols>>,
-    jit: Arc<JitSymbols>,
     cache: HashMap<u64, Location>,
 }
 
@@ -47,6 +46,8 @@ pub struct Resolver {
     func_names: Vec<(Arc<str>, Arc<str>)>,
     unknown: Arc<str>,
     jitcode: Arc<str>,
+    /// JIT symbols per process: recorded at the end of tracing, valid for the whole trace.
+    jit: HashMap<u32, JitSymbols>,
 }
 
 impl Resolver {
@@ -60,6 +61,7 @@ impl Resolver {
             func_names: Vec::new(),
             unknown: Arc::from("<unknown>"),
             jitcode: Arc::from("JITCODE"),
+            jit: HashMap::new(),
         }
     }
 
@@ -88,17 +90,21 @@ impl Resolver {
                 s.vdso = syms;
                 s.cache.clear();
             }
-            Mte::JitSymbol { pid, start, size, name, .. } => {
-                let s = self.spaces.entry(*pid).or_default();
-                Arc::make_mut(&mut s.jit).add(*start, *size, name.clone());
-                s.cache.clear();
-            }
+            // Known before the replay: see `preload`.
+            Mte::JitSymbol { .. } => {}
             Mte::Clone { parent_pid, child_pid, thread: false, .. } => {
                 if let Some(p) = self.spaces.get(parent_pid).cloned() {
                     self.spaces.insert(*child_pid, Space { cache: HashMap::new(), ..p });
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Take the JIT symbols of a trace (they are recorded at its end but hold for all of it).
+    pub fn preload(&mut self, m: &Mte) {
+        if let Mte::JitSymbol { pid, start, size, name, .. } = m {
+            self.jit.entry(*pid).or_default().add(*start, *size, name.clone());
         }
     }
 
@@ -137,16 +143,17 @@ impl Resolver {
     }
 
     fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, u32) {
+        let jit_hit = self.jit.get(&pid).and_then(|j| j.lookup(addr)).map(|h| (Arc::<str>::from(h.name), h.offset));
         let space = self.spaces.entry(pid).or_default();
         let i = space.segs.partition_point(|g| g.end <= addr);
         let seg = space.segs.get(i).filter(|g| g.start <= addr).cloned();
-        let jit = |space: &Space, module: Arc<str>| match space.jit.lookup(addr) {
-            Some(h) => (Arc::from(h.name), h.offset, module, 0),
+        let jitcode = self.jitcode.clone();
+        let jit = |_: &Space, _: Arc<str>| match jit_hit.clone() {
+            Some((name, offset)) => (name, offset, jitcode.clone(), 0),
             None => (Arc::from("<unknown>"), 0, Arc::from(format!("{addr:#x}")), 0),
         };
         let Some(seg) = seg else {
-            let j = self.jitcode.clone();
-            return jit(space, j);
+            return jit(space, self.jitcode.clone());
         };
         if &*seg.path == "[vdso]" {
             if let Some(v) = space.vdso.clone() {
@@ -159,8 +166,7 @@ impl Resolver {
             return (self.unknown.clone(), addr - seg.start, seg.path.clone(), 0);
         }
         if seg.path.is_empty() || seg.path.starts_with('[') {
-            let j = self.jitcode.clone();
-            let r = jit(space, j);
+            let r = jit(space, self.jitcode.clone());
             if &*r.0 != "<unknown>" {
                 return r;
             }

@@ -181,6 +181,8 @@ struct Session<'a> {
     detaching: Option<StopReason>,
     launched: Option<i32>,
     rec: [u8; BRANCH_RECORD_LEN],
+    /// Every process traced, for the JIT symbol maps read at the end.
+    seen_pids: Vec<i32>,
 }
 
 /// CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call).
@@ -197,7 +199,7 @@ fn ptrace_options(o: &RecordOptions) -> Options {
         // Never kill an attached program if itrace dies.
         opts.remove(Options::PTRACE_O_EXITKILL);
     }
-    if o.follow_threads || o.follow_forks {
+    if o.follow_threads {
         opts |= Options::PTRACE_O_TRACECLONE;
     }
     if o.follow_forks {
@@ -219,12 +221,14 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         detaching: None,
         launched: None,
         rec: [0; BRANCH_RECORD_LEN],
+        seen_pids: Vec::new(),
     };
     match &opts.target {
         Target::Launch { program, args, aslr } => s.launch(program, args, *aslr)?,
         Target::Attach { pid } => s.attach(*pid)?,
     }
     s.run();
+    s.save_jit_maps();
     s.out.stop_reason.get_or_insert(StopReason::Exited);
     Ok(s.out)
 }
@@ -477,8 +481,22 @@ impl Session<'_> {
         self.begin_detach(StopReason::WriteError);
     }
 
+    /// JIT code symbols the traced processes published in perf map files (read at the end,
+    /// when they are complete; the files outlive the processes).
+    fn save_jit_maps(&mut self) {
+        let ts = now_ns();
+        for pid in std::mem::take(&mut self.seen_pids) {
+            for (start, size, name) in procfs::perf_map(pid) {
+                self.emit_mte(Mte::JitSymbol { ts, pid: pid as u32, start, size, name });
+            }
+        }
+    }
+
     /// Module-table records for a process seen for the first time (attach, exec, fork).
     fn new_process(&mut self, pid: i32, ts: u64, ppid: i32) {
+        if !self.seen_pids.contains(&pid) {
+            self.seen_pids.push(pid);
+        }
         let name = procfs::comm(pid, pid);
         self.emit_mte(Mte::ProcessName { ts, pid: pid as u32, ppid: ppid as u32, name: name.clone() });
         let p = Process {
@@ -803,6 +821,7 @@ impl Session<'_> {
                     path: m.path.clone(),
                 });
             }
+            self.seen_pids.push(child_pid);
             self.procs.insert(child_pid, Process { ambiguous: IntMap::default(), maps, code, name, vdso_saved: false });
         }
     }

@@ -90,6 +90,33 @@ pub fn exe(pid: i32) -> String {
     fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
+/// JIT symbols a process wrote to `/tmp/perf-PID.map` (the convention of V8, the JVM's
+/// perf-map-agent and others): lines of `START SIZE name`, hexadecimal.
+pub fn perf_map(pid: i32) -> Vec<(u64, u64, String)> {
+    fs::read_to_string(format!("/tmp/perf-{pid}.map")).map(|t| parse_perf_map(&t)).unwrap_or_default()
+}
+
+/// Parse perf map text; malformed lines are skipped.
+pub fn parse_perf_map(text: &str) -> Vec<(u64, u64, String)> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.trim().splitn(3, ' ');
+            let (start, size, name) = (hex(f.next()?)?, hex(f.next()?)?, f.next()?.trim());
+            (!name.is_empty() && size > 0).then(|| (start, size, name.to_string()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod perf_map_tests {
+    #[test]
+    fn perf_map_lines() {
+        let m = super::parse_perf_map("7f00 10 LazyCompile:~foo a.js:1\n0x7f10 0x20 bar\nbad line\n7f30 0 zero\n");
+        assert_eq!(m, vec![(0x7f00, 0x10, "LazyCompile:~foo a.js:1".to_string()), (0x7f10, 0x20, "bar".to_string())]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
