@@ -30,11 +30,29 @@ struct Segment {
     path: Arc<str>,
 }
 
+/// Hasher for address keys: SipHash would cost more than the lookup it guards.
+#[derive(Default, Clone, Copy)]
+struct AddrHasher(u64);
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 32)).wrapping_mul(0x9e3779b97f4a7c15);
+    }
+}
+type AddrMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;
+
 #[derive(Clone, Default)]
 struct Space {
     segs: Vec<Segment>,
     vdso: Option<Arc<ModuleSymbols>>,
-    cache: HashMap<u64, Location>,
+    cache: AddrMap<Location>,
 }
 
 /// Resolves addresses of every traced process.
@@ -94,7 +112,7 @@ impl Resolver {
             Mte::JitSymbol { .. } => {}
             Mte::Clone { parent_pid, child_pid, thread: false, .. } => {
                 if let Some(p) = self.spaces.get(parent_pid).cloned() {
-                    self.spaces.insert(*child_pid, Space { cache: HashMap::new(), ..p });
+                    self.spaces.insert(*child_pid, Space { cache: AddrMap::default(), ..p });
                 }
             }
             _ => {}

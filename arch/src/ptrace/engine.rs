@@ -154,6 +154,8 @@ struct Thread {
     stopped: bool,
     /// Block-step emulation: pc of the instruction the last single step ran.
     emu_prev: u64,
+    /// Seized by `-p` (not created while traced).
+    attached: bool,
     /// Block mode: this resume single-steps (the block is ambiguous for the branch trap).
     single_step_now: bool,
     /// Block mode: the system call that ends the running block and the instructions before it,
@@ -183,6 +185,9 @@ struct Session<'a> {
     rec: [u8; BRANCH_RECORD_LEN],
     /// Every process traced, for the JIT symbol maps read at the end.
     seen_pids: Vec<i32>,
+    /// Newest timestamp written per CPU: a stream's records must not go back in time (a system
+    /// call's record carries its entry time, which may precede other threads' records).
+    last_ts: Vec<u64>,
 }
 
 /// CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call).
@@ -222,6 +227,7 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         launched: None,
         rec: [0; BRANCH_RECORD_LEN],
         seen_pids: Vec::new(),
+        last_ts: Vec::new(),
     };
     match &opts.target {
         Target::Launch { program, args, aslr } => s.launch(program, args, *aslr)?,
@@ -398,7 +404,8 @@ impl Session<'_> {
                 }
                 let _ = ptrace::interrupt(Pid::from_raw(tid));
                 let cpu = self.assign_cpu();
-                let t = self.new_thread(tid, pid, cpu);
+                let mut t = self.new_thread(tid, pid, cpu);
+                t.attached = true;
                 self.threads.insert(tid, t);
                 new += 1;
             }
@@ -446,6 +453,7 @@ impl Session<'_> {
             name: String::new(),
             stopped: false,
             emu_prev: 0,
+            attached: false,
             single_step_now: false,
             planned_syscall: None,
         }
@@ -585,7 +593,12 @@ impl Session<'_> {
         insn
     }
 
-    fn push_branch(&mut self, cpu: usize, b: Branch) {
+    fn push_branch(&mut self, cpu: usize, mut b: Branch) {
+        if cpu >= self.last_ts.len() {
+            self.last_ts.resize(cpu + 1, 0);
+        }
+        b.ts = b.ts.max(self.last_ts[cpu]);
+        self.last_ts[cpu] = b.ts;
         self.out.branches += 1;
         self.out.instructions += b.icount as u64;
         b.encode_into(&mut self.rec);
@@ -768,12 +781,7 @@ impl Session<'_> {
     /// A stopped tid we did not know: a new thread or child reported before its parent's event.
     fn adopt(&mut self, tid: i32) {
         let pid = procfs::tgid(tid).unwrap_or(tid);
-        let cpu = if let Some(parent) = self.threads.values().find(|t| t.pid == pid) {
-            let _ = parent;
-            self.assign_cpu()
-        } else {
-            self.assign_cpu()
-        };
+        let cpu = self.assign_cpu();
         let t = self.new_thread(tid, pid, cpu);
         self.threads.insert(tid, t);
     }
@@ -800,9 +808,7 @@ impl Session<'_> {
         if let Some(t) = self.threads.get_mut(&child) {
             t.pid = child_pid;
         }
-        if thread {
-            self.out.threads += 1;
-        } else if self.opts.follow_forks {
+        if !thread && self.opts.follow_forks {
             self.out.processes += 1;
             // The child starts with a copy of the parent's address space.
             let (maps, code, name) = match self.procs.get(&parent_pid) {
@@ -985,8 +991,7 @@ impl Session<'_> {
     /// First stop of an attached thread or a new thread/process: start stepping it.
     fn start_thread(&mut self, tid: i32) {
         let Some(t) = self.threads.get(&tid) else { return };
-        let pid = t.pid;
-        let attach = matches!(self.opts.target, Target::Attach { .. }) && self.out.threads < self.threads.len() as u64;
+        let (pid, attach) = (t.pid, t.attached);
         if !self.procs.contains_key(&pid) {
             // A new process whose fork event has not been seen, or one we must not follow.
             if !self.opts.follow_forks {
@@ -1027,7 +1032,7 @@ impl Session<'_> {
         if self.out.threads == 0 {
             self.pin_tracer(tid);
         }
-        self.out.threads += if attach { 1 } else { 0 };
+        self.out.threads += 1;
         let reason = if attach { TraceOnReason::Attach } else { TraceOnReason::Start };
         self.push_control(cpu, Record::TraceOn(TraceOn { ts, reason, pid: pid as u32, tid: tid as u32, pc }));
         self.resume(tid, 0);
