@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 /// and compares the self counts of `funcs` (module = the program).
 fn compare(name: &str, args: &[&str], options: &[&str], trace_children: bool, funcs: &[&str]) -> serde_json::Value {
     let bin = program(name);
-    let dir = test_dir(&format!("libc_counts-{name}"));
+    let dir = test_dir(&format!("libc_counts-{name}{}", options.join("")));
     let trace = dir.join("t.itr");
     record(&trace, options, &bin, args).assert_success();
     let report = report_json(&trace);
@@ -124,4 +124,33 @@ fn fork_and_exec() {
     pids.sort();
     pids.dedup();
     assert_eq!(pids.len(), 2, "parent and child processes: {threads:?}");
+}
+
+// The block-step decoder (fed by `--emulate-block-step`, see exact_counts.rs)
+// on the programs with signals, longjmp, threads and fork+exec.
+
+#[test]
+fn signal_handler_block_step() {
+    compare("signal", &[], &["--emulate-block-step"], false, &["main", "sig_handler", "sig_compute"]);
+}
+
+#[test]
+fn setjmp_longjmp_block_step() {
+    compare("longjmp", &[], &["--emulate-block-step"], false, &["main", "lj_dive", "lj_round"]);
+}
+
+#[test]
+fn threads_block_step() {
+    compare("threads", &[], &["--emulate-block-step"], false, &["main", "thr_main", "thr_compute"]);
+}
+
+#[test]
+fn fork_and_exec_block_step() {
+    compare(
+        "forkexec",
+        &[],
+        &["--follow-forks", "--emulate-block-step"],
+        true,
+        &["main", "fe_mix", "fe_parent_work", "fe_child_main", "fe_child_work", "fe_exec_work"],
+    );
 }
