@@ -79,3 +79,84 @@ fn attach_to_spinner() {
     check_arc_consistency(&lines);
     assert!(!lines.is_empty());
 }
+
+/// Starts the spinner, returns it (killed on drop), its stdout and the expected result line.
+fn start_spinner(rounds: &str, sleep_us: &str) -> (KillOnDrop, BufReader<std::process::ChildStdout>, String) {
+    let spinner = program("spinner");
+    let reference = run(Command::new(&spinner).args([rounds, "0"]));
+    reference.assert_success();
+    let want = reference.stdout.lines().find(|l| l.starts_with("spinner: result=")).expect("result line").to_string();
+    let child = Command::new(&spinner)
+        .args([rounds, sleep_us])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start spinner");
+    let mut child = KillOnDrop(child);
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).expect("read start line");
+    assert!(first.starts_with("spinner: started"), "{first}");
+    (child, out, want)
+}
+
+/// The spinner runs to its end with the right result after itrace let it go.
+fn finishes_undisturbed(mut child: KillOnDrop, mut out: BufReader<std::process::ChildStdout>, want: &str) {
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read spinner output");
+    let status = wait_with_guard(&mut child.0, "spinner");
+    assert!(status.success(), "spinner exited with {status} after the trace");
+    assert_eq!(rest.lines().find(|l| l.starts_with("spinner: result=")), Some(want), "spinner output:\n{rest}");
+}
+
+/// SIGTERM to itrace while it steps: it detaches, writes a whole trace and exits 0.
+#[test]
+fn sigterm_detaches() {
+    let (child, out, want) = start_spinner("400", "10000");
+    let dir = test_dir("attach-sigterm");
+    let trace = dir.join("t.itr");
+    let mut rec = Command::new(itrace_bin())
+        .args(["record", "-p", &child.0.id().to_string(), "-o"])
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start itrace");
+    // Let it attach and step a while (the file appears before the attach; records after).
+    while std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0) < 64 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
+    let status = wait_with_guard(&mut rec, "itrace");
+    assert!(status.success(), "itrace exited with {status} after SIGTERM");
+    finishes_undisturbed(child, out, &want);
+    let report = report_json(&trace);
+    assert!(report["total_instructions"].as_u64().unwrap_or(0) > 0, "no instructions: {report}");
+    let text = arc_text(&trace);
+    assert!(text.contains("detached"), "the arc does not say the trace ended by detaching");
+}
+
+/// A target asleep in one long system call when tracing ends: detaching must not leave a
+/// step trap queued behind the interrupt (that would kill it), and it must resume its sleep.
+#[test]
+fn detach_from_a_blocked_system_call() {
+    let (child, out, want) = start_spinner("3", "1500000");
+    let dir = test_dir("attach-blocked");
+    let trace = dir.join("t.itr");
+    let rec = itrace([
+        "record".as_ref(),
+        "-p".as_ref(),
+        child.0.id().to_string().as_ref(),
+        "--duration".as_ref(),
+        "0.3".as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    rec.assert_success();
+    finishes_undisturbed(child, out, &want);
+    let text = arc_text(&trace);
+    assert!(text.contains("detached"), "no detach comment in:\n{text}");
+}
