@@ -19,9 +19,9 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-# the end-to-end tests run target/<profile>/itrace: make sure it is built
-step "cargo build --workspace --bins"
-cargo build --workspace --bins
+# the end-to-end tests run target/<profile>/itrace and link libitrace.so: build them
+step "cargo build --workspace"
+cargo build --workspace
 
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast

@@ -24,6 +24,12 @@ pub trait Arch {
     fn changes_mappings(&self, nr: u64) -> bool;
     /// System calls that may change a thread's name (prctl).
     fn may_rename(&self, nr: u64) -> bool;
+    /// System calls that send a signal (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo):
+    /// a SIGTRAP sent that way must be told from a step trap. Backends that cannot mix them
+    /// up (no single-step SIGTRAP) keep the default.
+    fn sends_signal(&self, _nr: u64) -> bool {
+        false
+    }
     /// The number of rt_sigreturn, which the kernel hides (it clears the saved number so the
     /// interrupted call is not restarted).
     fn rt_sigreturn_nr(&self) -> u64;

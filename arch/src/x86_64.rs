@@ -87,6 +87,14 @@ impl Arch for X86 {
         }
     }
 
+    fn sends_signal(&self, nr: u64) -> bool {
+        if self.compat {
+            matches!(nr, 37 | 238 | 270 | 178 | 335)
+        } else {
+            matches!(nr, 62 | 200 | 234 | 129 | 297)
+        }
+    }
+
     fn rt_sigreturn_nr(&self) -> u64 {
         if self.compat {
             173

@@ -171,6 +171,8 @@ pub enum StopReason {
     Vanished = 5,
     /// The tracer failed on this thread (a ptrace error); `value` is the errno.
     TracerError = 6,
+    /// A traced region ended (ITraceOff, `--stop`); the thread runs on untraced.
+    RegionEnd = 7,
 }
 
 impl StopReason {
@@ -185,6 +187,7 @@ impl StopReason {
             4 => WriteError,
             5 => Vanished,
             6 => TracerError,
+            7 => RegionEnd,
             _ => return None,
         })
     }

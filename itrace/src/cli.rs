@@ -71,6 +71,17 @@ pub struct RecordArgs {
     /// Keep address-space randomisation on for a launched program (off by default, like gdb, so traces repeat).
     #[arg(long)]
     pub aslr: bool,
+    /// Trace only regions the program brackets with ITraceOn()/ITraceOff() (libitrace); the
+    /// rest runs at full speed.
+    #[arg(long)]
+    pub region: bool,
+    /// Start tracing a thread when it enters this function (a symbol of the program or its
+    /// libraries); with --stop, trace from here to there. Repeatable.
+    #[arg(long, value_name = "SYMBOL")]
+    pub start: Vec<String>,
+    /// Stop tracing a thread when it enters this function. Repeatable.
+    #[arg(long, value_name = "SYMBOL")]
+    pub stop: Vec<String>,
     /// Testing: feed the block-step (PTRACE_SINGLEBLOCK) decoder from single steps, as if the
     /// branch trap worked, to check that both give the same trace.
     #[arg(long, hide = true)]

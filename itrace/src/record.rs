@@ -3,11 +3,14 @@
 
 use crate::cli::{ModeArg, RecordArgs};
 use anyhow::{bail, Context, Result};
+use itrace_arch::ptrace::breakpoints::{Trigger, TriggerKind};
+use itrace_arch::ptrace::procfs::Mapping;
 use itrace_arch::ptrace::{self, BlockStep, RecordOptions, Target};
 use itrace_format::{
     Arch, BufferConfig, Buffers, Endian, FileHeader, Mode, StepMethod, StopReason, Summary, TraceWriter, FLAG_ICOUNT,
     FLAG_NO_ASLR, VERSION_MAJOR, VERSION_MINOR,
 };
+use itrace_post::symbols::SymbolCache;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -108,6 +111,18 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     };
     let mut buffers = Buffers::new(cfg, writer);
     crate::signals::install(args.duration).context("cannot install signal handlers")?;
+    let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
+    if args.region {
+        wanted.push(("ITraceOn".into(), TriggerKind::RegionOn));
+        wanted.push(("ITraceOff".into(), TriggerKind::RegionOff));
+        wanted.push(("ITraceEnabled".into(), TriggerKind::RegionEnabled));
+    }
+    wanted.extend(args.start.iter().map(|s| (s.clone(), TriggerKind::Start)));
+    wanted.extend(args.stop.iter().map(|s| (s.clone(), TriggerKind::Stop)));
+    if !args.stop.is_empty() && args.start.is_empty() && !args.region {
+        bail!("--stop needs --start (or --region): nothing would start tracing");
+    }
+    let resolve = |pid: i32, maps: &[Mapping]| resolve_triggers(pid, maps, &wanted, args.region);
     let opts = RecordOptions {
         target: target.clone(),
         follow_forks: args.follow_forks,
@@ -115,6 +130,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         stop: &crate::signals::STOP,
         block_step,
         emulate_block_step: args.emulate_block_step,
+        triggers: if wanted.is_empty() { None } else { Some(&resolve) },
     };
     let outcome = match ptrace::record(&opts, &mut buffers) {
         Ok(o) => o,
@@ -141,7 +157,11 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         StopReason::BufferFull => "a buffer filled (normal mode); the program ran on untraced",
         StopReason::WriteError => "the trace file could not be written",
         StopReason::Vanished | StopReason::TracerError => "tracer error",
+        StopReason::RegionEnd => "the program ended",
     };
+    if let Some(e) = outcome.trigger_error {
+        bail!("{e}");
+    }
     if let Some(e) = outcome.write_error {
         // One line: what failed and what is kept.
         bail!("{e}; tracing stopped, the trace up to the failure is in {} ({size} bytes)", args.output.display());
@@ -180,4 +200,43 @@ fn itrace_arch_now() -> u64 {
     // SAFETY: t is a valid timespec for the call to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Where the wanted functions are in process `pid`, given its executable mappings.
+fn resolve_triggers(
+    pid: i32,
+    maps: &[Mapping],
+    wanted: &[(String, TriggerKind)],
+    region: bool,
+) -> Result<Vec<Trigger>, String> {
+    let mut symbols = SymbolCache::new();
+    let mut found: Vec<Trigger> = Vec::new();
+    let mut resolved = vec![false; wanted.len()];
+    for m in maps.iter().filter(|m| !m.path.is_empty() && !m.path.starts_with('[')) {
+        let Some(ms) = symbols.get(&m.path) else { continue };
+        for (i, (name, kind)) in wanted.iter().enumerate() {
+            let Some(vaddr) = ms.find_function(name) else { continue };
+            if let Some(addr) = ms.runtime_addr(m.start, m.offset, m.end - m.start, vaddr) {
+                resolved[i] = true;
+                if !found.iter().any(|t| t.addr == addr) {
+                    found.push(Trigger { addr, kind: *kind });
+                }
+            }
+        }
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
+    if region && !found.iter().any(|t| t.kind == TriggerKind::RegionOn) {
+        return Err(format!(
+            "--region: {exe} does not use libitrace (no ITraceOn in it or its libraries): link it with -litrace \
+             or load libitrace.so with LD_PRELOAD (see README)"
+        ));
+    }
+    if let Some(((name, _), _)) = wanted
+        .iter()
+        .zip(&resolved)
+        .find(|((_, k), r)| !**r && *k != TriggerKind::RegionEnabled && *k != TriggerKind::RegionOff)
+    {
+        return Err(format!("no function named {name} in {exe} or its libraries"));
+    }
+    Ok(found)
 }

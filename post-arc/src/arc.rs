@@ -128,7 +128,14 @@ impl<W: Write> Sink for ArcSink<W> {
         }
     }
 
-    fn trace_off(&mut self, off: &TraceOff, partial: Option<&Location>, names: &mut Names) -> Result<(), PostError> {
+    fn trace_off(
+        &mut self,
+        off: &TraceOff,
+        partial: Option<&Location>,
+        at: &Location,
+        names: &mut Names,
+    ) -> Result<(), PostError> {
+        let here = format!("{}+{:#x}:{} ({:#x})", at.symbol, at.offset, at.module, off.pc);
         let label = names.label(off.tid).to_string();
         if let Some(l) = partial {
             // The last block never reached a branch.
@@ -136,12 +143,13 @@ impl<W: Write> Sink for ArcSink<W> {
         }
         let why = match off.reason {
             StopReason::Exited => format!("exited with status {}", off.value),
-            StopReason::Signaled => format!("killed by {} at {:#x}", signal_name(off.value), off.pc),
-            StopReason::Detached => format!("detached at {:#x}", off.pc),
-            StopReason::BufferFull => format!("trace buffer full at {:#x} (normal mode): tracing stopped", off.pc),
-            StopReason::WriteError => format!("trace file write failed at {:#x}", off.pc),
+            StopReason::Signaled => format!("killed by {} at {here}", signal_name(off.value)),
+            StopReason::Detached => format!("detached at {here}"),
+            StopReason::BufferFull => format!("trace buffer full at {here} (normal mode): tracing stopped"),
+            StopReason::WriteError => format!("trace file write failed at {here}"),
             StopReason::Vanished => "thread ended (exec in another thread, or killed)".to_string(),
             StopReason::TracerError => format!("tracer error (errno {})", off.value),
+            StopReason::RegionEnd => format!("region ended at {here}"),
         };
         writeln!(self.out, "# end of trace for {label}: {why}")?;
         Ok(())

@@ -31,8 +31,15 @@ pub enum Where {
 pub trait Sink {
     /// A block ending in a taken branch or kernel transition.
     fn block(&mut self, b: &Block, names: &mut Names, res: &mut Resolver) -> Result<(), PostError>;
-    /// Tracing of a thread ended; `partial` is its last, unfinished block (if it ran instructions).
-    fn trace_off(&mut self, off: &TraceOff, partial: Option<&Location>, names: &mut Names) -> Result<(), PostError>;
+    /// Tracing of a thread ended; `partial` is its last, unfinished block (if it ran
+    /// instructions), `at` where the thread stood (the next instruction, or a crash's).
+    fn trace_off(
+        &mut self,
+        off: &TraceOff,
+        partial: Option<&Location>,
+        at: &Location,
+        names: &mut Names,
+    ) -> Result<(), PostError>;
     /// Records were lost on `cpu` (wrap mode overwrote them).
     fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError>;
 }
@@ -99,7 +106,8 @@ pub fn replay(
                 } else {
                     None
                 };
-                sink.trace_off(off, partial.as_ref(), &mut names)?;
+                let at = res.resolve(off.pid, off.pc);
+                sink.trace_off(off, partial.as_ref(), &at, &mut names)?;
                 block_start.remove(&off.tid);
             }
             Record::Lost(l) => {

@@ -181,7 +181,13 @@ impl Sink for ReportSink {
         Ok(())
     }
 
-    fn trace_off(&mut self, off: &TraceOff, partial: Option<&Location>, _names: &mut Names) -> Result<(), PostError> {
+    fn trace_off(
+        &mut self,
+        off: &TraceOff,
+        partial: Option<&Location>,
+        _at: &Location,
+        _names: &mut Names,
+    ) -> Result<(), PostError> {
         if let Some(l) = partial {
             self.add_self(off.tid, off.pid, l.func, off.icount);
         }

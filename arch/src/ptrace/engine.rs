@@ -7,6 +7,7 @@
 //! recognised from the instruction itself (a system call) or from the stop
 //! (signal delivery), so no syscall-stops are needed.
 
+use super::breakpoints::{Breakpoints, Trigger};
 use super::procfs::{self, Mapping};
 use crate::x86_64::{RESTART_CODES, X86};
 use crate::Arch;
@@ -39,6 +40,9 @@ pub enum Target {
     Attach { pid: i32 },
 }
 
+/// Finds the region triggers of process `pid` among its executable mappings.
+pub type TriggerResolver<'a> = dyn Fn(i32, &[Mapping]) -> Result<Vec<Trigger>, String> + 'a;
+
 /// How to record.
 pub struct RecordOptions<'a> {
     pub target: Target,
@@ -55,6 +59,11 @@ pub struct RecordOptions<'a> {
     /// call to the block-step logic, as a working branch trap would. With `block_step` set, this
     /// exercises block decoding on machines whose hypervisor ignores BTF.
     pub emulate_block_step: bool,
+    /// Region tracing: threads run untraced until a trigger starts them. Called with a process's
+    /// executable mappings (once its program and libraries are loaded, or at attach), it returns
+    /// the trigger addresses. `None` traces everything.
+    /// An error (say, the library is not in the program) stops tracing and is reported.
+    pub triggers: Option<&'a TriggerResolver<'a>>,
 }
 
 /// What happened.
@@ -70,6 +79,8 @@ pub struct RecordOutcome {
     pub processes: u64,
     /// The trace file could not be written; tracing stopped there.
     pub write_error: Option<String>,
+    /// Region triggers could not be placed; tracing stopped.
+    pub trigger_error: Option<String>,
 }
 
 /// Errors that stop a recording before it starts.
@@ -92,7 +103,7 @@ pub enum RecordError {
 
 /// A hasher for integer keys (addresses, tids): the std SipHash costs more than the lookups it serves.
 #[derive(Default)]
-struct IntHasher(u64);
+pub(super) struct IntHasher(u64);
 impl Hasher for IntHasher {
     fn finish(&self) -> u64 {
         self.0
@@ -109,37 +120,39 @@ impl Hasher for IntHasher {
         self.write_u64(v as u64)
     }
 }
-type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+pub(super) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
 /// The instruction a stopped thread will execute next.
 #[derive(Clone, Copy, Debug)]
-struct Pending {
-    pc: u64,
-    insn: Insn,
+pub(super) struct Pending {
+    pub(super) pc: u64,
+    pub(super) insn: Insn,
     /// For a system call: its number at entry (rax), for calls that never return.
-    entry_nr: u64,
+    pub(super) entry_nr: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ThreadState {
+pub(super) enum ThreadState {
     /// Seized (or auto-attached) but not yet stopped for the first time.
     New,
     /// Launched program waiting for its exec.
     Launching,
     Stepping,
+    /// Region tracing: traced by ptrace but running at full speed until a trigger.
+    Running,
     /// Tracing ended for it (trace-off written); waiting for it to go.
     Finished,
 }
 
-struct Thread {
-    tid: i32,
-    pid: i32,
-    cpu: usize,
-    state: ThreadState,
-    pending: Option<Pending>,
+pub(super) struct Thread {
+    pub(super) tid: i32,
+    pub(super) pid: i32,
+    pub(super) cpu: usize,
+    pub(super) state: ThreadState,
+    pub(super) pending: Option<Pending>,
     /// Instructions since this thread's last record.
-    icount: u32,
-    arch: X86,
+    pub(super) icount: u32,
+    pub(super) arch: X86,
     /// Signal passed on the last resume; the next stop may be a handler entry.
     injected: Option<i32>,
     /// The pending system call returned a restart code: it will run again.
@@ -156,6 +169,17 @@ struct Thread {
     emu_prev: u64,
     /// Seized by `-p` (not created while traced).
     attached: bool,
+    /// Region tracing: nesting depth of ITraceOn calls.
+    pub(super) region_depth: u32,
+    /// Breakpoints were lifted for this thread's step: put them back at its next stop.
+    pub(super) lifted_bps: bool,
+    /// Running thread stepping once over a lifted breakpoint, then running on.
+    pub(super) step_once: bool,
+    /// That step was started: the SIGTRAP it ends with is ours.
+    pub(super) in_step_once: bool,
+    /// A vfork child we do not follow, sharing its parent's memory (and breakpoints): let it go
+    /// once it has its own memory (exec).
+    pub(super) release_at_exec: bool,
     /// Block mode: this resume single-steps (the block is ambiguous for the branch trap).
     single_step_now: bool,
     /// Block mode: the system call that ends the running block and the instructions before it,
@@ -163,24 +187,45 @@ struct Thread {
     planned_syscall: Option<(u64, Insn, u32)>,
 }
 
-struct Process {
+pub(super) struct Process {
     /// Block mode: what is known of the block starting at an address.
     ambiguous: IntMap<u64, super::block::BlockInfo>,
-    maps: Vec<Mapping>,
+    pub(super) maps: Vec<Mapping>,
     code: IntMap<u64, Insn>,
     name: String,
     vdso_saved: bool,
+    /// Region tracing: our breakpoints in this process.
+    pub(super) bps: Breakpoints,
+    /// Breakpoints taken out: a thread stopped by one just before must be moved back onto it.
+    pub(super) retired: Vec<u64>,
+    /// Whether the triggers have been resolved and inserted.
+    pub(super) triggers_set: bool,
 }
 
-struct Session<'a> {
-    opts: &'a RecordOptions<'a>,
+impl Process {
+    fn new(maps: Vec<Mapping>, code: IntMap<u64, Insn>, name: String) -> Self {
+        Process {
+            ambiguous: IntMap::default(),
+            maps,
+            code,
+            name,
+            vdso_saved: false,
+            bps: Breakpoints::default(),
+            retired: Vec::new(),
+            triggers_set: false,
+        }
+    }
+}
+
+pub(super) struct Session<'a> {
+    pub(super) opts: &'a RecordOptions<'a>,
     buffers: &'a mut Buffers,
-    threads: IntMap<i32, Thread>,
-    procs: IntMap<i32, Process>,
+    pub(super) threads: IntMap<i32, Thread>,
+    pub(super) procs: IntMap<i32, Process>,
     cpus: Vec<usize>,
     next_cpu: usize,
-    out: RecordOutcome,
-    detaching: Option<StopReason>,
+    pub(super) out: RecordOutcome,
+    pub(super) detaching: Option<StopReason>,
     launched: Option<i32>,
     rec: [u8; BRANCH_RECORD_LEN],
     /// Every process traced, for the JIT symbol maps read at the end.
@@ -191,7 +236,7 @@ struct Session<'a> {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call).
-pub(crate) fn now_ns() -> u64 {
+pub fn now_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: t is a valid timespec for the call to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
@@ -207,7 +252,9 @@ fn ptrace_options(o: &RecordOptions) -> Options {
     if o.follow_threads {
         opts |= Options::PTRACE_O_TRACECLONE;
     }
-    if o.follow_forks {
+    // With breakpoints in memory, children must be caught even when not followed: their copy
+    // of our int3s has to be taken out before they run on their own.
+    if o.follow_forks || o.triggers.is_some() {
         opts |= Options::PTRACE_O_TRACEFORK | Options::PTRACE_O_TRACEVFORK;
     }
     opts
@@ -300,7 +347,7 @@ fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> usize {
     done
 }
 
-fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
+pub(super) fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
     ptrace::getregs(Pid::from_raw(tid))
 }
 
@@ -454,13 +501,18 @@ impl Session<'_> {
             stopped: false,
             emu_prev: 0,
             attached: false,
+            region_depth: 0,
+            lifted_bps: false,
+            step_once: false,
+            in_step_once: false,
+            release_at_exec: false,
             single_step_now: false,
             planned_syscall: None,
         }
     }
 
     /// Pin a thread to its CPU, remembering its affinity to restore later.
-    fn pin_thread(&mut self, tid: i32) {
+    pub(super) fn pin_thread(&mut self, tid: i32) {
         if let Some(t) = self.threads.get_mut(&tid) {
             if t.original_affinity.is_none() {
                 t.original_affinity = get_affinity(tid);
@@ -507,14 +559,7 @@ impl Session<'_> {
         }
         let name = procfs::comm(pid, pid);
         self.emit_mte(Mte::ProcessName { ts, pid: pid as u32, ppid: ppid as u32, name: name.clone() });
-        let p = Process {
-            ambiguous: IntMap::default(),
-            maps: Vec::new(),
-            code: IntMap::default(),
-            name,
-            vdso_saved: false,
-        };
-        self.procs.insert(pid, p);
+        self.procs.insert(pid, Process::new(Vec::new(), IntMap::default(), name));
         self.refresh_maps(pid, ts);
     }
 
@@ -576,12 +621,15 @@ impl Session<'_> {
     }
 
     /// Decode the instruction at `pc` in `pid`, from the cache when the code cannot change unseen.
-    fn decode(&mut self, pid: i32, arch: X86, pc: u64) -> Insn {
+    pub(super) fn decode(&mut self, pid: i32, arch: X86, pc: u64) -> Insn {
         if let Some(i) = self.procs.get(&pid).and_then(|p| p.code.get(&pc)) {
             return *i;
         }
         let mut buf = [0u8; 16];
         let n = read_mem(pid, pc, &mut buf[..arch.max_insn_len()]);
+        if let Some(p) = self.procs.get(&pid) {
+            p.bps.unpatch(pc, &mut buf[..n]);
+        }
         let insn = arch.decode(pc, &buf[..n]);
         if let Some(p) = self.procs.get_mut(&pid) {
             let i = p.maps.partition_point(|m| m.end <= pc);
@@ -617,14 +665,14 @@ impl Session<'_> {
         }
     }
 
-    fn push_control(&mut self, cpu: usize, r: Record) {
+    pub(super) fn push_control(&mut self, cpu: usize, r: Record) {
         if let Err(e) = self.buffers.push_control(cpu, &r) {
             self.write_failed(e);
         }
     }
 
     /// Stop tracing everything: threads are detached as they stop.
-    fn begin_detach(&mut self, reason: StopReason) {
+    pub(super) fn begin_detach(&mut self, reason: StopReason) {
         if self.detaching.is_some() {
             return;
         }
@@ -659,7 +707,7 @@ impl Session<'_> {
     }
 
     /// Resume a thread: one more step while tracing, or detach it once tracing is ending.
-    fn resume(&mut self, tid: i32, sig: i32) {
+    pub(super) fn resume(&mut self, tid: i32, sig: i32) {
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = false;
         let pid = Pid::from_raw(tid);
@@ -668,7 +716,24 @@ impl Session<'_> {
             self.detach_thread(tid, sig);
             return;
         }
+        if t.state == ThreadState::Running {
+            let once = std::mem::take(&mut t.step_once);
+            t.in_step_once = once;
+            t.injected = None;
+            let r = if once { ptrace::step(pid, sig_opt) } else { ptrace::cont(pid, sig_opt) };
+            if let Err(e) = r {
+                if e != Errno::ESRCH {
+                    self.finish_thread(tid, StopReason::TracerError, e as i32);
+                }
+            }
+            return;
+        }
         t.injected = (sig != 0).then_some(sig);
+        if self.opts.triggers.is_some() {
+            // Our breakpoint where the thread steps next: take it out for this one step.
+            self.lift_breakpoint_at_pending(tid);
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
         if self.opts.block_step {
             let info = match t.pending {
                 Some(p) => self.block_info(tid, p.pc),
@@ -703,6 +768,8 @@ impl Session<'_> {
             let reason = self.detaching.unwrap_or(StopReason::Detached);
             self.finish_thread(tid, reason, 0);
         }
+        // Never leave an int3 of ours behind in a process we let go.
+        self.remove_breakpoints_via(tid);
         let Some(t) = self.threads.get(&tid) else { return };
         if let Some(set) = t.original_affinity {
             set_affinity(tid, &set);
@@ -712,7 +779,7 @@ impl Session<'_> {
     }
 
     /// Write the thread's trace-off record (once).
-    fn finish_thread(&mut self, tid: i32, reason: StopReason, value: i32) {
+    pub(super) fn finish_thread(&mut self, tid: i32, reason: StopReason, value: i32) {
         let Some(t) = self.threads.get_mut(&tid) else { return };
         if t.state == ThreadState::Finished {
             return;
@@ -750,6 +817,7 @@ impl Session<'_> {
         if !self.threads.contains_key(&tid) {
             self.adopt(tid);
         }
+        self.put_back_lifted(tid);
         if let Some(t) = self.threads.get_mut(&tid) {
             t.stopped = true;
         }
@@ -828,7 +896,13 @@ impl Session<'_> {
                 });
             }
             self.seen_pids.push(child_pid);
-            self.procs.insert(child_pid, Process { ambiguous: IntMap::default(), maps, code, name, vdso_saved: false });
+            let mut p = Process::new(maps, code, name);
+            if let Some(pp) = self.procs.get(&parent_pid) {
+                // The child's memory is a copy, our int3s included.
+                p.bps = pp.bps.clone();
+                p.triggers_set = pp.triggers_set;
+            }
+            self.procs.insert(child_pid, p);
         }
     }
 
@@ -868,6 +942,10 @@ impl Session<'_> {
             t.name.clear();
         }
         self.name_thread(pid, tid, ts);
+        if self.opts.triggers.is_some() {
+            self.region_exec(tid, pid, launching);
+            return;
+        }
         if launching {
             // The launched program's first instruction: start stepping here.
             self.pin_thread(tid);
@@ -891,7 +969,7 @@ impl Session<'_> {
 
     /// Keep the tracer on the CPU of the (first) traced thread: a step is a ping-pong between
     /// the two, cheaper without a cross-CPU wake-up.
-    fn pin_tracer(&mut self, tid: i32) {
+    pub(super) fn pin_tracer(&mut self, tid: i32) {
         if let Some(t) = self.threads.get(&tid) {
             pin(0, t.cpu);
         }
@@ -995,18 +1073,21 @@ impl Session<'_> {
         if !self.procs.contains_key(&pid) {
             // A new process whose fork event has not been seen, or one we must not follow.
             if !self.opts.follow_forks {
-                self.threads.remove(&tid);
-                let _ = ptrace::detach(Pid::from_raw(tid), None);
+                self.release_unfollowed(tid, pid);
                 return;
             }
             self.new_process(pid, now_ns(), procfs::ppid(pid).unwrap_or(0));
         }
         if !self.opts.follow_forks && Some(pid) != self.root_pid() {
-            self.threads.remove(&tid);
-            let _ = ptrace::detach(Pid::from_raw(tid), None);
+            self.release_unfollowed(tid, pid);
             return;
         }
         self.pin_thread(tid);
+        if self.opts.triggers.is_some() {
+            // Region tracing: run at full speed until a trigger.
+            self.start_running(tid, pid);
+            return;
+        }
         let Ok(regs) = getregs(tid) else {
             self.threads.remove(&tid);
             return;
@@ -1050,8 +1131,14 @@ impl Session<'_> {
         if !self.threads.contains_key(&tid) {
             self.adopt(tid);
         }
+        self.put_back_lifted(tid);
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = true;
+        if t.state == ThreadState::Running {
+            self.on_running_stop(tid, sig);
+            return;
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
         if t.state != ThreadState::Stepping {
             // Not stepping yet (or finished): pass the signal on.
             let state = t.state;
@@ -1085,6 +1172,10 @@ impl Session<'_> {
         self.on_step(tid, &regs, &mut inject);
         if let Some(t) = self.threads.get_mut(&tid) {
             t.emu_prev = regs.rip;
+        }
+        if self.opts.triggers.is_some() && inject == 0 {
+            // A region trigger where the thread goes next (ITraceOff, --stop, ...)?
+            self.before_step(tid);
         }
         self.resume(tid, inject);
     }
@@ -1142,6 +1233,14 @@ impl Session<'_> {
                             return;
                         }
                         t.syscall_interrupted = false;
+                        if t.arch.sends_signal(regs.orig_rax) {
+                            // A SIGTRAP the program sent itself merges with the kernel's step report
+                            // (one pending SIGTRAP): tell them apart by who sent it, and deliver it.
+                            let own = ptrace::getsiginfo(Pid::from_raw(tid)).map(|si| si.si_code <= 0).unwrap_or(false);
+                            if own {
+                                *inject = libc::SIGTRAP;
+                            }
+                        }
                         // rt_sigreturn sets orig_rax to -1 (no restart). (i386's old sigreturn, 119, also
                         // does; it is told apart only when single-stepping saw eax at the call.)
                         let nr = match regs.orig_rax as i64 {

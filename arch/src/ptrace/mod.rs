@@ -9,9 +9,11 @@
 //! (`sched_getaffinity`) while it is traced.
 
 mod block;
+pub mod breakpoints;
 mod engine;
 mod probe;
 pub mod procfs;
+mod region;
 
-pub use engine::{record, RecordError, RecordOptions, RecordOutcome, Target};
+pub use engine::{now_ns, record, RecordError, RecordOptions, RecordOutcome, Target};
 pub use probe::{probe_singleblock, BlockStep};

@@ -116,6 +116,21 @@ impl ModuleSymbols {
         seg.vaddr.checked_add(file_off - seg.offset)
     }
 
+    /// Where `vaddr` of this image is in a process that mapped the image's file offset
+    /// `map_file_offset` at `map_start` (the inverse of [`Self::file_vaddr`]); `None` when that
+    /// mapping does not hold it.
+    pub fn runtime_addr(&self, map_start: u64, map_file_offset: u64, map_len: u64, vaddr: u64) -> Option<u64> {
+        let seg = self.elf.loads.iter().find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)?;
+        let file_off = seg.offset + (vaddr - seg.vaddr);
+        let rel = file_off.checked_sub(map_file_offset)?;
+        (rel < map_len).then(|| map_start + rel)
+    }
+
+    /// Address (in the image's own terms) of the function named `name`, mangled or demangled.
+    pub fn find_function(&self, name: &str) -> Option<u64> {
+        self.table.find(name)
+    }
+
     /// Function symbol covering `vaddr`: demangled name and offset from the symbol start.
     /// PLT stubs (.plt, .plt.sec, .plt.got) give "<plt>".
     #[inline]

@@ -166,6 +166,15 @@ impl SymbolTable {
     pub fn len(&self) -> usize {
         self.entries.len()
     }
+
+    /// Address of the symbol named `name` (as written in the ELF, or demangled).
+    pub fn find(&self, name: &str) -> Option<u64> {
+        self.entries
+            .iter()
+            .find(|e| &*e.raw == name)
+            .or_else(|| self.entries.iter().find(|e| e.name() == name))
+            .map(|e| e.addr)
+    }
 }
 
 /// Turn possibly nested ranges (sorted by start) into disjoint intervals:

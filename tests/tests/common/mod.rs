@@ -331,7 +331,18 @@ pub fn programs_dir() -> &'static Path {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("programs");
         let lock = fs::File::create(out.join(".build.lock")).expect("lock file");
         let _guard = FileLock::new(&lock);
-        let o = run(Command::new("make").arg("-C").arg(&src).arg(format!("OUT={}", out.display())));
+        // The region programs link target/<profile>/libitrace.so (cargo build --workspace makes it).
+        let libdir = profile_dir();
+        assert!(
+            libdir.join("libitrace.so").is_file(),
+            "{} is missing: run `cargo build --workspace` first (scripts/test.sh does)",
+            libdir.join("libitrace.so").display()
+        );
+        let o = run(Command::new("make")
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("OUT={}", out.display()))
+            .arg(format!("LIBDIR={}", libdir.display())));
         assert!(o.success(), "building the test programs failed:\n{}\n{}", o.stdout, o.stderr);
         out
     })

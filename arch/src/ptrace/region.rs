@@ -1,0 +1,376 @@
+//! Region tracing on the ptrace backend: threads run at full speed under
+//! ptrace and are stepped only inside regions, started and ended by
+//! breakpoints: the library's `ITraceOn`/`ITraceOff`/`ITraceEnabled`
+//! (carried out by the tracer, which returns for them: none of the library's
+//! code is stepped or recorded) or `--start`/`--stop` symbols.
+//!
+//! Breakpoints are lifted for the one step of a thread over their
+//! instruction; another thread running through that address during that
+//! step is not stopped (a window of one step).
+
+use super::breakpoints::{Trigger, TriggerKind};
+use super::engine::{getregs, now_ns, Pending, Session, ThreadState};
+use super::procfs;
+use crate::x86_64::X86;
+use itrace_format::{Record, StopReason, TraceOff, TraceOn, TraceOnReason};
+use nix::sys::ptrace;
+use nix::unistd::Pid;
+
+/// The program entry point (AT_ENTRY) from /proc/PID/auxv.
+fn entry_point(pid: i32) -> Option<u64> {
+    let bytes = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    bytes.chunks_exact(16).find_map(|kv| {
+        let key = u64::from_ne_bytes(kv[..8].try_into().ok()?);
+        (key == libc::AT_ENTRY).then(|| u64::from_ne_bytes(kv[8..].try_into().expect("8 bytes")))
+    })
+}
+
+/// Whether two processes share their memory (a vfork child and its parent).
+fn share_memory(a: i32, b: i32) -> bool {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp only compares kernel objects of two pids; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_kcmp, a as libc::c_long, b as libc::c_long, KCMP_VM, 0, 0) == 0 }
+}
+
+impl Session<'_> {
+    /// A thread starts under region tracing: make sure the triggers of its process are in, then run it.
+    pub(super) fn start_running(&mut self, tid: i32, pid: i32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.state = ThreadState::Running;
+        }
+        let set = self.procs.get(&pid).is_some_and(|p| p.triggers_set);
+        if !set {
+            self.resolve_triggers(tid, pid);
+        }
+        self.resume(tid, 0);
+    }
+
+    /// Ask the caller where the triggers are in `pid` now, and insert them through stopped `tid`.
+    fn resolve_triggers(&mut self, tid: i32, pid: i32) {
+        let Some(resolve) = self.opts.triggers else { return };
+        let maps = procfs::exec_mappings(pid).unwrap_or_default();
+        let triggers = match resolve(pid, &maps) {
+            Ok(t) => t,
+            Err(e) => {
+                self.out.trigger_error.get_or_insert(e);
+                self.begin_detach(StopReason::Detached);
+                return;
+            }
+        };
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.triggers_set = true;
+            for t in triggers {
+                let _ = p.bps.insert(tid, t);
+            }
+        }
+    }
+
+    /// exec under region tracing: the old breakpoints went with the old image. Put one on the
+    /// new program's entry, where its libraries are loaded and the triggers can be resolved.
+    pub(super) fn region_exec(&mut self, tid: i32, pid: i32, launching: bool) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if t.release_at_exec {
+            // An unfollowed vfork child now has memory of its own: let it go.
+            t.state = ThreadState::Finished;
+            return;
+        }
+        if t.state == ThreadState::Stepping {
+            // A region ends at exec: the execve instruction ran.
+            let off = TraceOff {
+                ts: now_ns(),
+                reason: StopReason::RegionEnd,
+                pid: pid as u32,
+                tid: tid as u32,
+                pc: getregs(tid).map(|r| r.rip).unwrap_or(0),
+                icount: t.icount + 1,
+                value: 0,
+            };
+            t.icount = 0;
+            let cpu = t.cpu;
+            self.out.instructions += off.icount as u64;
+            self.push_control(cpu, Record::TraceOff(off));
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.state = ThreadState::Running;
+        t.region_depth = 0;
+        t.pending = None;
+        if launching {
+            self.pin_thread(tid);
+            self.pin_tracer(tid);
+        }
+        if let (Some(entry), Some(p)) = (entry_point(pid), self.procs.get_mut(&pid)) {
+            let _ = p.bps.insert(tid, Trigger { addr: entry, kind: TriggerKind::Entry });
+        }
+    }
+
+    /// A child process we do not follow: take our breakpoints out of its memory copy and let it
+    /// go; a vfork child shares its parent's memory, so it runs under us until it execs.
+    pub(super) fn release_unfollowed(&mut self, tid: i32, pid: i32) {
+        let parent = procfs::ppid(pid).unwrap_or(0);
+        let parent_bps = self.procs.get(&parent).map(|p| p.bps.clone());
+        match parent_bps {
+            Some(bps) if !bps.is_empty() && share_memory(parent, pid) => {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.state = ThreadState::Running;
+                    t.release_at_exec = true;
+                    t.pid = parent;
+                }
+                self.resume(tid, 0);
+            }
+            Some(mut bps) => {
+                let _ = bps.remove_all(tid);
+                self.threads.remove(&tid);
+                let _ = ptrace::detach(Pid::from_raw(tid), None);
+            }
+            None => {
+                self.threads.remove(&tid);
+                let _ = ptrace::detach(Pid::from_raw(tid), None);
+            }
+        }
+    }
+
+    /// Take every breakpoint out of the process of stopped thread `tid` (before letting it go).
+    pub(super) fn remove_breakpoints_via(&mut self, tid: i32) {
+        let Some(pid) = self.threads.get(&tid).map(|t| t.pid) else { return };
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if !p.bps.is_empty() {
+                let addrs: Vec<u64> = p.bps.addresses();
+                if p.bps.remove_all(tid).is_ok() {
+                    p.retired.extend(addrs);
+                }
+            }
+        }
+    }
+
+    /// Before a step: lift our breakpoint at the instruction the thread runs next.
+    pub(super) fn lift_breakpoint_at_pending(&mut self, tid: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        let (pid, pc) = (t.pid, t.pending.map(|p| p.pc));
+        let Some(pc) = pc else { return };
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if p.bps.is_inserted(pc) && p.bps.lift(tid, pc).is_ok() {
+                self.threads.get_mut(&tid).expect("thread exists").lifted_bps = true;
+            }
+        }
+    }
+
+    /// At any stop: put back what was lifted for this thread's last step.
+    pub(super) fn put_back_lifted(&mut self, tid: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if !std::mem::take(&mut t.lifted_bps) {
+            return;
+        }
+        let pid = t.pid;
+        if let Some(p) = self.procs.get_mut(&pid) {
+            let _ = p.bps.reinsert_lifted(tid);
+        }
+    }
+
+    /// Return from the function the thread just entered, as its `ret` would: pc from the stack.
+    fn emulate_return(tid: i32, rax: Option<u64>) -> Option<u64> {
+        let mut regs = getregs(tid).ok()?;
+        let ret = ptrace::read(Pid::from_raw(tid), regs.rsp as ptrace::AddressType).ok()? as u64;
+        regs.rip = ret;
+        regs.rsp += 8;
+        if let Some(v) = rax {
+            regs.rax = v;
+        }
+        ptrace::setregs(Pid::from_raw(tid), regs).ok()?;
+        Some(ret)
+    }
+
+    /// A running (untraced) thread stopped: our breakpoint, or a signal for the program.
+    pub(super) fn on_running_stop(&mut self, tid: i32, sig: i32) {
+        if sig != libc::SIGTRAP {
+            self.resume(tid, sig);
+            return;
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if std::mem::take(&mut t.in_step_once) {
+            // The end of our step over a lifted breakpoint: run on.
+            self.resume(tid, 0);
+            return;
+        }
+        let pid = t.pid;
+        let Ok(mut regs) = getregs(tid) else {
+            self.resume(tid, 0);
+            return;
+        };
+        let addr = regs.rip.wrapping_sub(1);
+        let (kind, retired) = match self.procs.get(&pid) {
+            Some(p) => (p.bps.kind_at(addr).filter(|_| p.bps.is_inserted(addr)), p.retired.contains(&addr)),
+            None => (None, false),
+        };
+        let Some(kind) = kind else {
+            if retired {
+                // Stopped by a breakpoint taken out meanwhile: run the original instruction.
+                regs.rip = addr;
+                let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+                self.resume(tid, 0);
+            } else {
+                // The program's own SIGTRAP.
+                self.resume(tid, libc::SIGTRAP);
+            }
+            return;
+        };
+        // Back onto the breakpoint's instruction.
+        regs.rip = addr;
+        let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+        match kind {
+            TriggerKind::Entry => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    let _ = p.bps.remove(tid, addr);
+                }
+                self.resolve_triggers(tid, pid);
+                self.resume(tid, 0);
+            }
+            TriggerKind::RegionOn => {
+                let depth = {
+                    let t = self.threads.get_mut(&tid).expect("thread exists");
+                    t.region_depth += 1;
+                    t.region_depth
+                };
+                match Self::emulate_return(tid, Some(0)) {
+                    Some(ret) if depth == 1 => self.begin_stepping(tid, ret, TraceOnReason::Start),
+                    _ => self.resume(tid, 0),
+                }
+            }
+            TriggerKind::RegionOff => {
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                t.region_depth = t.region_depth.saturating_sub(1);
+                Self::emulate_return(tid, None);
+                self.resume(tid, 0);
+            }
+            TriggerKind::RegionEnabled => {
+                Self::emulate_return(tid, Some(0));
+                self.resume(tid, 0);
+            }
+            TriggerKind::Start => self.begin_stepping(tid, addr, TraceOnReason::Start),
+            TriggerKind::Stop => self.step_over_and_run(tid, addr),
+        }
+    }
+
+    /// Start stepping a thread at `pc`.
+    fn begin_stepping(&mut self, tid: i32, pc: u64, reason: TraceOnReason) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        let pid = t.pid;
+        let cs = getregs(tid).map(|r| r.cs).unwrap_or(0x33);
+        let arch = X86::from_cs(cs);
+        let insn = self.decode(pid, arch, pc);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.arch = arch;
+        t.state = ThreadState::Stepping;
+        t.pending = Some(Pending { pc, insn, entry_nr: u64::MAX });
+        t.icount = 0;
+        let cpu = t.cpu;
+        if self.out.threads == 0 {
+            self.pin_tracer(tid);
+        }
+        self.out.threads += 1;
+        let on = TraceOn { ts: now_ns(), reason, pid: pid as u32, tid: tid as u32, pc };
+        self.push_control(cpu, Record::TraceOn(on));
+        self.resume(tid, 0);
+    }
+
+    /// A running thread at one of our breakpoints that does not start anything: run its
+    /// instruction with the breakpoint lifted, then run on.
+    fn step_over_and_run(&mut self, tid: i32, addr: u64) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        let pid = t.pid;
+        if let Some(p) = self.procs.get_mut(&pid) {
+            let _ = p.bps.lift(tid, addr);
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.lifted_bps = true;
+        t.step_once = true;
+        self.resume(tid, 0);
+    }
+
+    /// A stepping thread is about to run `pending`: is it a trigger that ends or changes the region?
+    pub(super) fn before_step(&mut self, tid: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        if t.state != ThreadState::Stepping {
+            return;
+        }
+        let (pid, Some(p)) = (t.pid, t.pending) else { return };
+        let Some(kind) = self.procs.get(&pid).and_then(|pr| pr.bps.kind_at(p.pc)) else { return };
+        match kind {
+            TriggerKind::RegionOn | TriggerKind::RegionEnabled => {
+                // Nested ITraceOn, or ITraceEnabled inside a region: the tracer answers and returns.
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                let rax = if kind == TriggerKind::RegionOn {
+                    t.region_depth += 1;
+                    0
+                } else {
+                    1
+                };
+                if let Some(ret) = Self::emulate_return(tid, Some(rax)) {
+                    self.continue_at(tid, pid, ret);
+                }
+            }
+            TriggerKind::RegionOff => {
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                t.region_depth = t.region_depth.saturating_sub(1);
+                if t.region_depth > 0 {
+                    if let Some(ret) = Self::emulate_return(tid, None) {
+                        self.continue_at(tid, pid, ret);
+                    }
+                } else {
+                    self.end_region(tid, p.pc);
+                    Self::emulate_return(tid, None);
+                }
+            }
+            TriggerKind::Stop => {
+                self.end_region(tid, p.pc);
+                self.step_over_and_run_later(tid, p.pc);
+            }
+            TriggerKind::Start | TriggerKind::Entry => {}
+        }
+    }
+
+    /// The thread goes on at `pc` without a branch to get there (the tracer returned for it).
+    fn continue_at(&mut self, tid: i32, pid: i32, pc: u64) {
+        let arch = self.threads[&tid].arch;
+        let insn = self.decode(pid, arch, pc);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.pending = Some(Pending { pc, insn, entry_nr: u64::MAX });
+        let cpu = t.cpu;
+        let on = TraceOn { ts: now_ns(), reason: TraceOnReason::Resume, pid: pid as u32, tid: tid as u32, pc };
+        self.push_control(cpu, Record::TraceOn(on));
+    }
+
+    /// The region of a stepping thread ends at `pc`: it runs on untraced.
+    fn end_region(&mut self, tid: i32, pc: u64) {
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        let off = TraceOff {
+            ts: now_ns(),
+            reason: StopReason::RegionEnd,
+            pid: t.pid as u32,
+            tid: tid as u32,
+            pc,
+            icount: t.icount,
+            value: 0,
+        };
+        t.icount = 0;
+        t.state = ThreadState::Running;
+        t.region_depth = 0;
+        t.pending = None;
+        let cpu = t.cpu;
+        self.out.instructions += off.icount as u64;
+        self.push_control(cpu, Record::TraceOff(off));
+    }
+
+    /// After `end_region` at a `--stop` breakpoint: the next resume steps over it once.
+    fn step_over_and_run_later(&mut self, tid: i32, addr: u64) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        let pid = t.pid;
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if p.bps.is_inserted(addr) {
+                let _ = p.bps.lift(tid, addr);
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                t.lifted_bps = true;
+                t.step_once = true;
+            }
+        }
+    }
+}

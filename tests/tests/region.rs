@@ -1,0 +1,145 @@
+//! Region tracing (`--region` with ITraceOn/ITraceOff from libitrace, and
+//! `--start`/`--stop` on plain programs) on the ptrace backend. The region's
+//! functions are called only inside regions, so callgrind's self counts of a
+//! whole run are the truth for them; functions called only outside must be
+//! absent, and so must the library's own code.
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+
+/// Records `name` with `options`, checks it ran, and returns the report and the arc text.
+fn trace(name: &str, options: &[&str]) -> (serde_json::Value, String, Output) {
+    let bin = program(name);
+    let dir = test_dir(&format!("region-{name}{}", options.join("")));
+    let trace = dir.join("t.itr");
+    let rec = record(&trace, options, &bin, &[]);
+    let report = report_json(&trace);
+    let text = arc_text(&trace);
+    std::fs::write(dir.join("t.arc"), &text).unwrap();
+    check_arc_consistency(&arc_lines(&text));
+    (report, text, rec)
+}
+
+/// The self counts of `funcs` equal callgrind's.
+fn same_as_callgrind(name: &str, report: &serde_json::Value, funcs: &[&str]) -> HashMap<String, u64> {
+    let bin = program(name);
+    let traced = report_self_counts(report, &bin);
+    let oracle = callgrind_profile(&bin, &[], false).self_counts_in(&bin);
+    for f in funcs {
+        assert!(oracle.get(*f).copied().unwrap_or(0) > 0, "oracle: callgrind has nothing for {f}");
+        assert_eq!(traced.get(*f), oracle.get(*f), "{name}: self instructions of {f} (itrace, callgrind)");
+    }
+    traced
+}
+
+/// No function of libitrace, and none of `absent`, in the trace.
+fn nothing_else(report: &serde_json::Value, absent: &[&str]) {
+    for f in report["functions"].as_array().unwrap() {
+        let (name, module) = (f["name"].as_str().unwrap(), f["module"].as_str().unwrap());
+        assert!(!module.contains("libitrace"), "the library's own code is in the trace: {f}");
+        // (A call into such a function from inside a region counts as a call, with no instructions.)
+        let ran = f["self"].as_u64().unwrap_or(0) > 0;
+        assert!(!(absent.contains(&name) && ran), "{name} runs only outside regions but is in the trace: {f}");
+    }
+}
+
+#[test]
+fn nested_regions_with_system_calls() {
+    let (report, text, rec) = trace("region", &["--region"]);
+    rec.assert_success();
+    // ITraceEnabled: answered by the tracer inside the region, 0 outside.
+    assert!(rec.stdout.contains("enabled before 0 inside 1 after 0"), "program output: {}", rec.stdout);
+    same_as_callgrind("region", &report, &["rg_work", "rg_leaf", "rg_nested"]);
+    nothing_else(&report, &["rg_untraced_sum"]);
+    // The region spans write and nanosleep.
+    let kernel: Vec<String> = arc_lines(&text).iter().filter(|l| l.kernel).map(|l| l.symbol.clone()).collect();
+    assert!(kernel.iter().any(|s| s == "sys_write"), "no write in the region: {kernel:?}");
+    assert!(kernel.iter().any(|s| s.contains("nanosleep")), "no nanosleep in the region: {kernel:?}");
+    // One region: it ends once, at the outer ITraceOff.
+    let ends = text.lines().filter(|l| l.starts_with("# end of trace") && l.contains("region ended")).count();
+    assert_eq!(ends, 1, "region ends in:\n{}", trailing_comments(&text).join("\n"));
+}
+
+#[test]
+fn regions_in_two_threads_at_once() {
+    let (report, _, rec) = trace("region_threads", &["--region"]);
+    rec.assert_success();
+    same_as_callgrind("region_threads", &report, &["rt_work"]);
+    nothing_else(&report, &["rt_untraced", "main"]);
+    let threads = report["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2, "the two region threads, not main: {threads:?}");
+}
+
+#[test]
+fn fork_inside_a_region() {
+    let (report, _, rec) = trace("region_fork", &["--region"]);
+    rec.assert_success();
+    assert!(rec.stdout.contains("region_fork: child ok"), "the child did not run normally: {}", rec.stdout);
+    same_as_callgrind("region_fork", &report, &["rf_parent_work"]);
+    // The child is not followed (no --follow-forks).
+    nothing_else(&report, &["rf_child_work"]);
+}
+
+#[test]
+fn region_ending_in_sigsegv() {
+    let (report, text, rec) = trace("region_segv", &["--region"]);
+    assert!(rec.stdout.contains("about to crash"), "{}", rec.stdout);
+    // The store is rs_store's first instruction: the last block is the call into it, and the
+    // end comment names the faulting instruction.
+    let lines = arc_lines(&text);
+    let last = lines.iter().rev().find(|l| !l.kernel).expect("no user blocks");
+    assert_eq!((last.symbol.as_str(), last.type_str.as_str()), ("rs_outer", "CALL"), "the last block calls rs_store");
+    let crash = objdump_insns(&program("region_segv"));
+    let store = Symbols::of(&program("region_segv")).by_name("rs_store").expect("rs_store").addr;
+    assert!(crash.get(&store).is_some_and(|i| i.text.contains("movl")), "rs_store should start with the store");
+    assert!(
+        text.contains("killed by SIGSEGV at rs_store+0x0:"),
+        "no crash comment naming rs_store:\n{}",
+        trailing_comments(&text).join("\n")
+    );
+    // callgrind cannot profile a crashing run: count rs_outer by hand from objdump, its
+    // instructions up to and including the call to rs_store.
+    let bin = program("region_segv");
+    let outer = Symbols::of(&bin).by_name("rs_outer").expect("rs_outer").addr;
+    let upto_call = crash
+        .range(outer..)
+        .position(|(_, i)| i.mnemonic == "call")
+        .map(|n| n as u64 + 1)
+        .expect("rs_outer calls rs_store");
+    assert_eq!(report_self_counts(&report, &bin).get("rs_outer"), Some(&upto_call), "rs_outer (objdump count)");
+}
+
+#[test]
+fn program_with_its_own_sigtrap_handler() {
+    let (report, _, rec) = trace("region_sigtrap", &["--region"]);
+    rec.assert_success();
+    assert!(rec.stdout.contains("traps 2"), "the program's SIGTRAPs were not all delivered: {}", rec.stdout);
+    same_as_callgrind("region_sigtrap", &report, &["rq_work"]);
+}
+
+#[test]
+fn start_and_stop_symbols_without_the_library() {
+    let (report, text, rec) = trace("startstop", &["--start", "ss_target", "--stop", "ss_marker"]);
+    rec.assert_success();
+    // Two traced stretches: ss_target's entry to ss_marker's entry, twice.
+    same_as_callgrind("startstop", &report, &["ss_target", "ss_after"]);
+    nothing_else(&report, &["ss_before", "ss_between", "ss_marker"]);
+    let calls = report_calls(&report, &program("startstop"));
+    assert_eq!(calls.get("ss_after"), Some(&2));
+    let ends = text.lines().filter(|l| l.contains("region ended")).count();
+    assert_eq!(ends, 2);
+}
+
+#[test]
+fn region_without_the_library_is_a_clear_error() {
+    let bin = program("loops");
+    let dir = test_dir("region-nolib");
+    let out = record(&dir.join("t.itr"), &["--region"], &bin, &[]);
+    let line = out.assert_clean_error();
+    assert!(line.contains("libitrace"), "the error should say what to link: {line}");
+    let out = record(&dir.join("t2.itr"), &["--start", "no_such_function"], &bin, &[]);
+    let line = out.assert_clean_error();
+    assert!(line.contains("no_such_function"), "{line}");
+}
