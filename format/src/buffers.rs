@@ -174,6 +174,12 @@ impl Buffers {
         &self.records
     }
 
+    /// Count records lost before they reached these buffers (an in-process ring overwrote or
+    /// dropped them); the summary reports them with the buffers' own losses.
+    pub fn add_lost(&mut self, cpu: usize, n: u64) {
+        self.lost[cpu] += n;
+    }
+
     /// Records lost per CPU.
     pub fn lost(&self) -> &[u64] {
         &self.lost

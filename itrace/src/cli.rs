@@ -28,6 +28,14 @@ pub enum Command {
     Dump(DumpArgs),
 }
 
+/// Recording backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Auto,
+    Ptrace,
+    Inproc,
+}
+
 /// Collection modes.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum ModeArg {
@@ -75,6 +83,11 @@ pub struct RecordArgs {
     /// rest runs at full speed.
     #[arg(long)]
     pub region: bool,
+    /// How to record: ptrace single-stepping, or the in-process recorder (the program steps
+    /// itself in a SIGTRAP handler; `--region` on a launched program only). auto: in-process
+    /// for `--region` on a launched program, ptrace otherwise.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
     /// Start tracing a thread when it enters this function (a symbol of the program or its
     /// libraries); with --stop, trace from here to there. Repeatable.
     #[arg(long, value_name = "SYMBOL")]

@@ -3,6 +3,7 @@
 
 mod cli;
 mod dump;
+mod inproc;
 mod record;
 mod signals;
 mod size;

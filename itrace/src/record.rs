@@ -1,7 +1,7 @@
 //! `itrace record`: set up the trace file and buffers, run the recorder,
 //! write the summary.
 
-use crate::cli::{ModeArg, RecordArgs};
+use crate::cli::{BackendArg, ModeArg, RecordArgs};
 use anyhow::{bail, Context, Result};
 use itrace_arch::ptrace::breakpoints::{Trigger, TriggerKind};
 use itrace_arch::ptrace::procfs::Mapping;
@@ -82,6 +82,26 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     } else {
         StepMethod::PtraceSingleStep
     };
+    let inproc = match (args.backend, &target) {
+        (BackendArg::Inproc, Target::Launch { .. }) if args.region && args.start.is_empty() && args.stop.is_empty() => {
+            true
+        }
+        (BackendArg::Inproc, _) => {
+            bail!("--backend inproc records --region of a launched program (not -p, --start or --stop)")
+        }
+        (BackendArg::Auto, Target::Launch { .. }) => args.region && args.start.is_empty() && args.stop.is_empty(),
+        _ => false,
+    };
+    if let (true, Target::Launch { program, .. }) = (inproc, &target) {
+        if !crate::inproc::uses_libitrace(program) {
+            bail!(
+                "--region: {} does not use libitrace (no ITraceOn in it or its libraries): link it with -litrace \
+                 or load libitrace.so with LD_PRELOAD (see README)",
+                program.display()
+            );
+        }
+    }
+    let step = if inproc { StepMethod::InProcess } else { step };
     let ncpu = ncpu();
     let mono = itrace_arch_now();
     let real =
@@ -132,12 +152,21 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         emulate_block_step: args.emulate_block_step,
         triggers: if wanted.is_empty() { None } else { Some(&resolve) },
     };
-    let outcome = match ptrace::record(&opts, &mut buffers) {
+    let recorded = if let (true, Target::Launch { program, args: argv, aslr }) = (inproc, &target) {
+        let ring = match mode {
+            Mode::Continuous => args.segment_size.max(args.buffer_size.min(16 << 20)),
+            _ => args.buffer_size,
+        };
+        crate::inproc::record(program, argv, *aslr, mode, ring, &crate::signals::STOP, &mut buffers)
+    } else {
+        ptrace::record(&opts, &mut buffers).map_err(anyhow::Error::from)
+    };
+    let outcome = match recorded {
         Ok(o) => o,
         Err(e) => {
             drop(buffers);
             let _ = std::fs::remove_file(&args.output);
-            return Err(e.into());
+            return Err(e);
         }
     };
     let stop_reason = outcome.stop_reason.unwrap_or(StopReason::Exited);

@@ -17,30 +17,12 @@
 //! # let _ = result;
 //! ```
 
-// The three entry points must keep distinct addresses (a tracer tells them apart by address):
-// their bodies differ, so no identical-code folding can merge them.
+pub mod inproc;
+pub mod shm;
 
-/// Start tracing the calling thread; pairs nest (C: `ITraceOn()`).
-#[no_mangle]
-#[inline(never)]
-pub extern "C" fn ITraceOn() {
-    std::hint::black_box(1u8);
-}
-
-/// Stop tracing the calling thread once the outermost region ends (C: `ITraceOff()`).
-#[no_mangle]
-#[inline(never)]
-pub extern "C" fn ITraceOff() {
-    std::hint::black_box(2u8);
-}
-
-/// Whether the calling thread is traced now (C: `ITraceEnabled()`): a tracer that takes the
-/// region over answers this itself; without one it is always 0.
-#[no_mangle]
-#[inline(never)]
-pub extern "C" fn ITraceEnabled() -> i32 {
-    std::hint::black_box(0)
-}
+// The C entry points are naked stubs in `inproc`: they must clear the trap flag before
+// anything else runs.
+pub use inproc::{ITraceEnabled, ITraceOff, ITraceOn};
 
 /// Start tracing the calling thread.
 pub fn on() {
@@ -63,12 +45,12 @@ pub struct Region(());
 
 /// Trace the calling thread until the returned guard is dropped.
 pub fn region() -> Region {
-    ITraceOn();
+    on();
     Region(())
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
-        ITraceOff()
+        off()
     }
 }

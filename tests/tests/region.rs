@@ -12,7 +12,7 @@ use std::collections::HashMap;
 /// Records `name` with `options`, checks it ran, and returns the report and the arc text.
 fn trace(name: &str, options: &[&str]) -> (serde_json::Value, String, Output) {
     let bin = program(name);
-    let dir = test_dir(&format!("region-{name}{}", options.join("")));
+    let dir = test_dir(&format!("region-{name}{}", options.join("").replace('-', "")));
     let trace = dir.join("t.itr");
     let rec = record(&trace, options, &bin, &[]);
     let report = report_json(&trace);
@@ -45,9 +45,8 @@ fn nothing_else(report: &serde_json::Value, absent: &[&str]) {
     }
 }
 
-#[test]
-fn nested_regions_with_system_calls() {
-    let (report, text, rec) = trace("region", &["--region"]);
+fn nested_regions_with_system_calls(backend: &str) {
+    let (report, text, rec) = trace("region", &["--region", "--backend", backend]);
     rec.assert_success();
     // ITraceEnabled: answered by the tracer inside the region, 0 outside.
     assert!(rec.stdout.contains("enabled before 0 inside 1 after 0"), "program output: {}", rec.stdout);
@@ -62,9 +61,8 @@ fn nested_regions_with_system_calls() {
     assert_eq!(ends, 1, "region ends in:\n{}", trailing_comments(&text).join("\n"));
 }
 
-#[test]
-fn regions_in_two_threads_at_once() {
-    let (report, _, rec) = trace("region_threads", &["--region"]);
+fn regions_in_two_threads_at_once(backend: &str) {
+    let (report, _, rec) = trace("region_threads", &["--region", "--backend", backend]);
     rec.assert_success();
     same_as_callgrind("region_threads", &report, &["rt_work"]);
     nothing_else(&report, &["rt_untraced", "main"]);
@@ -72,9 +70,8 @@ fn regions_in_two_threads_at_once() {
     assert_eq!(threads.len(), 2, "the two region threads, not main: {threads:?}");
 }
 
-#[test]
-fn fork_inside_a_region() {
-    let (report, _, rec) = trace("region_fork", &["--region"]);
+fn fork_inside_a_region(backend: &str) {
+    let (report, _, rec) = trace("region_fork", &["--region", "--backend", backend]);
     rec.assert_success();
     assert!(rec.stdout.contains("region_fork: child ok"), "the child did not run normally: {}", rec.stdout);
     same_as_callgrind("region_fork", &report, &["rf_parent_work"]);
@@ -82,9 +79,8 @@ fn fork_inside_a_region() {
     nothing_else(&report, &["rf_child_work"]);
 }
 
-#[test]
-fn region_ending_in_sigsegv() {
-    let (report, text, rec) = trace("region_segv", &["--region"]);
+fn region_ending_in_sigsegv(backend: &str) {
+    let (report, text, rec) = trace("region_segv", &["--region", "--backend", backend]);
     assert!(rec.stdout.contains("about to crash"), "{}", rec.stdout);
     // The store is rs_store's first instruction: the last block is the call into it, and the
     // end comment names the faulting instruction.
@@ -111,9 +107,8 @@ fn region_ending_in_sigsegv() {
     assert_eq!(report_self_counts(&report, &bin).get("rs_outer"), Some(&upto_call), "rs_outer (objdump count)");
 }
 
-#[test]
-fn program_with_its_own_sigtrap_handler() {
-    let (report, _, rec) = trace("region_sigtrap", &["--region"]);
+fn program_with_its_own_sigtrap_handler(backend: &str) {
+    let (report, _, rec) = trace("region_sigtrap", &["--region", "--backend", backend]);
     rec.assert_success();
     assert!(rec.stdout.contains("traps 2"), "the program's SIGTRAPs were not all delivered: {}", rec.stdout);
     same_as_callgrind("region_sigtrap", &report, &["rq_work"]);
@@ -142,4 +137,50 @@ fn region_without_the_library_is_a_clear_error() {
     let out = record(&dir.join("t2.itr"), &["--start", "no_such_function"], &bin, &[]);
     let line = out.assert_clean_error();
     assert!(line.contains("no_such_function"), "{line}");
+}
+
+// Each scenario on both backends: ptrace stepping (breakpoints on the library's entry points)
+// and the in-process recorder (the program steps itself).
+macro_rules! both_backends {
+    ($($name:ident),*) => {
+        mod ptrace_backend {
+            $(#[test] fn $name() { super::$name("ptrace") })*
+        }
+        mod inproc_backend {
+            $(#[test] fn $name() { super::$name("inproc") })*
+        }
+    };
+}
+both_backends!(
+    nested_regions_with_system_calls,
+    regions_in_two_threads_at_once,
+    fork_inside_a_region,
+    region_ending_in_sigsegv,
+    program_with_its_own_sigtrap_handler
+);
+
+/// The two backends record the same branch sequence per thread for the same region (signal
+/// handlers aside: the in-process recorder does not step them, see libitrace/src/inproc.rs).
+#[test]
+fn both_backends_record_the_same_branches() {
+    for name in ["region", "region_threads", "region_fork", "region_segv"] {
+        let per_thread = |backend: &str| {
+            let (_, text, _) = trace(name, &["--region", "--backend", backend]);
+            let mut seqs: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+            for l in arc_lines(&text) {
+                let key = format!("{} {} {} {:x} {} {}", l.kernel, l.type_code, l.count, l.offset, l.symbol, l.line);
+                seqs.entry(l.tid).or_default().push(key);
+            }
+            let mut v: Vec<Vec<String>> = seqs.into_values().collect();
+            v.sort();
+            v
+        };
+        let (a, b) = (per_thread("ptrace"), per_thread("inproc"));
+        assert_eq!(a.len(), b.len(), "{name}: threads traced");
+        for (ta, tb) in a.iter().zip(&b) {
+            if let Some(i) = (0..ta.len().max(tb.len())).find(|&i| ta.get(i) != tb.get(i)) {
+                panic!("{name}: block {i} differs: ptrace {:?} / inproc {:?}", ta.get(i), tb.get(i));
+            }
+        }
+    }
 }

@@ -578,7 +578,7 @@ impl Session<'_> {
     }
 
     /// Re-read a process's executable mappings; write what changed; forget decoded code that moved.
-    fn refresh_maps(&mut self, pid: i32, ts: u64) {
+    pub(super) fn refresh_maps(&mut self, pid: i32, ts: u64) {
         let Ok(new) = procfs::exec_mappings(pid) else { return };
         let Some(p) = self.procs.get_mut(&pid) else { return };
         let old = std::mem::take(&mut p.maps);

@@ -254,6 +254,8 @@ impl Session<'_> {
     fn begin_stepping(&mut self, tid: i32, pc: u64, reason: TraceOnReason) {
         let Some(t) = self.threads.get(&tid) else { return };
         let pid = t.pid;
+        // Libraries may have been mapped while the process ran untraced.
+        self.refresh_maps(pid, now_ns());
         let cs = getregs(tid).map(|r| r.cs).unwrap_or(0x33);
         let arch = X86::from_cs(cs);
         let insn = self.decode(pid, arch, pc);

@@ -1,0 +1,382 @@
+//! `itrace record --region --backend inproc`: the traced program records
+//! itself (libitrace's in-process recorder, see libitrace/src/inproc.rs)
+//! into per-CPU slot rings in a shared file; this side creates the file,
+//! launches the program, drains the rings into the trace file's buffers,
+//! and keeps the module table from /proc.
+
+use anyhow::{bail, Context, Result};
+use itrace_arch::ptrace::procfs::{self, Mapping};
+use itrace_arch::ptrace::{now_ns, RecordOutcome};
+use itrace_format::{
+    Branch, BranchKind, Buffers, Lost, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
+    BRANCH_RECORD_LEN,
+};
+use itrace_lib::shm::{self, CpuCtl, Header, Slot};
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The shared file, mapped.
+struct Shared {
+    base: *mut u8,
+    len: usize,
+    path: std::path::PathBuf,
+    ncpu: usize,
+    slots: u64,
+}
+
+impl Shared {
+    fn create(ncpu: usize, slots: usize, mode: Mode) -> Result<Shared> {
+        let (_, _, len) = shm::layout(ncpu, slots);
+        let path = std::path::PathBuf::from(format!("/dev/shm/itrace-{}-{}", std::process::id(), now_ns()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .with_context(|| format!("cannot create the shared trace buffer {}", path.display()))?;
+        file.set_len(len as u64).with_context(|| format!("cannot size {} to {len} bytes", path.display()))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared mapping of a file we own, its whole length.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            let _ = std::fs::remove_file(&path);
+            bail!("cannot map the shared trace buffer: {}", std::io::Error::last_os_error());
+        }
+        let s = Shared { base: base.cast(), len, path, ncpu, slots: slots as u64 };
+        // SAFETY: the mapping starts with room for the header; nobody else has it yet.
+        let h = unsafe { &mut *(s.base as *mut Header) };
+        h.ncpu = ncpu as u32;
+        h.mode = mode.code() as u32;
+        h.slots = slots as u64;
+        h.magic = shm::MAGIC;
+        Ok(s)
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: mapped for the life of self, starting with a header.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    fn ctl(&self, cpu: usize) -> &CpuCtl {
+        let (ctl, _, _) = shm::layout(self.ncpu, self.slots as usize);
+        // SAFETY: inside the mapping: one control block per CPU at `ctl`.
+        unsafe { &*(self.base.add(ctl + cpu * 64) as *const CpuCtl) }
+    }
+
+    fn slot(&self, cpu: usize, idx: u64) -> &Slot {
+        let (_, at, _) = shm::layout(self.ncpu, self.slots as usize);
+        let off = at + (cpu * self.slots as usize + (idx % self.slots) as usize) * std::mem::size_of::<Slot>();
+        // SAFETY: inside the mapping: `idx % slots` is within this CPU's ring.
+        unsafe { &*(self.base.add(off) as *const Slot) }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What the drain keeps between slots.
+struct Drain<'a> {
+    buffers: &'a mut Buffers,
+    out: RecordOutcome,
+    last_ts: Vec<u64>,
+    /// Threads whose region is open (tid -> pid, cpu, last pc).
+    open: HashMap<u32, (u32, usize, u64)>,
+    maps: HashMap<u32, Vec<Mapping>>,
+    named: HashSet<u32>,
+    pids: HashSet<u32>,
+    rec: [u8; BRANCH_RECORD_LEN],
+    error: Option<String>,
+    /// The MTE stream must not go back in time either.
+    last_mte_ts: u64,
+}
+
+impl Drain<'_> {
+    fn control(&mut self, cpu: usize, r: Record) {
+        if let Err(e) = self.buffers.push_control(cpu, &r) {
+            self.error.get_or_insert(e.to_string());
+        }
+    }
+
+    fn mte(&mut self, m: Mte) {
+        if let Err(e) = self.buffers.push_mte(&Record::Mte(m)) {
+            self.error.get_or_insert(e.to_string());
+        }
+    }
+
+    /// Module-table records for a process: names at first sight, mappings that changed. They
+    /// are stamped just before `at`, the slot that asked for them, so they apply to it.
+    fn refresh(&mut self, pid: u32, at: u64) {
+        let ts = at.saturating_sub(1).max(self.last_mte_ts);
+        self.last_mte_ts = ts;
+        if self.pids.insert(pid) {
+            let name = procfs::comm(pid as i32, pid as i32);
+            let ppid = procfs::ppid(pid as i32).unwrap_or(0) as u32;
+            self.mte(Mte::ProcessName { ts, pid, ppid, name });
+        }
+        let Ok(new) = procfs::exec_mappings(pid as i32) else { return };
+        let old = self.maps.remove(&pid).unwrap_or_default();
+        for m in old.iter().filter(|m| !new.contains(m)) {
+            self.mte(Mte::Unmap { ts, pid, start: m.start, end: m.end });
+        }
+        for m in new.iter().filter(|m| !old.contains(m)) {
+            let seg = Mte::Segment {
+                ts,
+                pid,
+                prot: m.prot,
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                path: m.path.clone(),
+            };
+            self.mte(seg);
+            if m.path == "[vdso]" {
+                if let Ok(image) = read_own_vdso(pid as i32, m) {
+                    self.mte(Mte::VdsoImage { ts, pid, start: m.start, image });
+                }
+            }
+        }
+        self.maps.insert(pid, new);
+    }
+
+    fn slot(&mut self, cpu: usize, s: &Slot) {
+        let ts = s.ts.max(self.last_ts[cpu]);
+        self.last_ts[cpu] = ts;
+        match s.kind {
+            shm::SLOT_BRANCH_USER | shm::SLOT_BRANCH_KERNEL => {
+                let Some(kind) = BranchKind::from_code((s.code & 0xff) as u8) else { return };
+                let b = Branch {
+                    ts,
+                    kernel: s.kind == shm::SLOT_BRANCH_KERNEL,
+                    kind,
+                    flags: (s.code >> 8) as u8,
+                    aux: s.aux as u16,
+                    from: s.from,
+                    to: s.to,
+                    tid: s.tid,
+                    icount: s.icount,
+                };
+                self.out.branches += 1;
+                self.out.instructions += b.icount as u64;
+                if let Some(o) = self.open.get_mut(&s.tid) {
+                    o.2 = b.to;
+                }
+                b.encode_into(&mut self.rec);
+                if let Err(e) = self.buffers.push_trace(cpu, &self.rec) {
+                    self.error.get_or_insert(e.to_string());
+                }
+            }
+            shm::SLOT_TRACE_ON => {
+                let pid = s.aux;
+                if !self.pids.contains(&pid) {
+                    self.refresh(pid, ts);
+                }
+                if self.named.insert(s.tid) {
+                    let name = procfs::comm(pid as i32, s.tid as i32);
+                    let mts = ts.saturating_sub(1).max(self.last_mte_ts);
+                    self.mte(Mte::ThreadName { ts: mts, pid, tid: s.tid, name });
+                }
+                if s.code == 0 {
+                    self.out.threads += 1;
+                }
+                self.open.insert(s.tid, (pid, cpu, s.to));
+                let reason = if s.code == 0 { TraceOnReason::Start } else { TraceOnReason::Resume };
+                self.control(cpu, Record::TraceOn(TraceOn { ts, reason, pid, tid: s.tid, pc: s.to }));
+            }
+            shm::SLOT_TRACE_OFF => {
+                self.open.remove(&s.tid);
+                let reason = StopReason::from_code(s.code as u32).unwrap_or(StopReason::RegionEnd);
+                self.out.instructions += s.icount as u64;
+                let off =
+                    TraceOff { ts, reason, pid: s.aux, tid: s.tid, pc: s.from, icount: s.icount, value: s.to as i32 };
+                self.control(cpu, Record::TraceOff(off));
+            }
+            shm::SLOT_MAPS_CHANGED => self.refresh(s.aux, ts),
+            _ => {}
+        }
+    }
+}
+
+fn read_own_vdso(pid: i32, m: &Mapping) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    f.seek(SeekFrom::Start(m.start))?;
+    let mut image = vec![0u8; (m.end - m.start).min(1 << 16) as usize];
+    f.read_exact(&mut image)?;
+    Ok(image)
+}
+
+/// Drain the committed slots of every CPU (continuous mode, while the program runs).
+fn drain_committed(sh: &Shared, d: &mut Drain) -> bool {
+    let mut any = false;
+    for cpu in 0..sh.ncpu {
+        let ctl = sh.ctl(cpu);
+        let mut tail = ctl.tail.load(Ordering::Acquire);
+        loop {
+            let s = sh.slot(cpu, tail);
+            if s.seq.load(Ordering::Acquire) != tail + 1 {
+                break;
+            }
+            d.slot(cpu, s);
+            tail += 1;
+            any = true;
+        }
+        ctl.tail.store(tail, Ordering::Release);
+    }
+    any
+}
+
+/// Launch `program` with the in-process recorder switched on and record its regions.
+pub fn record(
+    program: &Path,
+    argv: &[OsString],
+    aslr: bool,
+    mode: Mode,
+    ring_bytes: usize,
+    stop: &AtomicBool,
+    buffers: &mut Buffers,
+) -> Result<RecordOutcome> {
+    // SAFETY: sysconf has no preconditions.
+    let ncpu = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+    let slots = (ring_bytes / std::mem::size_of::<Slot>()).max(64);
+    let sh = Shared::create(ncpu, slots, mode)?;
+    let mut cmd = std::process::Command::new(program);
+    cmd.arg0(&argv[0]).args(&argv[1..]).env(shm::ENV_SHM, &sh.path);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            if !aslr {
+                let cur = libc::personality(0xffff_ffff);
+                if cur != -1 {
+                    libc::personality((cur as libc::c_ulong) | libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().with_context(|| format!("cannot run {}", program.display()))?;
+    let mut d = Drain {
+        buffers,
+        out: RecordOutcome::default(),
+        last_ts: vec![0; ncpu],
+        open: HashMap::new(),
+        maps: HashMap::new(),
+        named: HashSet::new(),
+        pids: HashSet::new(),
+        rec: [0; BRANCH_RECORD_LEN],
+        error: None,
+        last_mte_ts: 0,
+    };
+    d.out.processes = 1;
+    let mut detached = false;
+    let status = loop {
+        let pid = sh.header().pid.load(Ordering::Acquire);
+        if pid != 0 && sh.header().maps_ack.load(Ordering::Acquire) != pid {
+            // A process starts its first region: read its mappings while it waits.
+            d.refresh(pid, now_ns());
+            sh.header().maps_ack.store(pid, Ordering::Release);
+        }
+        if mode == Mode::Continuous && drain_committed(&sh, &mut d) {
+            continue;
+        }
+        if let Some(st) = child.try_wait().context("waiting for the program")? {
+            break Some(st);
+        }
+        if stop.load(Ordering::Relaxed) || d.error.is_some() {
+            // Every traced thread turns its trap flag off at its next step; give them a moment.
+            sh.header().stop.store(1, Ordering::Release);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            detached = true;
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    // What is left: the whole ring (normal), its last `slots` (wrap), the rest (continuous).
+    for cpu in 0..ncpu {
+        let ctl = sh.ctl(cpu);
+        let head = ctl.head.load(Ordering::Acquire);
+        let (from, lost) = match mode {
+            Mode::Continuous => (ctl.tail.load(Ordering::Acquire), 0),
+            Mode::Normal => (0, 0),
+            Mode::Wrap => (head.saturating_sub(sh.slots), head.saturating_sub(sh.slots)),
+        };
+        let to = if mode == Mode::Normal { head.min(sh.slots) } else { head };
+        if lost > 0 {
+            let ts = sh.slot(cpu, from).ts;
+            d.control(cpu, Record::Lost(Lost { ts, count: lost }));
+        }
+        for idx in from..to {
+            let s = sh.slot(cpu, idx);
+            if s.seq.load(Ordering::Acquire) == idx + 1 {
+                d.slot(cpu, s);
+            }
+        }
+        d.buffers.add_lost(cpu, lost + ctl.lost.load(Ordering::Relaxed));
+    }
+    // Regions still open: the program died in them (or tracing stopped, or a buffer filled).
+    let full = sh.header().full.load(Ordering::Relaxed) != 0;
+    let (reason, value) = match status {
+        _ if detached => (StopReason::Detached, 0),
+        _ if full => (StopReason::BufferFull, 0),
+        Some(st) => match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
+            (Some(sig), _) => (StopReason::Signaled, sig),
+            (None, code) => (StopReason::Exited, code.unwrap_or(0)),
+        },
+        None => (StopReason::Detached, 0),
+    };
+    let open: Vec<_> = d.open.drain().collect();
+    for (tid, (pid, cpu, pc)) in open {
+        let off = TraceOff { ts: now_ns(), reason, pid, tid, pc, icount: 0, value };
+        d.control(cpu, Record::TraceOff(off));
+    }
+    let pids: Vec<u32> = d.pids.iter().copied().collect();
+    for pid in pids {
+        for (start, size, name) in procfs::perf_map(pid as i32) {
+            d.mte(Mte::JitSymbol { ts: now_ns(), pid, start, size, name });
+        }
+    }
+    d.out.stop_reason = Some(if full { StopReason::BufferFull } else { reason });
+    d.out.exit_status = status.map(|st| match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
+        (Some(sig), _) => -sig,
+        (None, code) => code.unwrap_or(0),
+    });
+    d.out.write_error = d.error.take();
+    if d.pids.is_empty() && !detached {
+        eprintln!("itrace: warning: {} ran no traced region (ITraceOn was never called)", program.display());
+    }
+    Ok(d.out)
+}
+
+/// Whether `program` can use the in-process recorder: it links libitrace (or defines ITraceOn
+/// itself, statically), or libitrace is preloaded.
+pub fn uses_libitrace(program: &Path) -> bool {
+    if std::env::var("LD_PRELOAD").is_ok_and(|v| v.contains("libitrace")) {
+        return true;
+    }
+    let Ok(bytes) = std::fs::read(program) else { return false };
+    let Ok(elf) = goblin::elf::Elf::parse(&bytes) else { return false };
+    elf.libraries.iter().any(|l| l.starts_with("libitrace."))
+        || elf.syms.iter().chain(elf.dynsyms.iter()).any(|s| {
+            s.st_shndx != 0
+                && elf.strtab.get_at(s.st_name).or_else(|| elf.dynstrtab.get_at(s.st_name)) == Some("ITraceOn")
+        })
+}

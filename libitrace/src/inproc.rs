@@ -1,0 +1,501 @@
+//! The in-process recorder: a traced thread sets the trap flag on itself
+//! and records each step in its own SIGTRAP handler, into memory shared
+//! with `itrace` (see [`crate::shm`]); no context switch to a tracer per
+//! instruction.
+//!
+//! The entry points are small assembly stubs that clear the trap flag first
+//! thing and set it again just before returning to the caller, so none of
+//! the library's own work is stepped or recorded. Classification follows the
+//! ptrace recorder's rules (a taken branch wherever the next pc is not the
+//! fall-through, or the instruction always transfers control; a `rep`
+//! string instruction counts once); one x86 fact differs: when a thread
+//! steps itself, the trap after `syscall` comes one instruction later, so
+//! the instruction after a system call is accounted at the same trap.
+//!
+//! Not traced, by design: signal handlers (the kernel clears the trap flag
+//! for them; the interrupted code goes on being traced after), threads and
+//! processes created inside a region (their inherited trap flag is cleared
+//! at their first step), code after an exec.
+
+use crate::shm::{self, CpuCtl, Header, Slot};
+use itrace_decoders::{x86, Flow, Insn};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+/// Trap flag in RFLAGS.
+const TF: i64 = 0x100;
+/// si_code of a single-step trap.
+const TRAP_TRACE: i32 = 2;
+const STATE_UNKNOWN: u8 = 0;
+const STATE_OFF: u8 = 1;
+const STATE_ON: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(STATE_UNKNOWN);
+static SHARED: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+/// The program's own SIGTRAP disposition when the recorder took over (chained to).
+static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+const CACHE: usize = 1024;
+
+struct ThreadState {
+    active: bool,
+    depth: u32,
+    started: bool,
+    tid: u32,
+    pid: u32,
+    pending: Option<(u64, Insn)>,
+    syscall_nr: u64,
+    syscall_arg0: u64,
+    icount: u32,
+    cache: *mut [(u64, Insn); CACHE],
+}
+
+thread_local! {
+    // Const-initialised and without a destructor: a plain TLS slot, safe to reach from the
+    // signal handler.
+    static TS: UnsafeCell<ThreadState> = const {
+        UnsafeCell::new(ThreadState {
+            active: false,
+            depth: 0,
+            started: false,
+            tid: 0,
+            pid: 0,
+            pending: None,
+            syscall_nr: 0,
+            syscall_arg0: 0,
+            icount: 0,
+            cache: std::ptr::null_mut(),
+        })
+    };
+}
+
+// The entry points: clear TF, call the Rust body, set TF again if it returns non-zero.
+// Naked, so no compiler-made prologue runs before the trap flag is off.
+macro_rules! stub {
+    ($body:path) => {
+        std::arch::naked_asm!(
+            "pushfq",
+            "andq $-257, (%rsp)",
+            "popfq",
+            "subq $8, %rsp",
+            "call {body}",
+            "addq $8, %rsp",
+            "testl %eax, %eax",
+            "jz 2f",
+            "pushfq",
+            "orq $256, (%rsp)",
+            "popfq",
+            "2: ret",
+            // One byte of padding marks the end of the stub for `in_stubs`.
+            "int3",
+            body = sym $body,
+            options(att_syntax)
+        )
+    };
+}
+
+/// Start tracing the calling thread; pairs nest (C: `ITraceOn()`).
+#[unsafe(naked)]
+#[no_mangle]
+pub extern "C" fn ITraceOn() {
+    stub!(itrace_on_body)
+}
+
+/// Stop tracing the calling thread once the outermost region ends (C: `ITraceOff()`).
+#[unsafe(naked)]
+#[no_mangle]
+pub extern "C" fn ITraceOff() {
+    stub!(itrace_off_body)
+}
+
+/// Whether the calling thread is traced now (C: `ITraceEnabled()`).
+#[unsafe(naked)]
+#[no_mangle]
+pub extern "C" fn ITraceEnabled() -> i32 {
+    stub!(itrace_enabled_body)
+}
+
+/// Length of each stub (pushfq 1, andq 8, popfq 1, subq 4, call 5, addq 4, testl 2, jz 2,
+/// pushfq 1, orq 8, popfq 1, ret 1, int3 1): its bytes are library code, never recorded.
+const STUB_LEN: u64 = 39;
+
+/// Whether `pc` is inside one of the entry stubs (library code, never recorded).
+fn in_stubs(pc: u64) -> bool {
+    [ITraceOn as *const () as u64, ITraceOff as *const () as u64, ITraceEnabled as *const () as u64]
+        .iter()
+        .any(|&a| pc >= a && pc < a + STUB_LEN)
+}
+
+/// Map the shared memory named by $ITRACE_SHM and install the handler; once per process.
+fn ensure_init() -> bool {
+    match STATE.load(Ordering::Acquire) {
+        STATE_ON => return true,
+        STATE_OFF => return false,
+        _ => {}
+    }
+    let on = init();
+    STATE.store(if on { STATE_ON } else { STATE_OFF }, Ordering::Release);
+    on
+}
+
+fn init() -> bool {
+    let Some(path) = std::env::var_os(shm::ENV_SHM) else { return false };
+    let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(&path) else { return false };
+    let Ok(len) = file.metadata().map(|m| m.len() as usize) else { return false };
+    if len < 4096 {
+        return false;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: mapping a file we opened, shared, for its whole length; the pointer is checked.
+    let base = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    if base == libc::MAP_FAILED {
+        return false;
+    }
+    let hdr = base as *const Header;
+    // SAFETY: the mapping is at least a header long.
+    if unsafe { (*hdr).magic } != shm::MAGIC {
+        return false;
+    }
+    SHARED.store(base.cast(), Ordering::Release);
+    // SAFETY: installing a handler with a fully initialised sigaction; the old one is kept
+    // (leaked on purpose: the handler may chain to it for the life of the process).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_trap as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
+        if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
+            return false;
+        }
+        PREVIOUS.store(old, Ordering::Release);
+    }
+    true
+}
+
+fn header() -> Option<&'static Header> {
+    let p = SHARED.load(Ordering::Acquire);
+    // SAFETY: set once to a live mapping that is never unmapped.
+    (!p.is_null()).then(|| unsafe { &*(p as *const Header) })
+}
+
+fn now() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is valid for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Write one slot into this CPU's ring. Async-signal-safe: atomics and the vDSO only.
+#[allow(clippy::too_many_arguments)]
+fn emit(kind: u16, code: u16, aux: u32, from: u64, to: u64, tid: u32, icount: u32) {
+    let base = SHARED.load(Ordering::Acquire);
+    let Some(hdr) = header() else { return };
+    let ncpu = hdr.ncpu as usize;
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = (unsafe { libc::sched_getcpu() }.max(0) as usize).min(ncpu - 1);
+    let (ctl_at, slots_at, _) = shm::layout(ncpu, hdr.slots as usize);
+    // SAFETY: the layout matches the one itrace created the file with (same ncpu and slots).
+    let ctl = unsafe { &*(base.add(ctl_at + cpu * 64) as *const CpuCtl) };
+    let slots = hdr.slots;
+    let idx = ctl.head.fetch_add(1, Ordering::AcqRel);
+    match hdr.mode {
+        shm::MODE_NORMAL if idx >= slots => {
+            hdr.full.store(1, Ordering::Release);
+            ctl.lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        shm::MODE_CONTINUOUS => {
+            // Wait for itrace to drain; give up only if it asks everyone to stop.
+            while idx - ctl.tail.load(Ordering::Acquire) >= slots {
+                if hdr.stop.load(Ordering::Acquire) != 0 {
+                    ctl.lost.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            }
+        }
+        _ => {}
+    }
+    let at = slots_at + (cpu * slots as usize + (idx % slots) as usize) * std::mem::size_of::<Slot>();
+    // SAFETY: `at` is inside this CPU's ring, and this thread reserved slot `idx` alone.
+    let slot = unsafe { &mut *(base.add(at) as *mut Slot) };
+    slot.ts = now();
+    slot.from = from;
+    slot.to = to;
+    slot.tid = tid;
+    slot.icount = icount;
+    slot.kind = kind;
+    slot.code = code;
+    slot.aux = aux;
+    slot.seq.store(idx + 1, Ordering::Release);
+}
+
+/// Decode the instruction at `pc` of this process (through the thread's small cache).
+fn decode(ts: &mut ThreadState, pc: u64) -> Insn {
+    let line = (pc as usize ^ (pc as usize >> 10)) % CACHE;
+    if !ts.cache.is_null() {
+        // SAFETY: the cache was allocated for this thread by itrace_on_body.
+        let e = unsafe { &(*ts.cache)[line] };
+        if e.0 == pc {
+            return e.1;
+        }
+    }
+    let mut buf = [0u8; 16];
+    let n = if (pc & 0xfff) <= 0x1000 - 16 {
+        // SAFETY: the thread is about to execute at pc, so its page is mapped; 16 bytes stay in it.
+        unsafe { std::ptr::copy_nonoverlapping(pc as *const u8, buf.as_mut_ptr(), 16) };
+        16
+    } else {
+        // Near a page end the next page may be unmapped: let the kernel read what it can.
+        let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 16 };
+        let remote = libc::iovec { iov_base: pc as *mut libc::c_void, iov_len: 16 };
+        // SAFETY: reading our own memory through the kernel, into a local buffer.
+        let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        if r <= 0 {
+            let first = (0x1000 - (pc & 0xfff)) as usize;
+            // SAFETY: as above, within the page of pc.
+            unsafe { std::ptr::copy_nonoverlapping(pc as *const u8, buf.as_mut_ptr(), first) };
+            first
+        } else {
+            r as usize
+        }
+    };
+    let insn = x86::decode(64, pc, &buf[..n]);
+    if !ts.cache.is_null() {
+        // SAFETY: as above.
+        unsafe { (*ts.cache)[line] = (pc, insn) };
+    }
+    insn
+}
+
+const NR_MMAP: u64 = 9;
+const NR_MPROTECT: u64 = 10;
+const NR_MUNMAP: u64 = 11;
+const NR_MREMAP: u64 = 25;
+const NR_CLONE: u64 = 56;
+const NR_FORK: u64 = 57;
+const NR_VFORK: u64 = 58;
+const NR_EXIT: u64 = 60;
+const NR_EXIT_GROUP: u64 = 231;
+const NR_CLONE3: u64 = 435;
+const CLONE_VM: u64 = 0x100;
+
+fn branch(kind: u16, code: u16, aux: u32, from: u64, to: u64, ts: &mut ThreadState) {
+    emit(kind, code, aux, from, to, ts.tid, ts.icount);
+    ts.icount = 0;
+}
+
+/// Classify what ran since the last step of `ts`, now at `rip`; returns false to stop stepping.
+fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
+    let syscall = (itrace_format_flags::SYSCALL as u16) << 8;
+    let had_pending = ts.pending.is_some();
+    if let Some((pc, insn)) = ts.pending.take() {
+        let next = pc.wrapping_add(insn.len as u64);
+        let mut cur = (pc, insn);
+        if insn.flow == Flow::Syscall {
+            let nr = ts.syscall_nr;
+            let child = rax == 0 && matches!(nr, NR_FORK | NR_VFORK | NR_CLONE | NR_CLONE3);
+            if child {
+                // A new process: nothing of it is traced. A vfork child shares our memory (and
+                // this state), so only its trap flag is cleared.
+                let shares = nr == NR_VFORK || (nr == NR_CLONE && ts.syscall_arg0 & CLONE_VM != 0);
+                if !shares {
+                    ts.active = false;
+                }
+                return false;
+            }
+            ts.icount += 1;
+            branch(shm::SLOT_BRANCH_USER, syscall, nr as u32, pc, 0, ts); // INTRPT (0) with the flag
+            branch(shm::SLOT_BRANCH_KERNEL, 4 | syscall, nr as u32, 0, next, ts);
+            if matches!(nr, NR_MMAP | NR_MPROTECT | NR_MUNMAP | NR_MREMAP) {
+                emit(shm::SLOT_MAPS_CHANGED, 0, ts.pid, 0, 0, ts.tid, 0);
+            }
+            // The trap after a system call comes one instruction late: that one ran too.
+            cur = (next, decode(ts, next));
+        }
+        let (pc, insn) = cur;
+        let next = pc.wrapping_add(insn.len as u64);
+        match insn.flow {
+            Flow::RepString if rip == pc => {
+                ts.pending = Some((pc, insn));
+                return true;
+            }
+            flow => {
+                ts.icount += 1;
+                if flow.always_branches() || rip != next {
+                    let kind = match flow {
+                        Flow::Next | Flow::RepString => 5,
+                        f => f.branch_kind() as u16,
+                    };
+                    branch(shm::SLOT_BRANCH_USER, kind, 0, pc, rip, ts);
+                }
+            }
+        }
+    }
+    if in_stubs(rip) {
+        // Library code: not recorded; the caller's code resumes at its return.
+        return true;
+    }
+    if !ts.started || !had_pending {
+        let code = if ts.started { 2 } else { 0 };
+        emit(shm::SLOT_TRACE_ON, code, ts.pid, 0, rip, ts.tid, 0);
+        ts.started = true;
+    }
+    let insn = decode(ts, rip);
+    ts.pending = Some((rip, insn));
+    true
+}
+
+/// Flag bits of branch records (the trace file's).
+mod itrace_format_flags {
+    pub const SYSCALL: u8 = 1;
+}
+
+extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes valid siginfo and ucontext pointers to an SA_SIGINFO handler.
+    let (code, uc) = unsafe { ((*info).si_code, &mut *(ctx as *mut libc::ucontext_t)) };
+    if code != TRAP_TRACE {
+        chain(sig, info, ctx);
+        return;
+    }
+    let gregs = &mut uc.uc_mcontext.gregs;
+    TS.with(|cell| {
+        // SAFETY: the thread's own state; the handler does not nest (SIGTRAP is blocked in it)
+        // and the entry stubs never run with the trap flag set while touching it.
+        let ts = unsafe { &mut *cell.get() };
+        let stop = header().map(|h| h.stop.load(Ordering::Relaxed) != 0 || h.full.load(Ordering::Relaxed) != 0);
+        if !ts.active || stop != Some(false) {
+            if ts.active {
+                // itrace asked to stop, or normal mode filled a buffer.
+                let reason = if header().is_some_and(|h| h.full.load(Ordering::Relaxed) != 0) { 3 } else { 2 };
+                let pc = gregs[libc::REG_RIP as usize] as u64;
+                emit(shm::SLOT_TRACE_OFF, reason, ts.pid, pc, 0, ts.tid, ts.icount);
+                ts.active = false;
+            }
+            // A trap flag we did not set for this thread (inherited by a new thread or child): off.
+            gregs[libc::REG_EFL as usize] &= !TF;
+            return;
+        }
+        let rip = gregs[libc::REG_RIP as usize] as u64;
+        let rax = gregs[libc::REG_RAX as usize] as u64;
+        if !step(ts, rip, rax) {
+            gregs[libc::REG_EFL as usize] &= !TF;
+            return;
+        }
+        if let Some((pc, insn)) = ts.pending {
+            if insn.flow == Flow::Syscall {
+                ts.syscall_nr = rax;
+                ts.syscall_arg0 = gregs[libc::REG_RDI as usize] as u64;
+                if matches!(rax, NR_EXIT | NR_EXIT_GROUP) {
+                    // It never returns: account for it now.
+                    ts.icount += 1;
+                    branch(shm::SLOT_BRANCH_USER, (itrace_format_flags::SYSCALL as u16) << 8, rax as u32, pc, 0, ts);
+                    let status = gregs[libc::REG_RDI as usize] as u64;
+                    emit(shm::SLOT_TRACE_OFF, 0, ts.pid, pc + insn.len as u64, status, ts.tid, 0);
+                    ts.pending = None;
+                    ts.active = false;
+                }
+            }
+        }
+    });
+}
+
+/// Pass a SIGTRAP that is not a step of ours to the disposition the program had.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let prev = PREVIOUS.load(Ordering::Acquire);
+    if prev.is_null() {
+        return;
+    }
+    // SAFETY: PREVIOUS points to the sigaction saved at install time, never freed.
+    let prev = unsafe { &*prev };
+    match prev.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // Default action: die of SIGTRAP as the program would have.
+            // SAFETY: restoring the default and re-raising has no memory preconditions.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
+            }
+        }
+        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: the program installed this handler with SA_SIGINFO for these arguments.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(h) };
+            f(sig, info, ctx);
+        }
+        h => {
+            // SAFETY: a plain handler taking the signal number.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+            f(sig);
+        }
+    }
+}
+
+fn with_state<R>(f: impl FnOnce(&mut ThreadState) -> R) -> R {
+    // SAFETY: the thread's own state; the trap flag is off while the entry bodies run.
+    TS.with(|c| f(unsafe { &mut *c.get() }))
+}
+
+extern "C" fn itrace_on_body() -> u32 {
+    if !ensure_init() {
+        return 0;
+    }
+    let stopped = header().is_some_and(|h| h.stop.load(Ordering::Relaxed) != 0 || h.full.load(Ordering::Relaxed) != 0);
+    with_state(|ts| {
+        ts.depth += 1;
+        if ts.depth == 1 && !stopped {
+            if ts.cache.is_null() {
+                ts.cache = Box::into_raw(Box::new([(u64::MAX, x86::decode(64, 0, &[0x90])); CACHE]));
+            }
+            // SAFETY: plain system calls.
+            ts.tid = unsafe { libc::gettid() } as u32;
+            ts.pid = unsafe { libc::getpid() } as u32;
+            if let Some(h) = header() {
+                if h.maps_ack.load(Ordering::Acquire) != ts.pid {
+                    // First region of this process: let itrace read its mappings first (bounded
+                    // wait: a second at most).
+                    h.pid.store(ts.pid, Ordering::Release);
+                    for _ in 0..1000 {
+                        if h.maps_ack.load(Ordering::Acquire) == ts.pid {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                }
+            }
+            ts.active = true;
+            ts.started = false;
+            ts.pending = None;
+            ts.icount = 0;
+        }
+        ts.active as u32
+    })
+}
+
+extern "C" fn itrace_off_body() -> u32 {
+    if STATE.load(Ordering::Acquire) != STATE_ON {
+        return 0;
+    }
+    with_state(|ts| {
+        ts.depth = ts.depth.saturating_sub(1);
+        if ts.depth == 0 && ts.active {
+            emit(shm::SLOT_TRACE_OFF, 7, ts.pid, ITraceOff as *const () as u64, 0, ts.tid, ts.icount);
+            ts.active = false;
+            ts.pending = None;
+            ts.icount = 0;
+        }
+        ts.active as u32
+    })
+}
+
+extern "C" fn itrace_enabled_body() -> u32 {
+    if STATE.load(Ordering::Acquire) != STATE_ON {
+        return 0;
+    }
+    with_state(|ts| ts.active as u32)
+}
