@@ -184,3 +184,38 @@ fn both_backends_record_the_same_branches() {
         }
     }
 }
+
+/// `--region -p PID`: attach to a running program that uses the library; the regions it runs
+/// while attached are traced, nothing else, and it finishes with the right result.
+#[test]
+fn attach_to_a_program_with_regions() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    let bin = program("region_loop");
+    let reference = run(Command::new(&bin).args(["150", "0"]));
+    reference.assert_success();
+    let want = reference.stdout.lines().find(|l| l.contains("result=")).expect("result line").to_string();
+    let child = Command::new(&bin).args(["150", "10000"]).stdout(Stdio::piped()).spawn().expect("start region_loop");
+    let mut child = KillOnDrop(child);
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.contains("started"), "{first}");
+    let dir = test_dir("region-attach");
+    let trace = dir.join("t.itr");
+    let pid = child.0.id().to_string();
+    let rec = itrace(["record", "--region", "-p", &pid, "--duration", "0.5", "-o", trace.to_str().unwrap()]);
+    rec.assert_success();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = wait_with_guard(&mut child.0, "region_loop");
+    assert!(status.success(), "region_loop exited with {status}");
+    assert_eq!(rest.lines().find(|l| l.contains("result=")), Some(want.as_str()), "output:\n{rest}");
+    let report = report_json(&trace);
+    let own = report_self_counts(&report, &bin);
+    // rl_work is 50 iterations a call: whole calls only, at least one.
+    let work = own.get("rl_work").copied().unwrap_or(0);
+    let per_call = callgrind_profile(&bin, &["1", "0"], false).self_counts_in(&bin)["rl_work"];
+    assert!(work > 0 && work % per_call == 0, "rl_work {work} is not a whole number of calls of {per_call}");
+    nothing_else(&report, &["rl_untraced"]);
+}
