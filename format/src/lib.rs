@@ -10,6 +10,7 @@ mod error;
 mod header;
 mod reader;
 mod record;
+pub mod shm;
 mod writer;
 
 pub use buffers::{BufferConfig, Buffers, Push};

@@ -7,11 +7,11 @@
 use anyhow::{bail, Context, Result};
 use itrace_arch::ptrace::procfs::{self, Mapping};
 use itrace_arch::ptrace::{now_ns, RecordOutcome};
+use itrace_format::shm::{self, CpuCtl, Header, Slot};
 use itrace_format::{
     Branch, BranchKind, Buffers, Lost, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
     BRANCH_RECORD_LEN,
 };
-use itrace_lib::shm::{self, CpuCtl, Header, Slot};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;

@@ -17,8 +17,8 @@
 //! processes created inside a region (their inherited trap flag is cleared
 //! at their first step), code after an exec.
 
-use crate::shm::{self, CpuCtl, Header, Slot};
 use itrace_decoders::{x86, Flow, Insn};
+use itrace_format::shm::{self, CpuCtl, Header, Slot};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
@@ -173,6 +173,12 @@ fn init() -> bool {
         PREVIOUS.store(old, Ordering::Release);
     }
     true
+}
+
+/// The program's SIGTRAP disposition the recorder chains to, once the recorder owns SIGTRAP.
+pub(crate) fn chained_sigtrap() -> Option<*mut libc::sigaction> {
+    let p = PREVIOUS.load(Ordering::Acquire);
+    (STATE.load(Ordering::Acquire) == STATE_ON && !p.is_null()).then_some(p)
 }
 
 fn header() -> Option<&'static Header> {
@@ -415,10 +421,12 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     match prev.sa_sigaction {
         libc::SIG_IGN => {}
         libc::SIG_DFL => {
-            // Default action: die of SIGTRAP as the program would have.
-            // SAFETY: restoring the default and re-raising has no memory preconditions.
+            // Default action: die of SIGTRAP as the program would have (libc's sigaction: ours
+            // would only record the request).
+            // SAFETY: a zeroed sigaction is SIG_DFL with no flags; raise has no preconditions.
             unsafe {
-                libc::signal(sig, libc::SIG_DFL);
+                let dfl: libc::sigaction = std::mem::zeroed();
+                crate::interpose::real_sigaction(sig, &dfl);
                 libc::raise(sig);
             }
         }

@@ -18,7 +18,7 @@
 //! ```
 
 pub mod inproc;
-pub mod shm;
+mod interpose;
 
 // The C entry points are naked stubs in `inproc`: they must clear the trap flag before
 // anything else runs.

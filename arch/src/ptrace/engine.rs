@@ -1031,11 +1031,12 @@ impl Session<'_> {
         let group_stop = matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
         let state = self.threads.get(&tid).map(|t| t.state);
         if self.detaching.is_some() {
-            if state == Some(ThreadState::Stepping)
-                && procfs::thread_pending_signals(tid) & (1 << (libc::SIGTRAP - 1)) != 0
-            {
-                // A step trap is queued behind this stop: detaching now would deliver it untraced
-                // and kill the program. Let it surface as a signal stop, then detach there.
+            let traced = matches!(state, Some(ThreadState::Stepping | ThreadState::Running));
+            if traced && procfs::thread_pending_signals(tid) & (1 << (libc::SIGTRAP - 1)) != 0 {
+                // A step trap (or one of our breakpoints, hit by a running thread) is queued behind
+                // this stop: detaching now would deliver it untraced and kill the program. Let it
+                // surface as a signal stop, handle it there (moving the pc back onto a
+                // breakpoint's instruction), then detach.
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.stopped = false;
                 }

@@ -1,5 +1,5 @@
 //! The memory shared between `itrace record --backend inproc` and the
-//! in-process recorder: a header, one control block per CPU, and per-CPU
+//! in-process recorder (libitrace): a header, one control block per CPU, and per-CPU
 //! rings of fixed-size slots. Traced threads write slots from their SIGTRAP
 //! handler (reserving with an atomic add, publishing with a sequence
 //! number); `itrace` drains them into the trace file's records.
