@@ -9,8 +9,7 @@ use itrace_arch::ptrace::procfs::{self, Mapping};
 use itrace_arch::ptrace::{now_ns, RecordOutcome};
 use itrace_format::shm::{self, CpuCtl, Header, Slot};
 use itrace_format::{
-    Branch, BranchKind, Buffers, Lost, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
-    BRANCH_RECORD_LEN,
+    Branch, BranchKind, Buffers, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN,
 };
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -96,8 +95,11 @@ struct Drain<'a> {
     buffers: &'a mut Buffers,
     out: RecordOutcome,
     last_ts: Vec<u64>,
-    /// Threads whose region is open (tid -> pid, cpu, last pc).
-    open: HashMap<u32, (u32, usize, u64)>,
+    /// Threads whose region is open (tid -> pid, cpu, last pc, start time).
+    open: HashMap<u32, (u32, usize, u64, u64)>,
+    /// When each thread's last region ended: rings are drained one at a time, so an end may be
+    /// seen before the start it follows.
+    closed: HashMap<u32, u64>,
     maps: HashMap<u32, Vec<Mapping>>,
     named: HashSet<u32>,
     pids: HashSet<u32>,
@@ -105,6 +107,9 @@ struct Drain<'a> {
     error: Option<String>,
     /// The MTE stream must not go back in time either.
     last_mte_ts: u64,
+    /// Thread names read while the program ran (normal and wrap modes turn slots into
+    /// records only after it is gone).
+    thread_names: HashMap<u32, String>,
 }
 
 impl Drain<'_> {
@@ -155,6 +160,16 @@ impl Drain<'_> {
         self.maps.insert(pid, new);
     }
 
+    /// Remember the names of the threads of `pid` now.
+    fn read_thread_names(&mut self, pid: u32) {
+        for tid in procfs::tasks(pid as i32).unwrap_or_default() {
+            let name = procfs::comm(pid as i32, tid);
+            if !name.is_empty() {
+                self.thread_names.insert(tid as u32, name);
+            }
+        }
+    }
+
     fn slot(&mut self, cpu: usize, s: &Slot) {
         let ts = s.ts.max(self.last_ts[cpu]);
         self.last_ts[cpu] = ts;
@@ -188,19 +203,26 @@ impl Drain<'_> {
                     self.refresh(pid, ts);
                 }
                 if self.named.insert(s.tid) {
-                    let name = procfs::comm(pid as i32, s.tid as i32);
+                    let live = procfs::comm(pid as i32, s.tid as i32);
+                    let name =
+                        if live.is_empty() { self.thread_names.get(&s.tid).cloned().unwrap_or_default() } else { live };
                     let mts = ts.saturating_sub(1).max(self.last_mte_ts);
                     self.mte(Mte::ThreadName { ts: mts, pid, tid: s.tid, name });
                 }
                 if s.code == 0 {
                     self.out.threads += 1;
                 }
-                self.open.insert(s.tid, (pid, cpu, s.to));
+                if self.closed.get(&s.tid).is_none_or(|&end| end < ts) {
+                    self.open.insert(s.tid, (pid, cpu, s.to, ts));
+                }
                 let reason = if s.code == 0 { TraceOnReason::Start } else { TraceOnReason::Resume };
                 self.control(cpu, Record::TraceOn(TraceOn { ts, reason, pid, tid: s.tid, pc: s.to }));
             }
             shm::SLOT_TRACE_OFF => {
-                self.open.remove(&s.tid);
+                if self.open.get(&s.tid).is_some_and(|o| o.3 <= ts) {
+                    self.open.remove(&s.tid);
+                }
+                self.closed.insert(s.tid, ts);
                 let reason = StopReason::from_code(s.code as u32).unwrap_or(StopReason::RegionEnd);
                 self.out.instructions += s.icount as u64;
                 let off =
@@ -279,21 +301,29 @@ pub fn record(
         out: RecordOutcome::default(),
         last_ts: vec![0; ncpu],
         open: HashMap::new(),
+        closed: HashMap::new(),
         maps: HashMap::new(),
         named: HashSet::new(),
         pids: HashSet::new(),
         rec: [0; BRANCH_RECORD_LEN],
         error: None,
         last_mte_ts: 0,
+        thread_names: HashMap::new(),
     };
     d.out.processes = 1;
     let mut detached = false;
+    let mut polls = 0u64;
     let status = loop {
         let pid = sh.header().pid.load(Ordering::Acquire);
         if pid != 0 && sh.header().maps_ack.load(Ordering::Acquire) != pid {
             // A process starts its first region: read its mappings while it waits.
             d.refresh(pid, now_ns());
+            d.read_thread_names(pid);
             sh.header().maps_ack.store(pid, Ordering::Release);
+        }
+        polls += 1;
+        if pid != 0 && polls % 100 == 0 {
+            d.read_thread_names(pid);
         }
         if mode == Mode::Continuous && drain_committed(&sh, &mut d) {
             continue;
@@ -311,6 +341,9 @@ pub fn record(
         std::thread::sleep(std::time::Duration::from_millis(1));
     };
     // What is left: the whole ring (normal), its last `slots` (wrap), the rest (continuous).
+    // Threads move between CPUs, so the rings are merged by time: a region's start and end
+    // may sit in different rings.
+    let mut left: Vec<(u64, usize, u64)> = Vec::new();
     for cpu in 0..ncpu {
         let ctl = sh.ctl(cpu);
         let head = ctl.head.load(Ordering::Acquire);
@@ -320,17 +353,18 @@ pub fn record(
             Mode::Wrap => (head.saturating_sub(sh.slots), head.saturating_sub(sh.slots)),
         };
         let to = if mode == Mode::Normal { head.min(sh.slots) } else { head };
-        if lost > 0 {
-            let ts = sh.slot(cpu, from).ts;
-            d.control(cpu, Record::Lost(Lost { ts, count: lost }));
-        }
         for idx in from..to {
             let s = sh.slot(cpu, idx);
             if s.seq.load(Ordering::Acquire) == idx + 1 {
-                d.slot(cpu, s);
+                left.push((s.ts, cpu, idx));
             }
         }
+        // (The buffers write the Lost record for these, ahead of the surviving records.)
         d.buffers.add_lost(cpu, lost + ctl.lost.load(Ordering::Relaxed));
+    }
+    left.sort_unstable();
+    for (_, cpu, idx) in left {
+        d.slot(cpu, sh.slot(cpu, idx));
     }
     // Regions still open: the program died in them (or tracing stopped, or a buffer filled).
     let full = sh.header().full.load(Ordering::Relaxed) != 0;
@@ -344,7 +378,7 @@ pub fn record(
         None => (StopReason::Detached, 0),
     };
     let open: Vec<_> = d.open.drain().collect();
-    for (tid, (pid, cpu, pc)) in open {
+    for (tid, (pid, cpu, pc, _)) in open {
         let off = TraceOff { ts: now_ns(), reason, pid, tid, pc, icount: 0, value };
         d.control(cpu, Record::TraceOff(off));
     }

@@ -230,3 +230,32 @@ fn attach_to_a_program_with_regions() {
     assert!(work >= whole * per_call && work < (whole + 1) * per_call, "rl_work {work} for {whole} whole regions");
     nothing_else(&report, &["rl_untraced"]);
 }
+
+/// The in-process recorder's rings in each collection mode, with buffers far smaller than
+/// the trace: continuous loses nothing, normal stops where the buffer filled, wrap keeps the end.
+#[test]
+fn inproc_modes_with_small_buffers() {
+    let bin = program("region_loop");
+    let per_call = callgrind_profile(&bin, &["1", "0"], false).self_counts_in(&bin)["rl_work"];
+    let run_mode = |mode: &str| {
+        let opts = ["--region", "--backend", "inproc", "--mode", mode, "--buffer-size", "8K", "--segment-size", "4K"];
+        let dir = test_dir(&format!("region-inproc-{mode}"));
+        let trace = dir.join("t.itr");
+        let rec = record(&trace, &opts, &bin, &["100", "0"]);
+        rec.assert_success();
+        assert!(rec.stdout.contains("result="), "{mode}: the program did not finish: {}", rec.stdout);
+        let report = report_json(&trace);
+        let work = report_self_counts(&report, &bin).get("rl_work").copied().unwrap_or(0);
+        (work, report["lost_records"].as_u64().unwrap_or(0), arc_text(&trace))
+    };
+    let (work, lost, _) = run_mode("continuous");
+    assert_eq!((work, lost), (100 * per_call, 0), "continuous: every region, nothing lost");
+    let (work, _, text) = run_mode("normal");
+    assert!(work > 0 && work < 100 * per_call, "normal: tracing stopped early ({work})");
+    assert!(text.contains("trace buffer full at rl_work"), "normal: no buffer-full comment");
+    let (work, lost, text) = run_mode("wrap");
+    assert!(lost > 0 && work > 0 && work < 100 * per_call, "wrap: lost {lost}, rl_work {work}");
+    let last_end = text.lines().rev().find(|l| l.starts_with("# end of trace")).unwrap_or("");
+    // The run's last event in a region is the last ITraceOff: wrap mode kept it.
+    assert!(last_end.contains("region ended at ITraceOff"), "wrap keeps the end of the run: {last_end}");
+}
