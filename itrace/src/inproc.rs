@@ -322,7 +322,7 @@ pub fn record(
             sh.header().maps_ack.store(pid, Ordering::Release);
         }
         polls += 1;
-        if pid != 0 && polls % 100 == 0 {
+        if pid != 0 && polls.is_multiple_of(100) {
             d.read_thread_names(pid);
         }
         if mode == Mode::Continuous && drain_committed(&sh, &mut d) {
