@@ -283,15 +283,7 @@ pub fn record(
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-            if !aslr {
-                let cur = libc::personality(0xffff_ffff);
-                if cur != -1 {
-                    libc::personality((cur as libc::c_ulong) | libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
-                }
-            }
+            procfs::prepare_child_for_exec(aslr);
             Ok(())
         });
     }

@@ -378,16 +378,7 @@ impl Session<'_> {
                 // Wait until the parent has seized us, so the exec is seen.
                 libc::read(go_r_fd, (&mut b as *mut u8).cast(), 1);
                 libc::close(go_r_fd);
-                // Dispositions set to "ignore" survive exec: give the program the defaults.
-                for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
-                    libc::signal(sig, libc::SIG_DFL);
-                }
-                if !aslr {
-                    let cur = libc::personality(0xffff_ffff);
-                    if cur != -1 {
-                        libc::personality((cur as libc::c_ulong) | libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
-                    }
-                }
+                procfs::prepare_child_for_exec(aslr);
                 libc::execv(prog.as_ptr(), argv_ptrs.as_ptr());
                 let e = *libc::__errno_location();
                 libc::write(err_w_fd, (&e as *const i32).cast(), 4);

@@ -90,6 +90,25 @@ pub fn exe(pid: i32) -> String {
     fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
+/// In a child between fork and exec of a program itrace launches: give it the signal
+/// dispositions it would have had (itrace ignores SIGPIPE and SIGXFSZ and catches others;
+/// "ignore" would survive exec) and, unless `aslr`, turn address-space randomisation off so
+/// traces repeat. Only async-signal-safe calls.
+pub fn prepare_child_for_exec(aslr: bool) {
+    // SAFETY: signal and personality are async-signal-safe and take no pointers.
+    unsafe {
+        for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+        if !aslr {
+            let cur = libc::personality(0xffff_ffff);
+            if cur != -1 {
+                libc::personality((cur as libc::c_ulong) | libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+            }
+        }
+    }
+}
+
 /// JIT symbols a process wrote to `/tmp/perf-PID.map` (the convention of V8, the JVM's
 /// perf-map-agent and others): lines of `START SIZE name`, hexadecimal.
 pub fn perf_map(pid: i32) -> Vec<(u64, u64, String)> {
