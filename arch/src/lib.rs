@@ -2,10 +2,15 @@
 //!
 //! Each architecture's knowledge (instruction decoding, system call
 //! numbers, register layout) sits in its own module behind the small
-//! [`Arch`] trait; the Linux ptrace stepping engine in [`ptrace`] is written
-//! once against that trait.
+//! [`Arch`] trait; the Linux ptrace stepping engine in [`ptrace`] and the
+//! GDB remote-protocol engine in [`gdb`] (foreign architectures under
+//! qemu-user or a gdbserver) are written once against that trait.
 
+pub mod elf;
+pub mod gdb;
+pub mod ppc64;
 pub mod ptrace;
+pub mod s390x;
 pub mod x86_64;
 
 use itrace_decoders::Insn;
@@ -33,4 +38,42 @@ pub trait Arch {
     /// The number of rt_sigreturn, which the kernel hides (it clears the saved number so the
     /// interrupted call is not restarted).
     fn rt_sigreturn_nr(&self) -> u64;
+    /// Register names, byte order and stepping quirks for a GDB remote stub.
+    fn remote(&self) -> RemoteInfo;
+    /// A system call number encoded in the instruction itself (s390x `svc N` with N > 0),
+    /// rather than in [`RemoteInfo::syscall_nr_reg`].
+    fn syscall_nr_in_insn(&self, _bytes: &[u8]) -> Option<u64> {
+        None
+    }
+    /// Whether the instruction starts or ends a load-reserve/store-conditional sequence
+    /// (PowerPC), which single-stepping never completes.
+    fn reservation(&self, _bytes: &[u8]) -> Reservation {
+        Reservation::None
+    }
+}
+
+/// What a GDB remote-protocol recorder needs to know about an architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteInfo {
+    /// The program counter's name in the stub's target description.
+    pub pc_reg: &'static str,
+    /// The register holding the system call number at the system call instruction.
+    pub syscall_nr_reg: &'static str,
+    /// Registers and code are big-endian.
+    pub big_endian: bool,
+    /// The `kind` of a software breakpoint (`Z0,addr,kind`): its instruction length.
+    pub breakpoint_kind: u8,
+    /// Single-stepping the system call instruction also runs the one after it (qemu-user's stub
+    /// on PowerPC `sc` and i386 `int $0x80`): step over it with a breakpoint instead.
+    pub step_runs_past_syscall: bool,
+}
+
+/// Role of an instruction in an atomic load-reserve/store-conditional sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reservation {
+    None,
+    /// `lwarx`, `ldarx`, ...: starts a sequence.
+    Load,
+    /// `stwcx.`, `stdcx.`, ...: ends it.
+    Store,
 }

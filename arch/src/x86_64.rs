@@ -1,7 +1,7 @@
 //! x86_64 (and 32-bit x86 processes on an x86_64 kernel): registers as
 //! ptrace shows them, system call numbers, and decoding with iced-x86.
 
-use crate::Arch;
+use crate::{Arch, RemoteInfo};
 use itrace_decoders::{x86, Insn};
 
 /// The x86_64 architecture, or a 32-bit x86 process running on it (`compat`).
@@ -105,5 +105,16 @@ impl Arch for X86 {
 
     fn may_rename(&self, nr: u64) -> bool {
         nr == if self.compat { nr32::PRCTL } else { nr64::PRCTL }
+    }
+
+    fn remote(&self) -> RemoteInfo {
+        RemoteInfo {
+            pc_reg: if self.compat { "eip" } else { "rip" },
+            syscall_nr_reg: if self.compat { "eax" } else { "rax" },
+            big_endian: false,
+            breakpoint_kind: 1,
+            // qemu-i386's stub runs the instruction after `int $0x80` too when stepping it.
+            step_runs_past_syscall: self.compat,
+        }
     }
 }

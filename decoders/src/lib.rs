@@ -1,7 +1,10 @@
 //! Instruction decoding and classification for itrace: how long an
 //! instruction is and how it transfers control. x86 and x86_64 use iced-x86;
-//! other architectures get their own module.
+//! PowerPC64 and s390x use capstone to decode and their own rules to
+//! classify (capstone's groups do not tell calls from returns there).
 
+pub mod ppc;
+pub mod s390x;
 pub mod x86;
 
 use itrace_format::BranchKind;
@@ -20,6 +23,10 @@ pub enum Flow {
     CondJump,
     Call,
     Return,
+    /// Conditional call (PowerPC `bcl` with a condition): a CALL only when taken.
+    CondCall,
+    /// Conditional return (PowerPC `beqlr`, s390x `ber %r14`): a RETURN only when taken.
+    CondReturn,
     /// System call instruction (`syscall`, `sysenter`, `int $0x80`).
     Syscall,
     /// Other software interrupt (`int3`, `int n`, `into`).
@@ -37,8 +44,8 @@ impl Flow {
             Flow::Next | Flow::RepString => BranchKind::Other,
             Flow::Jump => BranchKind::Jump,
             Flow::CondJump => BranchKind::CondJump,
-            Flow::Call => BranchKind::Call,
-            Flow::Return => BranchKind::Return,
+            Flow::Call | Flow::CondCall => BranchKind::Call,
+            Flow::Return | Flow::CondReturn => BranchKind::Return,
             Flow::Syscall | Flow::Interrupt => BranchKind::Intrpt,
             Flow::Iret => BranchKind::Iret,
             Flow::Invalid => BranchKind::Undefd,

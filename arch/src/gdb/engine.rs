@@ -1,0 +1,577 @@
+//! The stepping loop over the GDB remote protocol: one thread, stepped
+//! instruction by instruction, each step turned into records exactly like
+//! the ptrace recorder does (taken branches with instruction counts, system
+//! calls as a `U` INTRPT record and a `K` IRET record).
+//!
+//! Round trips are the cost (about 8,000 per second on loopback), so a step
+//! of an instruction that cannot branch does not read the pc back: after a
+//! SIGTRAP stop it is the next instruction. Branches, system calls and
+//! signals read it. Code of read-only segments of the program is decoded
+//! once.
+//!
+//! Stepping quirks handled here (qemu-user 7.2's stub):
+//! - stepping a system call instruction on PowerPC (`sc`) and i386
+//!   (`int $0x80`) also runs the next instruction: a breakpoint after it and
+//!   a continue instead;
+//! - a PowerPC `lwarx` ... `stwcx.` sequence never completes when stepped
+//!   (the reservation is lost at every stop): breakpoints after the
+//!   store-conditional and on the targets of branches leaving the sequence,
+//!   one continue, and the count of the path taken, told by where it stopped.
+
+use super::protocol::{parse_stop_reply, Connection, GdbError, StopReply};
+use super::registers::{self, Register, RegisterMap};
+use crate::elf::Program;
+use crate::ptrace::RecordOutcome;
+use crate::{Arch, RemoteInfo, Reservation};
+use itrace_decoders::{Flow, Insn};
+use itrace_format::{
+    branch_flags, Branch, BranchKind, Buffers, FormatError, Mte, Push, Record, StopReason, TraceOff, TraceOn,
+    TraceOnReason, BRANCH_RECORD_LEN,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Longest load-reserve/store-conditional sequence stepped over (as gdb and SystemTap do).
+const MAX_ATOMIC_SEQUENCE: u64 = 16;
+/// The CPU number written in records: the stub does not say where the target runs.
+const CPU: usize = 0;
+/// Linux auxiliary vector keys (elf.h).
+const AT_PHDR: u64 = 3;
+const AT_BASE: u64 = 7;
+const AT_ENTRY: u64 = 9;
+
+/// How to record through a stub.
+pub struct RemoteOptions<'a> {
+    pub arch: &'a dyn Arch,
+    /// The traced program's ELF file (module segments, read-only code), when known.
+    pub program: Option<Program>,
+    /// Where to find the dynamic loader named by PT_INTERP (qemu's `-L` prefix).
+    pub sysroot: Option<PathBuf>,
+    /// Name for the process in the module table.
+    pub process_name: String,
+    /// Process id to use when the stub does not name the thread.
+    pub pid_hint: u32,
+    /// The stub started the program (qemu-user `-g`): the first stop is its first instruction.
+    pub launched: bool,
+    /// Set by a signal handler or timer: stop tracing and detach.
+    pub stop: &'a AtomicBool,
+}
+
+/// What happened; `error` is set when the stub failed mid-trace (the records up to there are kept).
+#[derive(Debug)]
+pub struct RemoteOutcome {
+    pub outcome: RecordOutcome,
+    pub error: Option<GdbError>,
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+fn now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// A decoded instruction and its bytes.
+#[derive(Clone, Copy, Debug)]
+struct Code {
+    insn: Insn,
+    bytes: [u8; 8],
+    nbytes: u8,
+}
+
+impl Code {
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.nbytes as usize]
+    }
+}
+
+struct Session<'a> {
+    conn: &'a mut Connection,
+    opts: &'a RemoteOptions<'a>,
+    info: RemoteInfo,
+    buffers: &'a mut Buffers,
+    pc_reg: Register,
+    nr_reg: Register,
+    /// Decoded instructions of read-only code.
+    code: HashMap<u64, Code>,
+    /// Address ranges of read-only code (program and loader segments, biased).
+    read_only: Vec<(u64, u64)>,
+    pid: u32,
+    tid: u32,
+    /// Instructions since the last record.
+    icount: u32,
+    /// The instruction the target executes next.
+    pc: u64,
+    out: RecordOutcome,
+    rec: [u8; BRANCH_RECORD_LEN],
+    last_ts: u64,
+    finished: bool,
+}
+
+/// Connect the recorder to a stopped stub and trace until the program exits, `opts.stop` is set,
+/// a buffer fills (normal mode) or the stub fails. Errors before tracing starts are returned as
+/// `Err`; later ones end the trace cleanly and come back in [`RemoteOutcome::error`].
+pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers) -> Result<RemoteOutcome, GdbError> {
+    let info = opts.arch.remote();
+    // qemu 7.2 needs the target description read before any register access.
+    let _ = conn.request(b"qSupported:xmlRegisters=i386,ppc,s390x;swbreak+")?;
+    let regs = RegisterMap::fetch(conn)?;
+    let pc_reg = regs.get(info.pc_reg)?;
+    let nr_reg = regs.get(info.syscall_nr_reg)?;
+    let first = parse_stop_reply(&conn.request(b"?")?)?;
+    let (pid, tid) = match first {
+        StopReply::Signal { thread: Some((pid, tid)), .. } => (pid.unwrap_or(tid), tid),
+        StopReply::Signal { thread: None, .. } => (opts.pid_hint, opts.pid_hint),
+        StopReply::Exited(_) | StopReply::Killed(_) => {
+            return Err(GdbError::Malformed("the target has already exited".into()))
+        }
+    };
+    let mut s = Session {
+        conn,
+        opts,
+        info,
+        buffers,
+        pc_reg,
+        nr_reg,
+        code: HashMap::new(),
+        read_only: Vec::new(),
+        pid,
+        tid,
+        icount: 0,
+        pc: 0,
+        out: RecordOutcome::default(),
+        rec: [0; BRANCH_RECORD_LEN],
+        last_ts: 0,
+        finished: false,
+    };
+    s.pc = s.read_reg(s.pc_reg)?;
+    s.module_table()?;
+    let ts = now_ns();
+    let reason = if opts.launched { TraceOnReason::Start } else { TraceOnReason::Attach };
+    s.out.threads = 1;
+    s.out.processes = 1;
+    s.push_control(Record::TraceOn(TraceOn { ts, reason, pid, tid, pc: s.pc }));
+    let error = s.run().err();
+    if error.is_some() {
+        // Keep what was recorded; say where tracing stopped.
+        s.finish(StopReason::TracerError, 0);
+        s.out.stop_reason = Some(StopReason::TracerError);
+    }
+    s.out.stop_reason.get_or_insert(StopReason::Exited);
+    Ok(RemoteOutcome { outcome: s.out, error })
+}
+
+impl Session<'_> {
+    fn read_reg(&mut self, r: Register) -> Result<u64, GdbError> {
+        let reply = self.conn.request(format!("p{:x}", r.number).as_bytes())?;
+        let bytes = super::protocol::from_hex(&reply).map_err(|_| {
+            GdbError::Malformed(format!("register {} read as {:?}", r.number, String::from_utf8_lossy(&reply)))
+        })?;
+        // A 64-bit register of a 32-bit target description is not expected; keep what fits.
+        let bytes = &bytes[..bytes.len().min(8)];
+        registers::value(bytes, self.info.big_endian)
+    }
+
+    /// The instruction at `pc`, from the cache for read-only code.
+    fn fetch(&mut self, pc: u64) -> Result<Code, GdbError> {
+        if let Some(c) = self.code.get(&pc) {
+            return Ok(*c);
+        }
+        let want = self.opts.arch.max_insn_len();
+        let mut bytes = self.conn.read_memory(pc, want)?;
+        if bytes.len() < want {
+            // Near the end of a mapping: the shortest instruction may still be there.
+            bytes = self.conn.read_memory(pc, 2.min(want))?;
+            if let Ok(more) = self.conn.read_memory(pc, 4.min(want)) {
+                if more.len() > bytes.len() {
+                    bytes = more;
+                }
+            }
+        }
+        let insn = self.opts.arch.decode(pc, &bytes);
+        let mut c = Code { insn, bytes: [0; 8], nbytes: bytes.len().min(8) as u8 };
+        c.bytes[..c.nbytes as usize].copy_from_slice(&bytes[..c.nbytes as usize]);
+        if self.read_only.iter().any(|&(s, e)| pc >= s && pc < e) {
+            self.code.insert(pc, c);
+        }
+        Ok(c)
+    }
+
+    /// Module-table records: the process, and the segments of the program (and its loader) at the
+    /// addresses the auxiliary vector says they were loaded (the stub cannot list mappings).
+    fn module_table(&mut self) -> Result<(), GdbError> {
+        let ts = now_ns();
+        let (pid, tid) = (self.pid, self.tid);
+        let name = self.opts.process_name.clone();
+        self.emit_mte(Mte::ProcessName { ts, pid, ppid: 0, name: name.clone() });
+        self.emit_mte(Mte::ThreadName { ts, pid, tid, name });
+        let Some(prog) = self.opts.program.clone() else { return Ok(()) };
+        let auxv = self.auxv();
+        let bias = if prog.position_independent {
+            match (auxv.get(&AT_ENTRY), auxv.get(&AT_PHDR)) {
+                (Some(&entry), _) => entry.wrapping_sub(prog.entry),
+                _ => 0,
+            }
+        } else {
+            0
+        };
+        self.segments(&prog, bias, ts);
+        if let (Some(interp), Some(&base)) = (&prog.interpreter, auxv.get(&AT_BASE)) {
+            let host_path = match &self.opts.sysroot {
+                Some(root) => root.join(interp.strip_prefix("/").unwrap_or(interp)),
+                None => interp.clone(),
+            };
+            if let Ok(loader) = Program::read(&host_path) {
+                let low = loader.loads.iter().map(|l| l.vaddr).min().unwrap_or(0) & !0xfff;
+                self.segments(&loader, base.wrapping_sub(low), ts);
+            }
+        }
+        Ok(())
+    }
+
+    fn segments(&mut self, prog: &Program, bias: u64, ts: u64) {
+        let path = std::fs::canonicalize(&prog.path).unwrap_or_else(|_| prog.path.clone());
+        for l in &prog.loads {
+            let start = l.vaddr.wrapping_add(bias);
+            let end = start.wrapping_add(l.memsz);
+            if l.prot & 2 == 0 {
+                self.read_only.push((start, end));
+            }
+            self.emit_mte(Mte::Segment {
+                ts,
+                pid: self.pid,
+                prot: l.prot,
+                start,
+                end,
+                offset: l.offset,
+                path: path.display().to_string(),
+            });
+        }
+    }
+
+    /// The target's auxiliary vector (empty when the stub does not offer it).
+    fn auxv(&mut self) -> HashMap<u64, u64> {
+        let Ok(data) = self.conn.qxfer("auxv", "") else { return HashMap::new() };
+        let word = if self.opts.arch.trace_arch() == itrace_format::Arch::I386 { 4 } else { 8 };
+        data.chunks_exact(2 * word)
+            .filter_map(|e| {
+                let k = registers::value(&e[..word], self.info.big_endian).ok()?;
+                let v = registers::value(&e[word..], self.info.big_endian).ok()?;
+                Some((k, v))
+            })
+            .collect()
+    }
+
+    fn run(&mut self) -> Result<(), GdbError> {
+        let mut current = self.fetch(self.pc)?;
+        while !self.finished {
+            if self.opts.stop.load(Ordering::Relaxed) {
+                self.detach()?;
+                break;
+            }
+            if current.insn.flow == Flow::Syscall {
+                self.step_syscall(current)?;
+            } else if self.opts.arch.reservation(current.bytes()) == Reservation::Load {
+                self.step_atomic(current)?;
+            } else {
+                self.step_one(current)?;
+            }
+            if !self.finished {
+                current = self.fetch(self.pc)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop tracing and let the program run on.
+    fn detach(&mut self) -> Result<(), GdbError> {
+        self.finish(StopReason::Detached, 0);
+        self.out.stop_reason = Some(StopReason::Detached);
+        let _ = self.conn.request(b"D")?;
+        self.conn.flush_ack()
+    }
+
+    fn step(&mut self) -> Result<StopReply, GdbError> {
+        self.conn.send(b"s")?;
+        parse_stop_reply(&self.conn.recv()?)
+    }
+
+    /// Step one ordinary instruction.
+    fn step_one(&mut self, c: Code) -> Result<(), GdbError> {
+        let pc = self.pc;
+        let next = pc.wrapping_add(c.insn.len as u64);
+        match self.step()? {
+            StopReply::Signal { sig: 5, .. } => {
+                // A non-branch completed: the pc is the next instruction; no need to ask.
+                let new_pc = if c.insn.flow == Flow::Next { next } else { self.read_reg(self.pc_reg)? };
+                match c.insn.flow {
+                    Flow::RepString if new_pc == pc => {} // another iteration of one instruction
+                    flow => {
+                        self.icount += 1;
+                        if flow.always_branches() || new_pc != next {
+                            let kind = if matches!(flow, Flow::Next | Flow::RepString) {
+                                BranchKind::Other
+                            } else {
+                                flow.branch_kind()
+                            };
+                            self.branch(now_ns(), pc, new_pc, kind, 0, 0);
+                        }
+                    }
+                }
+                self.pc = new_pc;
+            }
+            StopReply::Signal { sig, .. } => self.signal(sig)?,
+            StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
+            StopReply::Killed(sig) => self.finish(StopReason::Signaled, sig as i32),
+        }
+        Ok(())
+    }
+
+    /// The program received signal `sig` at `self.pc` (the instruction there did not complete):
+    /// deliver it with a step, and record the transition to wherever execution went.
+    fn signal(&mut self, sig: u8) -> Result<(), GdbError> {
+        let pc = self.pc;
+        self.branch(now_ns(), pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, sig as u64);
+        self.conn.send(format!("S{sig:02x}").as_bytes())?;
+        match parse_stop_reply(&self.conn.recv()?)? {
+            StopReply::Signal { .. } => {
+                let to = self.read_reg(self.pc_reg)?;
+                self.kernel_return(to, branch_flags::SIGNAL, sig as u64);
+                self.pc = to;
+            }
+            StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
+            StopReply::Killed(s) => self.finish(StopReason::Signaled, s as i32),
+        }
+        Ok(())
+    }
+
+    /// Run a system call instruction; a `U` INTRPT record, then a `K` IRET record to where it returned.
+    fn step_syscall(&mut self, c: Code) -> Result<(), GdbError> {
+        let pc = self.pc;
+        let next = pc.wrapping_add(c.insn.len as u64);
+        let nr = match self.opts.arch.syscall_nr_in_insn(c.bytes()) {
+            Some(n) => n,
+            None => self.read_reg(self.nr_reg)?,
+        };
+        let ts = now_ns();
+        let bp = format!("{next:x},{}", self.info.breakpoint_kind);
+        let stop = if self.info.step_runs_past_syscall {
+            self.conn.request_ok(format!("Z0,{bp}").as_bytes())?;
+            self.conn.send(b"c")?;
+            let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
+            if matches!(stop, StopReply::Signal { .. }) {
+                self.conn.request_ok(format!("z0,{bp}").as_bytes())?;
+            }
+            stop
+        } else {
+            // The system call may block: wait as long as it takes (^C on a stop request).
+            self.conn.send(b"s")?;
+            self.conn.recv_stop_waiting(self.opts.stop)?
+        };
+        self.icount += 1;
+        self.branch(ts, pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, nr);
+        match stop {
+            StopReply::Signal { sig, .. } => {
+                let to = self.read_reg(self.pc_reg)?;
+                self.kernel_return(to, branch_flags::SYSCALL, nr);
+                self.pc = to;
+                if sig != 5 && !(sig == 2 && self.opts.stop.load(Ordering::Relaxed)) {
+                    self.signal(sig)?;
+                }
+            }
+            StopReply::Exited(code) => {
+                self.pc = next;
+                self.finish(StopReason::Exited, code as i32)
+            }
+            StopReply::Killed(sig) => {
+                self.pc = next;
+                self.finish(StopReason::Signaled, sig as i32)
+            }
+        }
+        Ok(())
+    }
+
+    /// Step over a PowerPC load-reserve ... store-conditional sequence starting at `self.pc`.
+    fn step_atomic(&mut self, first: Code) -> Result<(), GdbError> {
+        let start = self.pc;
+        // Find the store-conditional and the branches that leave the sequence.
+        let mut exits: Vec<(u64, u64, Flow)> = Vec::new();
+        let mut end = None;
+        let mut a = start;
+        for _ in 0..MAX_ATOMIC_SEQUENCE {
+            let c = if a == start { first } else { self.fetch(a)? };
+            if a != start && self.opts.arch.reservation(c.bytes()) == Reservation::Store {
+                end = Some(a);
+                break;
+            }
+            match (c.insn.flow, c.insn.target) {
+                (Flow::Next, _) => {}
+                (Flow::CondJump | Flow::Jump, Some(t)) => exits.push((a, t, c.insn.flow)),
+                // A call, return, system call or indirect branch inside: not a sequence we can
+                // step over safely; step it and hope the reservation holds.
+                _ => return self.step_one(first),
+            }
+            a = a.wrapping_add(c.insn.len as u64);
+        }
+        let Some(end) = end else { return self.step_one(first) };
+        // Branches inside the sequence (start..=end) do not leave it: the straight-path count covers them.
+        exits.retain(|&(_, t, _)| t < start || t > end);
+        let after = end + 4;
+        let mut stops = vec![after];
+        for &(_, t, _) in &exits {
+            if !stops.contains(&t) {
+                stops.push(t);
+            }
+        }
+        let kind = self.info.breakpoint_kind;
+        for &b in &stops {
+            self.conn.request_ok(format!("Z0,{b:x},{kind}").as_bytes())?;
+        }
+        self.conn.send(b"c")?;
+        let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
+        if matches!(stop, StopReply::Signal { .. }) {
+            for &b in &stops {
+                self.conn.request_ok(format!("z0,{b:x},{kind}").as_bytes())?;
+            }
+        }
+        match stop {
+            StopReply::Signal { sig: 5, .. } => {
+                let pc = self.read_reg(self.pc_reg)?;
+                // The sequence has no internal loops: where it stopped tells the path taken.
+                if pc == after {
+                    self.icount += ((end - start) / 4 + 1) as u32;
+                } else if let Some(&(from, to, flow)) = exits.iter().find(|&&(_, t, _)| t == pc) {
+                    self.icount += ((from - start) / 4 + 1) as u32;
+                    self.branch(now_ns(), from, to, flow.branch_kind(), 0, 0);
+                } else {
+                    return Err(GdbError::Malformed(format!(
+                        "the atomic sequence at {start:#x} stopped at {pc:#x}, outside its exits"
+                    )));
+                }
+                self.pc = pc;
+            }
+            StopReply::Signal { sig, .. } => {
+                // Interrupted (^C) or a signal inside the sequence: account from where it is now.
+                let pc = self.read_reg(self.pc_reg)?;
+                if pc >= start && pc <= end {
+                    self.icount += ((pc - start) / 4) as u32;
+                }
+                self.pc = pc;
+                if sig != 2 || !self.opts.stop.load(Ordering::Relaxed) {
+                    self.signal(sig)?;
+                }
+            }
+            StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
+            StopReply::Killed(sig) => self.finish(StopReason::Signaled, sig as i32),
+        }
+        Ok(())
+    }
+
+    /// A user-space record ending the current block (its instructions are `self.icount`).
+    fn branch(&mut self, ts: u64, from: u64, to: u64, kind: BranchKind, flags: u8, aux: u64) {
+        let b = Branch {
+            ts,
+            kernel: false,
+            kind,
+            flags,
+            aux: aux as u16,
+            from,
+            to,
+            tid: self.tid,
+            icount: std::mem::take(&mut self.icount),
+        };
+        self.push_branch(b);
+    }
+
+    /// The kernel's return to user space at `to` after a system call or signal delivery.
+    fn kernel_return(&mut self, to: u64, flags: u8, aux: u64) {
+        let b = Branch {
+            ts: now_ns(),
+            kernel: true,
+            kind: BranchKind::Iret,
+            flags,
+            aux: aux as u16,
+            from: 0,
+            to,
+            tid: self.tid,
+            icount: 0,
+        };
+        self.push_branch(b);
+    }
+
+    fn push_branch(&mut self, mut b: Branch) {
+        b.ts = b.ts.max(self.last_ts);
+        self.last_ts = b.ts;
+        b.encode_into(&mut self.rec);
+        match self.buffers.push_trace(CPU, &self.rec) {
+            Ok(Push::Stored) => {
+                self.out.branches += 1;
+                self.out.instructions += b.icount as u64;
+            }
+            Ok(Push::Full) => {
+                // Not stored: its instructions go to the trace-off record's partial block.
+                self.icount += b.icount;
+                self.stop_tracing(StopReason::BufferFull);
+            }
+            Err(e) => self.write_failed(e),
+        }
+    }
+
+    fn push_control(&mut self, r: Record) {
+        if let Err(e) = self.buffers.push_control(CPU, &r) {
+            self.write_failed(e);
+        }
+    }
+
+    fn emit_mte(&mut self, m: Mte) {
+        match self.buffers.push_mte(&Record::Mte(m)) {
+            Ok(Push::Stored) => {}
+            Ok(Push::Full) => self.stop_tracing(StopReason::BufferFull),
+            Err(e) => self.write_failed(e),
+        }
+    }
+
+    fn write_failed(&mut self, e: FormatError) {
+        if self.out.write_error.is_none() {
+            self.out.write_error = Some(e.to_string());
+        }
+        self.stop_tracing(StopReason::WriteError);
+    }
+
+    /// End tracing for a recorder reason (buffer full, write error): the program runs on untraced.
+    fn stop_tracing(&mut self, reason: StopReason) {
+        if self.finished {
+            return;
+        }
+        self.finish(reason, 0);
+        self.out.stop_reason = Some(reason);
+        if self.conn.request(b"D").is_ok() {
+            let _ = self.conn.flush_ack();
+        }
+    }
+
+    /// Write the trace-off record (once).
+    fn finish(&mut self, reason: StopReason, value: i32) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        if matches!(reason, StopReason::Exited | StopReason::Signaled) {
+            self.out.exit_status = Some(if reason == StopReason::Signaled { -value } else { value });
+        }
+        let icount = std::mem::take(&mut self.icount);
+        self.out.instructions += icount as u64;
+        let r = TraceOff {
+            ts: now_ns().max(self.last_ts),
+            reason,
+            pid: self.pid,
+            tid: self.tid,
+            pc: self.pc,
+            icount,
+            value,
+        };
+        self.push_control(Record::TraceOff(r));
+    }
+}
