@@ -11,14 +11,21 @@ PACKAGES=(
     make                  # tests/programs/Makefile
     libc6-dev             # headers and crt files for the libc test programs
     binutils              # objdump, nm, addr2line, readelf, objcopy, strip
-    qemu-user             # qemu-x86_64: the instruction-sequence oracle
+    qemu-user             # qemu-x86_64 and qemu-ARCH: the instruction-sequence oracle; --qemu tracing
     valgrind              # callgrind: the per-function count oracle (+ callgrind.h)
     strace                # a second tracer for the "already traced" test
     file                  # identifying binaries when debugging failures
     coreutils             # env -i, sleep
     mount                 # mount/umount of a small tmpfs for the disk-full test
     libc6-dbg             # separate debug info of libc (post-arc symbol tests)
-    gcc-powerpc64-linux-gnu  # big-endian ELFv1 and ELF32 symbol tests (post-arc)
+    gcc-powerpc64-linux-gnu  # big-endian ELFv1 and ELF32 symbol tests (post-arc); ppc64 cross tests
+    libc6-dev-ppc64-cross    # static glibc for the ppc64 cross test program
+    gcc-powerpc64le-linux-gnu  # ppc64le cross test programs (tests/programs/cross)
+    libc6-dev-ppc64el-cross  # static glibc for them
+    gcc-s390x-linux-gnu      # s390x cross test programs
+    libc6-dev-s390x-cross
+    gcc-i686-linux-gnu       # 32-bit x86 test programs (gcc-multilib conflicts with the cross compilers)
+    libc6-dev-i386-cross
     bc                    # bench/run.sh arithmetic
 )
 

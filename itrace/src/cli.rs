@@ -102,6 +102,21 @@ pub struct RecordArgs {
     /// Attach to this running process (all its threads).
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
+    /// Trace through the GDB remote protocol: connect to a stub at HOST:PORT (`qemu-ARCH -g PORT`,
+    /// gdbserver) and step the program it holds. The architecture and symbols come from
+    /// --gdb-program (or the command after `--`, which is not run).
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["pid", "qemu"])]
+    pub gdb: Option<String>,
+    /// The ELF file of the program behind --gdb.
+    #[arg(long, value_name = "PATH", requires = "gdb")]
+    pub gdb_program: Option<PathBuf>,
+    /// Run the command under qemu-user for ARCH (ppc64le, ppc64, s390x, i386, x86_64) and trace it
+    /// from its first instruction through qemu's GDB stub.
+    #[arg(long, value_name = "ARCH", conflicts_with = "pid")]
+    pub qemu: Option<String>,
+    /// Environment variable for a program run with --qemu (repeatable); its environment is empty otherwise.
+    #[arg(long = "env", value_name = "VAR=VALUE", requires = "qemu")]
+    pub qemu_env: Vec<std::ffi::OsString>,
     /// Program to launch and its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,

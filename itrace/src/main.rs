@@ -5,6 +5,7 @@ mod cli;
 mod dump;
 mod inproc;
 mod record;
+mod remote;
 mod signals;
 mod size;
 

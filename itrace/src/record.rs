@@ -50,6 +50,9 @@ fn ncpu() -> u16 {
 }
 
 pub fn run(args: RecordArgs) -> Result<ExitCode> {
+    if args.gdb.is_some() || args.qemu.is_some() {
+        return crate::remote::run(args);
+    }
     let target = match (&args.pid, args.command.first()) {
         (Some(pid), _) => Target::Attach { pid: *pid },
         (None, Some(cmd)) => {
@@ -110,7 +113,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         endian: Endian::native(),
         version_major: VERSION_MAJOR,
         version_minor: VERSION_MINOR,
-        arch: Arch::X86_64,
+        arch: traced_arch(&target)?,
         mode,
         step_method: step,
         ncpu,
@@ -218,6 +221,20 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         crate::cli::arc(crate::cli::ArcArgs { trace: args.output.clone(), output: Some(arc_path) })?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The architecture of the program to trace, from its ELF header (x86_64 when it is not ELF,
+/// e.g. a script). Foreign programs need --qemu.
+fn traced_arch(target: &Target) -> Result<Arch> {
+    let exe = match target {
+        Target::Launch { program, .. } => program.clone(),
+        Target::Attach { pid } => PathBuf::from(format!("/proc/{pid}/exe")),
+    };
+    match itrace_arch::elf::arch_of(&exe) {
+        Some(a @ (Arch::X86_64 | Arch::I386)) => Ok(a),
+        Some(a) => bail!("{} is a {a} program: trace it with --qemu {a}", exe.display()),
+        None => Ok(Arch::X86_64),
+    }
 }
 
 fn signal_name(sig: i32) -> String {

@@ -1,0 +1,205 @@
+//! `itrace record --qemu ARCH -- PROG ARGS` and `itrace record --gdb
+//! HOST:PORT`: tracing through the GDB remote protocol (foreign
+//! architectures under qemu-user, or any stub), into the same trace format.
+
+use crate::cli::{ModeArg, RecordArgs};
+use anyhow::{anyhow, bail, Context, Result};
+use itrace_arch::elf::Program;
+use itrace_arch::gdb::{self, Connection, Qemu, RemoteOptions};
+use itrace_arch::ppc64::Ppc64;
+use itrace_arch::s390x::S390x;
+use itrace_arch::x86_64::X86;
+use itrace_format::{
+    Arch, BufferConfig, Buffers, Endian, FileHeader, Mode, StepMethod, StopReason, Summary, TraceWriter, FLAG_ICOUNT,
+    VERSION_MAJOR, VERSION_MINOR,
+};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const ARCHES: [Arch; 5] = [Arch::Ppc64le, Arch::Ppc64, Arch::S390x, Arch::I386, Arch::X86_64];
+
+fn parse_arch(name: &str) -> Result<Arch> {
+    ARCHES.into_iter().find(|a| a.name() == name).ok_or_else(|| {
+        let known: Vec<&str> = ARCHES.iter().map(|a| a.name()).collect();
+        anyhow!("unknown architecture '{name}' for --qemu (known: {})", known.join(", "))
+    })
+}
+
+fn arch_impl(arch: Arch) -> Box<dyn itrace_arch::Arch> {
+    match arch {
+        Arch::X86_64 => Box::new(X86 { compat: false }),
+        Arch::I386 => Box::new(X86 { compat: true }),
+        Arch::Ppc64le => Box::new(Ppc64 { big_endian: false }),
+        Arch::Ppc64 => Box::new(Ppc64 { big_endian: true }),
+        Arch::S390x => Box::new(S390x),
+    }
+}
+
+/// A program path as given (with a slash) or found along $PATH.
+fn find_program(cmd: &Path) -> Result<PathBuf> {
+    if cmd.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return if cmd.is_file() { Ok(cmd.to_path_buf()) } else { bail!("cannot run {}: no such file", cmd.display()) };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+        .ok_or_else(|| anyhow!("cannot run {}: command not found in PATH", cmd.display()))
+}
+
+pub fn run(args: RecordArgs) -> Result<ExitCode> {
+    let qemu_arch = args.qemu.as_deref().map(parse_arch).transpose()?;
+    let program_path = match (&args.gdb_program, args.command.first()) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(cmd)) => Some(find_program(Path::new(cmd))?),
+        (None, None) if qemu_arch.is_some() => bail!("nothing to trace: give a command after `--`"),
+        (None, None) => None,
+    };
+    let program = match &program_path {
+        Some(p) => Some(Program::read(p).with_context(|| "cannot read the program's ELF file".to_string())?),
+        None => None,
+    };
+    let elf_arch = program.as_ref().and_then(|p| p.arch);
+    let arch = match (qemu_arch, elf_arch) {
+        (Some(q), Some(e)) if q != e => {
+            bail!("{} is a {e} program, not {q}", program_path.as_deref().unwrap_or(Path::new("?")).display())
+        }
+        (Some(q), _) => q,
+        (None, Some(e)) => e,
+        (None, None) => {
+            bail!("--gdb: cannot tell the target's architecture: give its program with --gdb-program PATH (or -- PATH)")
+        }
+    };
+    let mode = match args.mode {
+        ModeArg::Normal => Mode::Normal,
+        ModeArg::Wrap => Mode::Wrap,
+        ModeArg::Continuous => Mode::Continuous,
+    };
+    const MIN: usize = 4096;
+    if args.buffer_size < MIN || args.segment_size < MIN || args.mte_size < MIN {
+        bail!("buffer, segment and MTE sizes must be at least 4K");
+    }
+
+    // Start the program (or reach the stub) before creating the trace file.
+    let (qemu, mut conn): (Option<Qemu>, Connection) = match (qemu_arch, &args.gdb) {
+        (Some(a), _) => {
+            let prog = program_path.as_deref().expect("checked above");
+            let (q, c) = gdb::launch_qemu(a, prog, &args.command, &args.qemu_env)?;
+            (Some(q), c)
+        }
+        (None, Some(addr)) => (None, Connection::connect(addr, gdb::REPLY_TIMEOUT)?),
+        (None, None) => unreachable!("remote::run is only called with --qemu or --gdb"),
+    };
+
+    let mono = now_ns();
+    let real =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let header = FileHeader {
+        endian: Endian::native(),
+        version_major: VERSION_MAJOR,
+        version_minor: VERSION_MINOR,
+        arch,
+        mode,
+        step_method: StepMethod::GdbStep,
+        ncpu: 1,
+        flags: FLAG_ICOUNT,
+        buffer_size: args.buffer_size as u64,
+        segment_size: args.segment_size as u64,
+        start_realtime_ns: real,
+        start_monotonic_ns: mono,
+    };
+    let writer = TraceWriter::create(&args.output, &header)
+        .with_context(|| format!("cannot create trace file {}", args.output.display()))?;
+    let cfg = BufferConfig {
+        mode,
+        ncpu: 1,
+        buffer_size: args.buffer_size,
+        segment_size: args.segment_size,
+        mte_size: args.mte_size,
+    };
+    let mut buffers = Buffers::new(cfg, writer);
+    crate::signals::install(args.duration).context("cannot install signal handlers")?;
+    let arch_impl = arch_impl(arch);
+    let process_name = program_path
+        .as_deref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().chars().take(15).collect())
+        .unwrap_or_default();
+    let opts = RemoteOptions {
+        arch: arch_impl.as_ref(),
+        program,
+        sysroot: gdb::cross_sysroot(arch),
+        process_name,
+        pid_hint: qemu.as_ref().map(|q| q.child.id()).unwrap_or(0),
+        launched: qemu.is_some(),
+        stop: &crate::signals::STOP,
+    };
+    let result = match gdb::record(&mut conn, &opts, &mut buffers) {
+        Ok(r) => r,
+        Err(e) => {
+            drop(buffers);
+            let _ = std::fs::remove_file(&args.output);
+            return Err(e.into());
+        }
+    };
+    drop(conn);
+    let outcome = result.outcome;
+    let stop_reason = outcome.stop_reason.unwrap_or(StopReason::Exited);
+    let summary = Summary {
+        ts: now_ns(),
+        stop_reason: stop_reason as u32,
+        instructions: outcome.instructions,
+        ..Default::default()
+    };
+    let records: u64 = buffers.records().iter().sum();
+    let lost: u64 = buffers.lost().iter().sum();
+    let finished = buffers.finish(summary);
+    let size = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
+    if let Some(mut q) = qemu {
+        // qemu exits with the program (or runs it on after a detach).
+        if result.error.is_some() {
+            drop(q);
+        } else {
+            let _ = q.child.wait();
+        }
+    }
+    finished.with_context(|| format!("cannot finish writing {}", args.output.display()))?;
+    if let Some(e) = result.error {
+        bail!("{e}; tracing stopped, the trace up to there is in {} ({size} bytes)", args.output.display());
+    }
+    if let Some(e) = outcome.write_error {
+        bail!("{e}; tracing stopped, the trace up to the failure is in {} ({size} bytes)", args.output.display());
+    }
+    let why = match stop_reason {
+        StopReason::Exited | StopReason::Signaled => "the program ended",
+        StopReason::Detached => "detached",
+        StopReason::BufferFull => "a buffer filled (normal mode); the program ran on untraced",
+        StopReason::WriteError => "the trace file could not be written",
+        _ => "tracer error",
+    };
+    eprintln!(
+        "itrace: {records} records ({} instructions, {} taken branches), {lost} lost, mode {mode}, {}, {arch}, {size} \
+         bytes in {}; tracing ended: {why}",
+        outcome.instructions,
+        outcome.branches,
+        StepMethod::GdbStep,
+        args.output.display(),
+    );
+    match outcome.exit_status {
+        Some(code) if code < 0 => eprintln!("itrace: the program was killed by signal {}", -code),
+        Some(code) if code != 0 => eprintln!("itrace: the program exited with status {code}"),
+        _ => {}
+    }
+    if args.arc {
+        let arc_path = args.output.with_extension("arc");
+        crate::cli::arc(crate::cli::ArcArgs { trace: args.output.clone(), output: Some(arc_path) })?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
