@@ -317,8 +317,11 @@ pub fn record(
         if pid != 0 && polls.is_multiple_of(100) {
             d.read_thread_names(pid);
         }
-        if mode == Mode::Continuous && drain_committed(&sh, &mut d) {
-            continue;
+        // Drain a round, then sleep: on a machine with few cores, a consumer that spins while
+        // data flows takes CPU time from the traced threads. The rings hold far more than a
+        // millisecond of records.
+        if mode == Mode::Continuous {
+            drain_committed(&sh, &mut d);
         }
         if let Some(st) = child.try_wait().context("waiting for the program")? {
             break Some(st);
