@@ -288,6 +288,19 @@ const NR_VFORK: u64 = 58;
 const NR_EXIT: u64 = 60;
 const NR_EXIT_GROUP: u64 = 231;
 const NR_CLONE3: u64 = 435;
+const NR_RT_SIGPROCMASK: u64 = 14;
+
+/// Whether the rt_sigprocmask about to run (arguments in `gregs`) blocks SIGTRAP.
+fn blocks_sigtrap(gregs: &[i64; 23]) -> bool {
+    let (how, set) = (gregs[libc::REG_RDI as usize], gregs[libc::REG_RSI as usize] as u64);
+    if set == 0 || !(how == libc::SIG_BLOCK as i64 || how == libc::SIG_SETMASK as i64) {
+        return false;
+    }
+    // SAFETY: the thread passes `set` to the kernel next; it points to at least 8 readable bytes
+    // (the kernel's sigset size on x86_64).
+    let bits = unsafe { std::ptr::read_unaligned(set as *const u64) };
+    bits & (1 << (libc::SIGTRAP - 1)) != 0
+}
 const CLONE_VM: u64 = 0x100;
 
 fn branch(kind: u16, code: u16, aux: u32, from: u64, to: u64, ts: &mut ThreadState) {
@@ -396,6 +409,17 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             if insn.flow == Flow::Syscall {
                 ts.syscall_nr = rax;
                 ts.syscall_arg0 = gregs[libc::REG_RDI as usize] as u64;
+                if rax == NR_RT_SIGPROCMASK && blocks_sigtrap(gregs) {
+                    // A raw system call is about to block SIGTRAP (glibc does it as a thread exits,
+                    // unseen by the interposed functions); a step trap while it is blocked would
+                    // kill the process. The region ends here.
+                    emit(shm::SLOT_TRACE_OFF, 7, ts.pid, pc, 0, ts.tid, ts.icount);
+                    ts.icount = 0;
+                    ts.pending = None;
+                    ts.active = false;
+                    gregs[libc::REG_EFL as usize] &= !TF;
+                    return;
+                }
                 if matches!(rax, NR_EXIT | NR_EXIT_GROUP) {
                     // It never returns: account for it now.
                     ts.icount += 1;

@@ -259,3 +259,30 @@ fn inproc_modes_with_small_buffers() {
     // The run's last event in a region is the last ITraceOff: wrap mode kept it.
     assert!(last_end.contains("region ended at ITraceOff"), "wrap keeps the end of the run: {last_end}");
 }
+
+/// exec inside a region ends it; the new image runs untraced and normally. A thread that exits
+/// inside its region ends it (the in-process recorder stops at the raw rt_sigprocmask glibc makes
+/// on the way out, which would otherwise kill the process). Both backends count the same.
+#[test]
+fn exec_and_thread_exit_inside_regions() {
+    let count = |name: &str, backend: &str, func: &str| {
+        let (report, text, rec) = trace(name, &["--region", "--backend", backend]);
+        rec.assert_success();
+        assert!(!rec.stderr.contains("killed"), "{name} ({backend}) was killed: {}", rec.stderr);
+        assert!(text.contains("# end of trace"), "{name} ({backend}): no end of region");
+        (report_self_counts(&report, &program(name)).get(func).copied().unwrap_or(0), rec.stdout.clone())
+    };
+    for backend in ["ptrace", "inproc"] {
+        let (n, out) = count("region_exec", backend, "rx_before");
+        assert!(out.contains("before exec 900") && out.contains("new image ok"), "region_exec ({backend}): {out}");
+        assert!(n > 0, "region_exec ({backend}): rx_before not traced");
+        let (m, out) = count("region_thread_exit", backend, "rte_work");
+        assert!(out.starts_with("region_thread_exit: "), "region_thread_exit ({backend}): {out}");
+        assert!(m > 0, "region_thread_exit ({backend}): rte_work not traced");
+    }
+    assert_eq!(count("region_exec", "ptrace", "rx_before").0, count("region_exec", "inproc", "rx_before").0);
+    assert_eq!(
+        count("region_thread_exit", "ptrace", "rte_work").0,
+        count("region_thread_exit", "inproc", "rte_work").0
+    );
+}
