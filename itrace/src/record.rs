@@ -106,33 +106,8 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     }
     let step = if inproc { StepMethod::InProcess } else { step };
     let ncpu = ncpu();
-    let mono = itrace_arch_now();
-    let real =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let header = FileHeader {
-        endian: Endian::native(),
-        version_major: VERSION_MAJOR,
-        version_minor: VERSION_MINOR,
-        arch: traced_arch(&target)?,
-        mode,
-        step_method: step,
-        ncpu,
-        flags: FLAG_ICOUNT | if matches!(target, Target::Launch { aslr: false, .. }) { FLAG_NO_ASLR } else { 0 },
-        buffer_size: args.buffer_size as u64,
-        segment_size: args.segment_size as u64,
-        start_realtime_ns: real,
-        start_monotonic_ns: mono,
-    };
-    let writer = TraceWriter::create(&args.output, &header)
-        .with_context(|| format!("cannot create trace file {}", args.output.display()))?;
-    let cfg = BufferConfig {
-        mode,
-        ncpu: ncpu as usize,
-        buffer_size: args.buffer_size,
-        segment_size: args.segment_size,
-        mte_size: args.mte_size,
-    };
-    let mut buffers = Buffers::new(cfg, writer);
+    let no_aslr = matches!(target, Target::Launch { aslr: false, .. });
+    let mut buffers = open_trace(&args, traced_arch(&target)?, mode, step, ncpu, no_aslr)?;
     crate::signals::install(args.duration).context("cannot install signal handlers")?;
     let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
     if args.region {
@@ -176,7 +151,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     let lost: u64 = buffers.lost().iter().sum();
     let records: u64 = buffers.records().iter().sum();
     let summary = Summary {
-        ts: itrace_arch_now(),
+        ts: ptrace::now_ns(),
         stop_reason: stop_reason as u32,
         instructions: outcome.instructions,
         ..Default::default()
@@ -241,13 +216,6 @@ fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| sig.to_string())
 }
 
-fn itrace_arch_now() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: t is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
-
 /// Where the wanted functions are in process `pid`, given its executable mappings.
 fn resolve_triggers(
     pid: i32,
@@ -285,4 +253,41 @@ fn resolve_triggers(
         return Err(format!("no function named {name} in {exe} or its libraries"));
     }
     Ok(found)
+}
+
+/// Create the trace file (header written) and the buffers that fill it.
+pub fn open_trace(
+    args: &RecordArgs,
+    arch: Arch,
+    mode: Mode,
+    step: StepMethod,
+    ncpu: u16,
+    no_aslr: bool,
+) -> Result<Buffers> {
+    let real =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let header = FileHeader {
+        endian: Endian::native(),
+        version_major: VERSION_MAJOR,
+        version_minor: VERSION_MINOR,
+        arch,
+        mode,
+        step_method: step,
+        ncpu,
+        flags: FLAG_ICOUNT | if no_aslr { FLAG_NO_ASLR } else { 0 },
+        buffer_size: args.buffer_size as u64,
+        segment_size: args.segment_size as u64,
+        start_realtime_ns: real,
+        start_monotonic_ns: ptrace::now_ns(),
+    };
+    let writer = TraceWriter::create(&args.output, &header)
+        .with_context(|| format!("cannot create trace file {}", args.output.display()))?;
+    let cfg = BufferConfig {
+        mode,
+        ncpu: ncpu as usize,
+        buffer_size: args.buffer_size,
+        segment_size: args.segment_size,
+        mte_size: args.mte_size,
+    };
+    Ok(Buffers::new(cfg, writer))
 }

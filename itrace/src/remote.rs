@@ -9,10 +9,7 @@ use itrace_arch::gdb::{self, Connection, Qemu, RemoteOptions};
 use itrace_arch::ppc64::Ppc64;
 use itrace_arch::s390x::S390x;
 use itrace_arch::x86_64::X86;
-use itrace_format::{
-    Arch, BufferConfig, Buffers, Endian, FileHeader, Mode, StepMethod, StopReason, Summary, TraceWriter, FLAG_ICOUNT,
-    VERSION_MAJOR, VERSION_MINOR,
-};
+use itrace_format::{Arch, Mode, StepMethod, StopReason, Summary};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -91,33 +88,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         (None, None) => unreachable!("remote::run is only called with --qemu or --gdb"),
     };
 
-    let mono = now_ns();
-    let real =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let header = FileHeader {
-        endian: Endian::native(),
-        version_major: VERSION_MAJOR,
-        version_minor: VERSION_MINOR,
-        arch,
-        mode,
-        step_method: StepMethod::GdbStep,
-        ncpu: 1,
-        flags: FLAG_ICOUNT,
-        buffer_size: args.buffer_size as u64,
-        segment_size: args.segment_size as u64,
-        start_realtime_ns: real,
-        start_monotonic_ns: mono,
-    };
-    let writer = TraceWriter::create(&args.output, &header)
-        .with_context(|| format!("cannot create trace file {}", args.output.display()))?;
-    let cfg = BufferConfig {
-        mode,
-        ncpu: 1,
-        buffer_size: args.buffer_size,
-        segment_size: args.segment_size,
-        mte_size: args.mte_size,
-    };
-    let mut buffers = Buffers::new(cfg, writer);
+    let mut buffers = crate::record::open_trace(&args, arch, mode, StepMethod::GdbStep, 1, false)?;
     crate::signals::install(args.duration).context("cannot install signal handlers")?;
     let arch_impl = arch_impl(arch);
     let process_name = program_path
