@@ -65,18 +65,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             bail!("no process with pid {pid}");
         }
     }
-    let mode = match args.mode {
-        ModeArg::Normal => Mode::Normal,
-        ModeArg::Wrap => Mode::Wrap,
-        ModeArg::Continuous => Mode::Continuous,
-    };
-    const MIN: usize = 4096;
-    if args.buffer_size < MIN || args.segment_size < MIN || args.mte_size < MIN {
-        bail!("buffer, segment and MTE sizes must be at least 4K");
-    }
-    if mode == Mode::Continuous && args.segment_size > 1 << 30 {
-        bail!("--segment-size must be at most 1G");
-    }
+    let mode = checked_mode(&args)?;
 
     // Block stepping only where the probe saw it stop at a branch target; the trace is the same either way.
     let block_step = args.emulate_block_step || ptrace::probe_singleblock() == BlockStep::Works;
@@ -290,4 +279,21 @@ pub fn open_trace(
         mte_size: args.mte_size,
     };
     Ok(Buffers::new(cfg, writer))
+}
+
+/// The collection mode, once the buffer sizes given for it are checked.
+pub fn checked_mode(args: &RecordArgs) -> Result<Mode> {
+    let mode = match args.mode {
+        ModeArg::Normal => Mode::Normal,
+        ModeArg::Wrap => Mode::Wrap,
+        ModeArg::Continuous => Mode::Continuous,
+    };
+    const MIN: usize = 4096;
+    if args.buffer_size < MIN || args.segment_size < MIN || args.mte_size < MIN {
+        bail!("buffer, segment and MTE sizes must be at least 4K");
+    }
+    if mode == Mode::Continuous && args.segment_size > 1 << 30 {
+        bail!("--segment-size must be at most 1G");
+    }
+    Ok(mode)
 }

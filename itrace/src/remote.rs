@@ -2,14 +2,14 @@
 //! HOST:PORT`: tracing through the GDB remote protocol (foreign
 //! architectures under qemu-user, or any stub), into the same trace format.
 
-use crate::cli::{ModeArg, RecordArgs};
+use crate::cli::RecordArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use itrace_arch::elf::Program;
 use itrace_arch::gdb::{self, Connection, Qemu, RemoteOptions};
 use itrace_arch::ppc64::Ppc64;
 use itrace_arch::s390x::S390x;
 use itrace_arch::x86_64::X86;
-use itrace_format::{Arch, Mode, StepMethod, StopReason, Summary};
+use itrace_format::{Arch, StepMethod, StopReason, Summary};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -67,15 +67,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             bail!("--gdb: cannot tell the target's architecture: give its program with --gdb-program PATH (or -- PATH)")
         }
     };
-    let mode = match args.mode {
-        ModeArg::Normal => Mode::Normal,
-        ModeArg::Wrap => Mode::Wrap,
-        ModeArg::Continuous => Mode::Continuous,
-    };
-    const MIN: usize = 4096;
-    if args.buffer_size < MIN || args.segment_size < MIN || args.mte_size < MIN {
-        bail!("buffer, segment and MTE sizes must be at least 4K");
-    }
+    let mode = crate::record::checked_mode(&args)?;
 
     // Start the program (or reach the stub) before creating the trace file.
     let (qemu, mut conn): (Option<Qemu>, Connection) = match (qemu_arch, &args.gdb) {
