@@ -30,23 +30,8 @@ struct Segment {
     path: Arc<str>,
 }
 
-/// Hasher for address keys: SipHash would cost more than the lookup it guards.
-#[derive(Default, Clone, Copy)]
-struct AddrHasher(u64);
-impl std::hash::Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100000001b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 32)).wrapping_mul(0x9e3779b97f4a7c15);
-    }
-}
-type AddrMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;
+/// Maps keyed by address: Fx hashing, as SipHash would cost more than the lookup it guards.
+type AddrMap<V> = rustc_hash::FxHashMap<u64, V>;
 
 #[derive(Clone, Default)]
 struct Space {

@@ -21,9 +21,7 @@ use nix::sys::ptrace::{self, Options};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use std::collections::HashMap;
 use std::ffi::{CString, OsString};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,26 +99,8 @@ pub enum RecordError {
     Format(#[from] FormatError),
 }
 
-/// A hasher for integer keys (addresses, tids): the std SipHash costs more than the lookups it serves.
-#[derive(Default)]
-pub(super) struct IntHasher(u64);
-impl Hasher for IntHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100000001b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0xbf58476d1ce4e5b9);
-    }
-    fn write_i32(&mut self, v: i32) {
-        self.write_u64(v as u64)
-    }
-}
-pub(super) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+/// Maps keyed by addresses and thread ids: Fx hashing, as SipHash costs more than the lookups.
+pub(super) type IntMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// The instruction a stopped thread will execute next.
 #[derive(Clone, Copy, Debug)]
