@@ -124,6 +124,28 @@ unsafe fn without_sigtrap(
     copy
 }
 
+/// Call libc's mask function `name` (sigprocmask or pthread_sigmask, same signature) with the
+/// caller's arguments, SIGTRAP taken out of `set`; `missing` is returned if libc lacks it.
+unsafe fn forward_mask(
+    slot: &AtomicUsize,
+    name: &std::ffi::CStr,
+    missing: libc::c_int,
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    let mut copy: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let set = unsafe { without_sigtrap(how, set, &mut copy) };
+    let f = real(slot, name);
+    if f == 0 {
+        return missing;
+    }
+    // SAFETY: libc's function of this signature, with the caller's (possibly filtered) arguments.
+    let f: unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int =
+        unsafe { std::mem::transmute(f) };
+    unsafe { f(how, set, old) }
+}
+
 /// `sigprocmask(2)`: never blocks SIGTRAP while the recorder is installed.
 ///
 /// # Safety
@@ -135,16 +157,8 @@ pub unsafe extern "C" fn sigprocmask(
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
     static REAL: AtomicUsize = AtomicUsize::new(0);
-    let mut copy: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let set = unsafe { without_sigtrap(how, set, &mut copy) };
-    let f = real(&REAL, c"sigprocmask");
-    if f == 0 {
-        return -1;
-    }
-    // SAFETY: libc's sigprocmask, with the caller's (possibly filtered) arguments.
-    let f: unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int =
-        unsafe { std::mem::transmute(f) };
-    unsafe { f(how, set, old) }
+    // SAFETY: the caller's arguments, as for libc's sigprocmask.
+    unsafe { forward_mask(&REAL, c"sigprocmask", -1, how, set, old) }
 }
 
 /// `pthread_sigmask(3)`: never blocks SIGTRAP while the recorder is installed.
@@ -158,14 +172,6 @@ pub unsafe extern "C" fn pthread_sigmask(
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
     static REAL: AtomicUsize = AtomicUsize::new(0);
-    let mut copy: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let set = unsafe { without_sigtrap(how, set, &mut copy) };
-    let f = real(&REAL, c"pthread_sigmask");
-    if f == 0 {
-        return libc::ENOSYS;
-    }
-    // SAFETY: libc's pthread_sigmask, with the caller's (possibly filtered) arguments.
-    let f: unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int =
-        unsafe { std::mem::transmute(f) };
-    unsafe { f(how, set, old) }
+    // SAFETY: the caller's arguments, as for libc's pthread_sigmask.
+    unsafe { forward_mask(&REAL, c"pthread_sigmask", libc::ENOSYS, how, set, old) }
 }
