@@ -3,11 +3,20 @@
 //! the ptrace recorder does (taken branches with instruction counts, system
 //! calls as a `U` INTRPT record and a `K` IRET record).
 //!
-//! Round trips are the cost (about 8,000 per second on loopback), so a step
-//! of an instruction that cannot branch does not read the pc back: after a
-//! SIGTRAP stop it is the next instruction. Branches, system calls and
-//! signals read it. Code of read-only segments of the program is decoded
-//! once.
+//! Round trips are the cost (about 8,000 per second on loopback), so the
+//! recorder avoids them where the code tells the answer:
+//! - in read-only code (decoded once), a straight run of instructions that
+//!   cannot branch is not stepped: a breakpoint on the run's last
+//!   instruction (the branch; breakpoints stay in place) and one continue
+//!   execute it, and the run's length is its instruction count;
+//! - after stepping a direct jump or call the pc is its target, and after
+//!   a conditional branch whose two successors end their runs at different
+//!   branches, the continue is sent at once with breakpoints on both ends:
+//!   where it stops tells the way the branch went, with one pc read for
+//!   both;
+//! - a step of an instruction that cannot branch does not read the pc back.
+//!
+//! Returns, indirect branches, system calls and signals read it.
 //!
 //! Stepping quirks handled here (qemu-user 7.2's stub):
 //! - stepping a system call instruction on PowerPC (`sc`) and i386
@@ -28,12 +37,16 @@ use itrace_format::{
     branch_flags, Branch, BranchKind, Buffers, FormatError, Mte, Push, Record, StopReason, TraceOff, TraceOn,
     TraceOnReason, BRANCH_RECORD_LEN,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Longest load-reserve/store-conditional sequence stepped over (as gdb and SystemTap do).
 const MAX_ATOMIC_SEQUENCE: u64 = 16;
+/// Longest straight run decoded ahead; a longer one is run in pieces by stepping.
+const MAX_RUN: u32 = 4096;
+/// Shortest run worth a continue (a breakpoint the first time, then one round trip) over steps.
+const MIN_RUN: u32 = 2;
 /// The CPU number written in records: the stub does not say where the target runs.
 const CPU: usize = 0;
 /// Linux auxiliary vector keys (elf.h).
@@ -87,6 +100,14 @@ impl Code {
     }
 }
 
+/// A straight run of read-only code: `len` instructions that cannot branch, then the
+/// instruction at `end` that can (or that needs care: a system call, a load-reserve).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    end: u64,
+    len: u32,
+}
+
 struct Session<'a> {
     conn: &'a mut Connection,
     opts: &'a RemoteOptions<'a>,
@@ -98,6 +119,10 @@ struct Session<'a> {
     code: HashMap<u64, Code>,
     /// Address ranges of read-only code (program and loader segments, biased).
     read_only: Vec<(u64, u64)>,
+    /// Straight runs by start address (`None`: not read-only code, or too long).
+    runs: HashMap<u64, Option<Run>>,
+    /// Breakpoints left in place at run ends.
+    breakpoints: HashSet<u64>,
     pid: u32,
     tid: u32,
     /// Instructions since the last record.
@@ -137,6 +162,8 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         nr_reg,
         code: HashMap::new(),
         read_only: Vec::new(),
+        runs: HashMap::new(),
+        breakpoints: HashSet::new(),
         pid,
         tid,
         icount: 0,
@@ -193,7 +220,7 @@ impl Session<'_> {
         let insn = self.opts.arch.decode(pc, &bytes);
         let mut c = Code { insn, bytes: [0; 8], nbytes: bytes.len().min(8) as u8 };
         c.bytes[..c.nbytes as usize].copy_from_slice(&bytes[..c.nbytes as usize]);
-        if self.read_only.iter().any(|&(s, e)| pc >= s && pc < e) {
+        if self.in_read_only(pc) {
             self.code.insert(pc, c);
         }
         Ok(c)
@@ -265,12 +292,20 @@ impl Session<'_> {
     }
 
     fn run(&mut self) -> Result<(), GdbError> {
-        let mut current = self.fetch(self.pc)?;
         while !self.finished {
             if self.opts.stop.load(Ordering::Relaxed) {
                 self.detach()?;
                 break;
             }
+            if let Some(run) = self.run_from(self.pc)? {
+                if run.len >= MIN_RUN {
+                    self.continue_run(run)?;
+                    if self.finished || self.opts.stop.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                }
+            }
+            let current = self.fetch(self.pc)?;
             if current.insn.flow == Flow::Syscall {
                 self.step_syscall(current)?;
             } else if self.opts.arch.reservation(current.bytes()) == Reservation::Load {
@@ -278,9 +313,121 @@ impl Session<'_> {
             } else {
                 self.step_one(current)?;
             }
-            if !self.finished {
-                current = self.fetch(self.pc)?;
+        }
+        Ok(())
+    }
+
+    fn in_read_only(&self, pc: u64) -> bool {
+        self.read_only.iter().any(|&(s, e)| pc >= s && pc < e)
+    }
+
+    /// The instruction ends a straight run: it may branch, or needs stepping with care.
+    fn ends_run(&self, c: &Code) -> bool {
+        !matches!(c.insn.flow, Flow::Next | Flow::RepString)
+            || self.opts.arch.reservation(c.bytes()) != Reservation::None
+    }
+
+    /// The straight run starting at `pc`, when it lies in read-only code.
+    fn run_from(&mut self, pc: u64) -> Result<Option<Run>, GdbError> {
+        if let Some(r) = self.runs.get(&pc) {
+            return Ok(*r);
+        }
+        let mut a = pc;
+        let mut run = None;
+        for len in 0..MAX_RUN {
+            if !self.in_read_only(a) {
+                break;
             }
+            let c = self.fetch(a)?;
+            if self.ends_run(&c) {
+                run = Some(Run { end: a, len });
+                break;
+            }
+            a = a.wrapping_add(c.insn.len as u64);
+        }
+        self.runs.insert(pc, run);
+        Ok(run)
+    }
+
+    /// Instructions from `start` up to (not including) `pc`, when `pc` is on the run from `start`.
+    fn run_count_to(&mut self, start: u64, run: Run, pc: u64) -> Result<Option<u32>, GdbError> {
+        let mut a = start;
+        for n in 0..=run.len {
+            if a == pc {
+                return Ok(Some(n));
+            }
+            a = a.wrapping_add(self.fetch(a)?.insn.len as u64);
+        }
+        Ok(None)
+    }
+
+    fn insert_breakpoint(&mut self, addr: u64) -> Result<(), GdbError> {
+        if self.breakpoints.insert(addr) {
+            let kind = self.info.breakpoint_kind;
+            self.conn.request_ok(format!("Z0,{addr:x},{kind}").as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// A continue from a breakpoint's own address stops there at once: take out the one at the
+    /// pc (a run end that is a system call or load-reserve; it goes back in when next needed).
+    fn lift_breakpoint_here(&mut self) -> Result<(), GdbError> {
+        if self.breakpoints.remove(&self.pc) {
+            let kind = self.info.breakpoint_kind;
+            self.conn.request_ok(format!("z0,{:x},{kind}", self.pc).as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Breakpoints for one continue, where none stays already; returns those placed.
+    fn insert_temporary_breakpoints(&mut self, addrs: &[u64]) -> Result<Vec<u64>, GdbError> {
+        let kind = self.info.breakpoint_kind;
+        let mut placed = Vec::new();
+        for &addr in addrs {
+            if !self.breakpoints.contains(&addr) && !placed.contains(&addr) {
+                self.conn.request_ok(format!("Z0,{addr:x},{kind}").as_bytes())?;
+                placed.push(addr);
+            }
+        }
+        Ok(placed)
+    }
+
+    fn remove_temporary_breakpoints(&mut self, placed: &[u64]) -> Result<(), GdbError> {
+        let kind = self.info.breakpoint_kind;
+        for addr in placed {
+            self.conn.request_ok(format!("z0,{addr:x},{kind}").as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Execute the straight run at `self.pc` with one continue to the breakpoint at its end.
+    fn continue_run(&mut self, run: Run) -> Result<(), GdbError> {
+        let start = self.pc;
+        self.insert_breakpoint(run.end)?;
+        self.conn.send(b"c")?;
+        match self.conn.recv_stop_waiting(self.opts.stop)? {
+            StopReply::Signal { sig: 5, .. } => {
+                // The only breakpoint on the run is at its end.
+                self.icount += run.len;
+                self.pc = run.end;
+            }
+            StopReply::Signal { sig, .. } => {
+                // A signal (or our ^C) stopped it on the way: count up to where it is.
+                let pc = self.read_reg(self.pc_reg)?;
+                let Some(n) = self.run_count_to(start, run, pc)? else {
+                    return Err(GdbError::Malformed(format!(
+                        "the run from {start:#x} to {:#x} stopped at {pc:#x}, outside it",
+                        run.end
+                    )));
+                };
+                self.icount += n;
+                self.pc = pc;
+                if sig != 2 || !self.opts.stop.load(Ordering::Relaxed) {
+                    self.signal(sig)?;
+                }
+            }
+            StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
+            StopReply::Killed(sig) => self.finish(StopReason::Signaled, sig as i32),
         }
         Ok(())
     }
@@ -289,8 +436,18 @@ impl Session<'_> {
     fn detach(&mut self) -> Result<(), GdbError> {
         self.finish(StopReason::Detached, 0);
         self.out.stop_reason = Some(StopReason::Detached);
+        self.remove_breakpoints()?;
         let _ = self.conn.request(b"D")?;
         self.conn.flush_ack()
+    }
+
+    /// Take out the breakpoints left at run ends (a stub need not do it on detach).
+    fn remove_breakpoints(&mut self) -> Result<(), GdbError> {
+        let kind = self.info.breakpoint_kind;
+        for addr in std::mem::take(&mut self.breakpoints) {
+            self.conn.request_ok(format!("z0,{addr:x},{kind}").as_bytes())?;
+        }
+        Ok(())
     }
 
     fn step(&mut self) -> Result<StopReply, GdbError> {
@@ -298,27 +455,40 @@ impl Session<'_> {
         parse_stop_reply(&self.conn.recv()?)
     }
 
-    /// Step one ordinary instruction.
+    /// Step one ordinary instruction (or branch).
     fn step_one(&mut self, c: Code) -> Result<(), GdbError> {
         let pc = self.pc;
         let next = pc.wrapping_add(c.insn.len as u64);
         match self.step()? {
             StopReply::Signal { sig: 5, .. } => {
-                // A non-branch completed: the pc is the next instruction; no need to ask.
-                let new_pc = if c.insn.flow == Flow::Next { next } else { self.read_reg(self.pc_reg)? };
-                match c.insn.flow {
-                    Flow::RepString if new_pc == pc => {} // another iteration of one instruction
-                    flow => {
+                if c.insn.flow == Flow::RepString {
+                    // Another iteration of one instruction, or done.
+                    let new_pc = self.read_reg(self.pc_reg)?;
+                    if new_pc != pc {
                         self.icount += 1;
-                        if flow.always_branches() || new_pc != next {
-                            let kind = if matches!(flow, Flow::Next | Flow::RepString) {
-                                BranchKind::Other
-                            } else {
-                                flow.branch_kind()
-                            };
-                            self.branch(now_ns(), pc, new_pc, kind, 0, 0);
+                        if new_pc != next {
+                            self.branch(now_ns(), pc, new_pc, BranchKind::Other, 0, 0);
                         }
                     }
+                    self.pc = new_pc;
+                    return Ok(());
+                }
+                self.icount += 1;
+                let new_pc = match (c.insn.flow, c.insn.target) {
+                    // A non-branch completed: the pc is the next instruction; no need to ask.
+                    (Flow::Next, _) => next,
+                    (Flow::Jump | Flow::Call, Some(target)) => target,
+                    (Flow::CondJump | Flow::CondCall, Some(target)) => {
+                        if self.resolve_conditional(pc, c.insn.flow, target, next)? {
+                            return Ok(());
+                        }
+                        self.read_reg(self.pc_reg)?
+                    }
+                    _ => self.read_reg(self.pc_reg)?,
+                };
+                if c.insn.flow.always_branches() || new_pc != next {
+                    let kind = if c.insn.flow == Flow::Next { BranchKind::Other } else { c.insn.flow.branch_kind() };
+                    self.branch(now_ns(), pc, new_pc, kind, 0, 0);
                 }
                 self.pc = new_pc;
             }
@@ -327,6 +497,57 @@ impl Session<'_> {
             StopReply::Killed(sig) => self.finish(StopReason::Signaled, sig as i32),
         }
         Ok(())
+    }
+
+    /// After stepping the conditional branch at `from` (counted): when its two successors start
+    /// runs that end at different branches, run on with one continue to whichever end comes and
+    /// tell the way it went from where it stopped. `false` when the runs cannot tell (the caller
+    /// reads the pc).
+    fn resolve_conditional(&mut self, from: u64, flow: Flow, target: u64, next: u64) -> Result<bool, GdbError> {
+        let (Some(taken), Some(fall)) = (self.run_from(target)?, self.run_from(next)?) else { return Ok(false) };
+        // A run of length 0 would stop at once on a breakpoint where it starts.
+        if taken.end == fall.end || taken.len == 0 || fall.len == 0 || target == next {
+            return Ok(false);
+        }
+        self.insert_breakpoint(taken.end)?;
+        self.insert_breakpoint(fall.end)?;
+        self.conn.send(b"c")?;
+        let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
+        let sig = match stop {
+            StopReply::Signal { sig, .. } => sig,
+            StopReply::Exited(code) => {
+                self.finish(StopReason::Exited, code as i32);
+                return Ok(true);
+            }
+            StopReply::Killed(s) => {
+                self.finish(StopReason::Signaled, s as i32);
+                return Ok(true);
+            }
+        };
+        let pc = self.read_reg(self.pc_reg)?;
+        // The two runs are disjoint (runs that meet end at the same branch), so `pc` is on one.
+        let (went_to_target, n) = if sig == 5 && pc == taken.end {
+            (true, taken.len)
+        } else if sig == 5 && pc == fall.end {
+            (false, fall.len)
+        } else if let Some(n) = self.run_count_to(target, taken, pc)? {
+            (true, n)
+        } else if let Some(n) = self.run_count_to(next, fall, pc)? {
+            (false, n)
+        } else {
+            return Err(GdbError::Malformed(format!(
+                "after the branch at {from:#x} the target stopped at {pc:#x}, on neither way"
+            )));
+        };
+        if went_to_target {
+            self.branch(now_ns(), from, target, flow.branch_kind(), 0, 0);
+        }
+        self.icount += n;
+        self.pc = pc;
+        if sig != 5 && (sig != 2 || !self.opts.stop.load(Ordering::Relaxed)) {
+            self.signal(sig)?;
+        }
+        Ok(true)
     }
 
     /// The program received signal `sig` at `self.pc` (the instruction there did not complete):
@@ -356,13 +577,13 @@ impl Session<'_> {
             None => self.read_reg(self.nr_reg)?,
         };
         let ts = now_ns();
-        let bp = format!("{next:x},{}", self.info.breakpoint_kind);
         let stop = if self.info.step_runs_past_syscall {
-            self.conn.request_ok(format!("Z0,{bp}").as_bytes())?;
+            self.lift_breakpoint_here()?;
+            let placed = self.insert_temporary_breakpoints(&[next])?;
             self.conn.send(b"c")?;
             let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
             if matches!(stop, StopReply::Signal { .. }) {
-                self.conn.request_ok(format!("z0,{bp}").as_bytes())?;
+                self.remove_temporary_breakpoints(&placed)?;
             }
             stop
         } else {
@@ -425,16 +646,12 @@ impl Session<'_> {
                 stops.push(t);
             }
         }
-        let kind = self.info.breakpoint_kind;
-        for &b in &stops {
-            self.conn.request_ok(format!("Z0,{b:x},{kind}").as_bytes())?;
-        }
+        self.lift_breakpoint_here()?;
+        let placed = self.insert_temporary_breakpoints(&stops)?;
         self.conn.send(b"c")?;
         let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
         if matches!(stop, StopReply::Signal { .. }) {
-            for &b in &stops {
-                self.conn.request_ok(format!("z0,{b:x},{kind}").as_bytes())?;
-            }
+            self.remove_temporary_breakpoints(&placed)?;
         }
         match stop {
             StopReply::Signal { sig: 5, .. } => {
@@ -547,7 +764,7 @@ impl Session<'_> {
         }
         self.finish(reason, 0);
         self.out.stop_reason = Some(reason);
-        if self.conn.request(b"D").is_ok() {
+        if self.remove_breakpoints().is_ok() && self.conn.request(b"D").is_ok() {
             let _ = self.conn.flush_ack();
         }
     }
