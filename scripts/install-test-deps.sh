@@ -13,6 +13,7 @@ PACKAGES=(
     binutils              # objdump, nm, addr2line, readelf, objcopy, strip
     qemu-user             # qemu-x86_64 and qemu-ARCH: the instruction-sequence oracle; --qemu tracing
     valgrind              # callgrind: the per-function count oracle (+ callgrind.h)
+    gdbserver             # a real GDB stub for the --gdb recorder tests
     strace                # a second tracer for the "already traced" test
     file                  # identifying binaries when debugging failures
     coreutils             # env -i, sleep

@@ -95,6 +95,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         process_name,
         pid_hint: qemu.as_ref().map(|q| q.child.id()).unwrap_or(0),
         launched: qemu.is_some(),
+        stub_steps_over_breakpoints: qemu.is_some(),
         stop: &crate::signals::STOP,
     };
     let result = match gdb::record(&mut conn, &opts, &mut buffers) {

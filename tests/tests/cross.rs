@@ -560,12 +560,3 @@ fn stub_killed_mid_trace_leaves_a_valid_trace() {
     let report = report_json(&trace);
     assert!(report["total_instructions"].as_u64().unwrap() > 100, "partial trace: {report}");
 }
-
-/// Whether a local TCP port is in the LISTEN state (from /proc/net/tcp).
-fn listening(port: u16) -> bool {
-    let t = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    t.lines().skip(1).any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.len() > 3 && f[1].ends_with(&format!(":{port:04X}")) && f[3] == "0A"
-    })
-}

@@ -47,6 +47,9 @@ const MAX_ATOMIC_SEQUENCE: u64 = 16;
 const MAX_RUN: u32 = 4096;
 /// Shortest run worth a continue (a breakpoint the first time, then one round trip) over steps.
 const MIN_RUN: u32 = 2;
+/// The same where a breakpoint must come out before stepping from its address and go back in
+/// the next time (two more round trips per run).
+const MIN_RUN_LIFTING: u32 = 4;
 /// The CPU number written in records: the stub does not say where the target runs.
 const CPU: usize = 0;
 /// Linux auxiliary vector keys (elf.h).
@@ -67,6 +70,9 @@ pub struct RemoteOptions<'a> {
     pub pid_hint: u32,
     /// The stub started the program (qemu-user `-g`): the first stop is its first instruction.
     pub launched: bool,
+    /// A step from a breakpoint's own address runs the instruction there (qemu-user's stub, which
+    /// itrace started itself); otherwise breakpoints are taken out before such a step.
+    pub stub_steps_over_breakpoints: bool,
     /// Set by a signal handler or timer: stop tracing and detach.
     pub stop: &'a AtomicBool,
 }
@@ -113,8 +119,11 @@ struct Session<'a> {
     opts: &'a RemoteOptions<'a>,
     info: RemoteInfo,
     buffers: &'a mut Buffers,
+    regs: RegisterMap,
     pc_reg: Register,
     nr_reg: Register,
+    /// The stub answers `p` with nothing: registers come from `g`.
+    g_only: bool,
     /// Decoded instructions of read-only code.
     code: HashMap<u64, Code>,
     /// Address ranges of read-only code (program and loader segments, biased).
@@ -129,6 +138,8 @@ struct Session<'a> {
     icount: u32,
     /// The instruction the target executes next.
     pc: u64,
+    /// The pc as the last stop reply gave it (stubs that send registers with stops).
+    stop_pc: Option<u64>,
     out: RecordOutcome,
     rec: [u8; BRANCH_RECORD_LEN],
     last_ts: u64,
@@ -140,14 +151,18 @@ struct Session<'a> {
 /// `Err`; later ones end the trace cleanly and come back in [`RemoteOutcome::error`].
 pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers) -> Result<RemoteOutcome, GdbError> {
     let info = opts.arch.remote();
-    // qemu 7.2 needs the target description read before any register access.
+    // No QStartNoAckMode even where offered: gdbserver 13 in that mode runs a step after a
+    // removed breakpoint to the program's end.
     let _ = conn.request(b"qSupported:xmlRegisters=i386,ppc,s390x;swbreak+")?;
+    // gdbserver describes the target only once a thread is selected; qemu 7.2 needs the
+    // description read before any register access.
+    let _ = conn.request(b"Hg0")?;
     let regs = RegisterMap::fetch(conn)?;
     let pc_reg = regs.get(info.pc_reg)?;
     let nr_reg = regs.get(info.syscall_nr_reg)?;
     let first = parse_stop_reply(&conn.request(b"?")?)?;
-    let (pid, tid) = match first {
-        StopReply::Signal { thread: Some((pid, tid)), .. } => (pid.unwrap_or(tid), tid),
+    let (pid, tid) = match &first {
+        &StopReply::Signal { thread: Some((pid, tid)), .. } => (pid.unwrap_or(tid), tid),
         StopReply::Signal { thread: None, .. } => (opts.pid_hint, opts.pid_hint),
         StopReply::Exited(_) | StopReply::Killed(_) => {
             return Err(GdbError::Malformed("the target has already exited".into()))
@@ -158,8 +173,10 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         opts,
         info,
         buffers,
+        regs,
         pc_reg,
         nr_reg,
+        g_only: false,
         code: HashMap::new(),
         read_only: Vec::new(),
         runs: HashMap::new(),
@@ -168,11 +185,13 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         tid,
         icount: 0,
         pc: 0,
+        stop_pc: None,
         out: RecordOutcome::default(),
         rec: [0; BRANCH_RECORD_LEN],
         last_ts: 0,
         finished: false,
     };
+    s.note_stop(first);
     s.pc = s.read_reg(s.pc_reg)?;
     s.module_table()?;
     let ts = now_ns();
@@ -191,11 +210,53 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
 }
 
 impl Session<'_> {
+    /// Keep the pc a stop reply carries, so that reading it costs no round trip.
+    fn note_stop(&mut self, stop: StopReply) -> StopReply {
+        self.stop_pc = match &stop {
+            StopReply::Signal { registers, .. } => registers
+                .iter()
+                .find(|(n, _)| *n == self.pc_reg.number)
+                .and_then(|(_, v)| registers::value(&v[..v.len().min(8)], self.info.big_endian).ok()),
+            _ => None,
+        };
+        stop
+    }
+
+    /// Wait for the stop after a continue (however long), with ^C when asked to stop.
+    fn wait_stop(&mut self) -> Result<StopReply, GdbError> {
+        let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
+        Ok(self.note_stop(stop))
+    }
+
+    /// The stop reply to a step or signal delivery.
+    fn recv_stop(&mut self) -> Result<StopReply, GdbError> {
+        let stop = parse_stop_reply(&self.conn.recv()?)?;
+        Ok(self.note_stop(stop))
+    }
+
     fn read_reg(&mut self, r: Register) -> Result<u64, GdbError> {
-        let reply = self.conn.request(format!("p{:x}", r.number).as_bytes())?;
-        let bytes = super::protocol::from_hex(&reply).map_err(|_| {
-            GdbError::Malformed(format!("register {} read as {:?}", r.number, String::from_utf8_lossy(&reply)))
-        })?;
+        if r.number == self.pc_reg.number {
+            if let Some(pc) = self.stop_pc {
+                return Ok(pc);
+            }
+        }
+        let malformed = |reply: &[u8]| {
+            GdbError::Malformed(format!("register {} read as {:?}", r.number, String::from_utf8_lossy(reply)))
+        };
+        let mut reply = Vec::new();
+        if !self.g_only {
+            reply = self.conn.request(format!("p{:x}", r.number).as_bytes())?;
+            // gdbserver on x86 has no `p`: all registers at once with `g`.
+            self.g_only = reply.is_empty();
+        }
+        let bytes = if self.g_only {
+            let all = self.conn.request(b"g")?;
+            let all = super::protocol::from_hex(&all).map_err(|_| malformed(&all))?;
+            let at = self.regs.g_offset(r);
+            all.get(at..at + r.bits as usize / 8).ok_or_else(|| malformed(&reply))?.to_vec()
+        } else {
+            super::protocol::from_hex(&reply).map_err(|_| malformed(&reply))?
+        };
         // A 64-bit register of a 32-bit target description is not expected; keep what fits.
         let bytes = &bytes[..bytes.len().min(8)];
         registers::value(bytes, self.info.big_endian)
@@ -298,7 +359,7 @@ impl Session<'_> {
                 break;
             }
             if let Some(run) = self.run_from(self.pc)? {
-                if run.len >= MIN_RUN {
+                if run.len >= self.min_run() {
                     self.continue_run(run)?;
                     if self.finished || self.opts.stop.load(Ordering::Relaxed) {
                         continue;
@@ -315,6 +376,14 @@ impl Session<'_> {
             }
         }
         Ok(())
+    }
+
+    fn min_run(&self) -> u32 {
+        if self.opts.stub_steps_over_breakpoints {
+            MIN_RUN
+        } else {
+            MIN_RUN_LIFTING
+        }
     }
 
     fn in_read_only(&self, pc: u64) -> bool {
@@ -405,7 +474,7 @@ impl Session<'_> {
         let start = self.pc;
         self.insert_breakpoint(run.end)?;
         self.conn.send(b"c")?;
-        match self.conn.recv_stop_waiting(self.opts.stop)? {
+        match self.wait_stop()? {
             StopReply::Signal { sig: 5, .. } => {
                 // The only breakpoint on the run is at its end.
                 self.icount += run.len;
@@ -450,9 +519,16 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// Step the instruction at `self.pc`. From a breakpoint's own address, qemu-user's stub runs
+    /// the instruction, while gdbserver executes its trap instead and reports the breakpoint again
+    /// (and misbehaves after that): with stubs not known to step over, the breakpoint comes out
+    /// first (it goes back in when a run ends there again).
     fn step(&mut self) -> Result<StopReply, GdbError> {
+        if !self.opts.stub_steps_over_breakpoints {
+            self.lift_breakpoint_here()?;
+        }
         self.conn.send(b"s")?;
-        parse_stop_reply(&self.conn.recv()?)
+        self.recv_stop()
     }
 
     /// Step one ordinary instruction (or branch).
@@ -504,6 +580,11 @@ impl Session<'_> {
     /// tell the way it went from where it stopped. `false` when the runs cannot tell (the caller
     /// reads the pc).
     fn resolve_conditional(&mut self, from: u64, flow: Flow, target: u64, next: u64) -> Result<bool, GdbError> {
+        // Where breakpoints come out before a step, the breakpoint at a run end is out half the
+        // time: plain reads of the pc and the main loop's runs do as well.
+        if !self.opts.stub_steps_over_breakpoints {
+            return Ok(false);
+        }
         let (Some(taken), Some(fall)) = (self.run_from(target)?, self.run_from(next)?) else { return Ok(false) };
         // A run of length 0 would stop at once on a breakpoint where it starts.
         if taken.end == fall.end || taken.len == 0 || fall.len == 0 || target == next {
@@ -512,7 +593,7 @@ impl Session<'_> {
         self.insert_breakpoint(taken.end)?;
         self.insert_breakpoint(fall.end)?;
         self.conn.send(b"c")?;
-        let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
+        let stop = self.wait_stop()?;
         let sig = match stop {
             StopReply::Signal { sig, .. } => sig,
             StopReply::Exited(code) => {
@@ -556,7 +637,7 @@ impl Session<'_> {
         let pc = self.pc;
         self.branch(now_ns(), pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, sig as u64);
         self.conn.send(format!("S{sig:02x}").as_bytes())?;
-        match parse_stop_reply(&self.conn.recv()?)? {
+        match self.recv_stop()? {
             StopReply::Signal { .. } => {
                 let to = self.read_reg(self.pc_reg)?;
                 self.kernel_return(to, branch_flags::SIGNAL, sig as u64);
@@ -581,15 +662,18 @@ impl Session<'_> {
             self.lift_breakpoint_here()?;
             let placed = self.insert_temporary_breakpoints(&[next])?;
             self.conn.send(b"c")?;
-            let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
+            let stop = self.wait_stop()?;
             if matches!(stop, StopReply::Signal { .. }) {
                 self.remove_temporary_breakpoints(&placed)?;
             }
             stop
         } else {
+            if !self.opts.stub_steps_over_breakpoints {
+                self.lift_breakpoint_here()?;
+            }
             // The system call may block: wait as long as it takes (^C on a stop request).
             self.conn.send(b"s")?;
-            self.conn.recv_stop_waiting(self.opts.stop)?
+            self.wait_stop()?
         };
         self.icount += 1;
         self.branch(ts, pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, nr);
@@ -649,7 +733,7 @@ impl Session<'_> {
         self.lift_breakpoint_here()?;
         let placed = self.insert_temporary_breakpoints(&stops)?;
         self.conn.send(b"c")?;
-        let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
+        let stop = self.wait_stop()?;
         if matches!(stop, StopReply::Signal { .. }) {
             self.remove_temporary_breakpoints(&placed)?;
         }

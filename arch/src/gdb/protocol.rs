@@ -38,11 +38,12 @@ pub enum GdbError {
 }
 
 /// Why the target stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StopReply {
     /// Stopped with this signal (5, SIGTRAP, after a step or at a breakpoint); `thread` when the
-    /// stub said which (`T05thread:p<pid>.<tid>;` or `thread:<tid>;`).
-    Signal { sig: u8, thread: Option<(Option<u32>, u32)> },
+    /// stub said which (`T05thread:p<pid>.<tid>;` or `thread:<tid>;`), and the registers it sent
+    /// along (`T05...;10:<hex>;`: gdbserver sends the pc, qemu-user sends none).
+    Signal { sig: u8, thread: Option<(Option<u32>, u32)>, registers: Vec<(u32, Vec<u8>)> },
     /// `Wxx`: the process exited with this status.
     Exited(u8),
     /// `Xxx`: the process was killed by this signal.
@@ -126,16 +127,26 @@ pub fn parse_stop_reply(p: &[u8]) -> Result<StopReply, GdbError> {
     let bad = || GdbError::Malformed(format!("unexpected stop reply {:?}", String::from_utf8_lossy(p)));
     let code = |s: &[u8]| -> Result<u8, GdbError> { Ok(from_hex(s.get(..2).ok_or_else(bad)?)?[0]) };
     match p.first() {
-        Some(b'S') => Ok(StopReply::Signal { sig: code(&p[1..])?, thread: None }),
+        Some(b'S') => Ok(StopReply::Signal { sig: code(&p[1..])?, thread: None, registers: Vec::new() }),
         Some(b'T') => {
             let sig = code(&p[1..])?;
             let mut thread = None;
+            let mut registers = Vec::new();
             for field in p[3..].split(|&b| b == b';') {
-                if let Some(v) = field.strip_prefix(b"thread:") {
-                    thread = Some(parse_thread_id(v)?);
+                let Some(colon) = field.iter().position(|&b| b == b':') else { continue };
+                let (key, value) = (&field[..colon], &field[colon + 1..]);
+                if key == b"thread" {
+                    thread = Some(parse_thread_id(value)?);
+                } else if !key.is_empty() && key.iter().all(u8::is_ascii_hexdigit) {
+                    // A register: `NN:<value in target byte order>`; other keys (core, swbreak,
+                    // watch, ...) are not needed.
+                    // `xx...`: unavailable; leave it out.
+                    if let Ok(v) = from_hex(value) {
+                        registers.push((parse_hex_u64(key)? as u32, v));
+                    }
                 }
             }
-            Ok(StopReply::Signal { sig, thread })
+            Ok(StopReply::Signal { sig, thread, registers })
         }
         Some(b'W') => Ok(StopReply::Exited(code(&p[1..])?)),
         Some(b'X') => Ok(StopReply::Killed(code(&p[1..])?)),
@@ -408,14 +419,23 @@ mod tests {
 
     #[test]
     fn parses_stop_replies() {
-        assert_eq!(parse_stop_reply(b"S05").unwrap(), StopReply::Signal { sig: 5, thread: None });
+        assert_eq!(parse_stop_reply(b"S05").unwrap(), StopReply::Signal { sig: 5, thread: None, registers: vec![] });
         assert_eq!(
             parse_stop_reply(b"T05thread:p1a.1b;").unwrap(),
-            StopReply::Signal { sig: 5, thread: Some((Some(0x1a), 0x1b)) }
+            StopReply::Signal { sig: 5, thread: Some((Some(0x1a), 0x1b)), registers: vec![] }
         );
         assert_eq!(
             parse_stop_reply(b"T0bthread:2f;").unwrap(),
-            StopReply::Signal { sig: 11, thread: Some((None, 0x2f)) }
+            StopReply::Signal { sig: 11, thread: Some((None, 0x2f)), registers: vec![] }
+        );
+        // gdbserver's form (after run-length decoding): registers, thread, core, swbreak.
+        assert_eq!(
+            parse_stop_reply(b"T0506:0000000000000000;10:0010400000000000;thread:p73e6.73e6;core:1;swbreak:;").unwrap(),
+            StopReply::Signal {
+                sig: 5,
+                thread: Some((Some(0x73e6), 0x73e6)),
+                registers: vec![(6, vec![0; 8]), (0x10, vec![0, 0x10, 0x40, 0, 0, 0, 0, 0])],
+            }
         );
         assert_eq!(parse_stop_reply(b"W00").unwrap(), StopReply::Exited(0));
         assert_eq!(parse_stop_reply(b"W01;process:12").unwrap(), StopReply::Exited(1));

@@ -102,6 +102,11 @@ impl RegisterMap {
         Ok(())
     }
 
+    /// Byte offset of `r` in a `g` reply: registers are laid out in number order.
+    pub fn g_offset(&self, r: Register) -> usize {
+        self.registers.values().filter(|o| o.number < r.number).map(|o| o.bits as usize / 8).sum()
+    }
+
     pub fn get(&self, name: &str) -> Result<Register, GdbError> {
         self.registers
             .get(name)

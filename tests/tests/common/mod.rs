@@ -1412,3 +1412,13 @@ pub fn nonexistent_pid() -> u32 {
     assert!(!Path::new(&format!("/proc/{max}")).exists());
     max
 }
+
+/// Whether a local TCP port is in the LISTEN state (from /proc/net/tcp), without connecting to it
+/// (qemu's and gdbserver's stubs take one connection).
+pub fn listening(port: u16) -> bool {
+    let t = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    t.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[1].ends_with(&format!(":{port:04X}")) && f[3] == "0A"
+    })
+}

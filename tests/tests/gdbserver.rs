@@ -1,0 +1,67 @@
+//! `itrace record --gdb` against a real gdbserver (Debian's, on this
+//! machine's own x86_64 programs): the stub sends registers with its stop
+//! replies, has no `p` packet on x86, and reports a breakpoint again
+//! instead of stepping from its address. The traces of the freestanding
+//! programs equal the qemu oracle's blocks and the hand counts, as the
+//! ptrace recorder's do.
+
+mod common;
+
+use common::*;
+use std::process::{Command, Stdio};
+
+/// Start `gdbserver` on `program` at a free port; the recorder connects to it.
+fn gdbserver(program: &std::path::Path) -> (KillOnDrop, u16) {
+    let gdbserver = require_tool("gdbserver");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(gdbserver)
+        .env_clear()
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(program)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start gdbserver");
+    let guard = KillOnDrop(child);
+    wait_until("gdbserver listens", || listening(port));
+    (guard, port)
+}
+
+fn check(name: &str, hand_count: u64) {
+    let bin = program(name);
+    let oracle = Oracle::of(&bin, &[]);
+    assert_eq!(oracle.instructions, hand_count, "{name}: the oracle against the hand count");
+    let dir = test_dir(&format!("gdbserver-{name}"));
+    let trace = dir.join("t.itr");
+    let (mut server, port) = gdbserver(&bin);
+    let o = itrace(
+        ["record", "--gdb", &format!("127.0.0.1:{port}"), "-o", trace.to_str().unwrap(), "--gdb-program"]
+            .iter()
+            .map(|s| s.as_ref())
+            .chain([bin.as_os_str()]),
+    );
+    o.assert_success();
+    let status = wait_with_guard(&mut server.0, "gdbserver");
+    assert!(status.success(), "gdbserver: {status:?}");
+
+    let text = arc_text(&trace);
+    std::fs::write(dir.join("t.arc"), &text).unwrap();
+    let lines = arc_lines(&text);
+    check_arc_consistency(&lines);
+    let total: u64 = lines.iter().map(|l| l.count).sum();
+    assert_eq!(total, hand_count, "{name}: instructions in the arc");
+    let module = bin.to_string_lossy().into_owned();
+    if let Err(e) = compare_lines(without_exit_kernel_line(&lines), &oracle.expected, &module) {
+        panic!("{name}: arc through gdbserver differs from the qemu oracle: {e}");
+    }
+}
+
+#[test]
+fn count_loop_through_gdbserver() {
+    check("count_loop", COUNT_LOOP_INSTRUCTIONS);
+}
+
+#[test]
+fn branches_through_gdbserver() {
+    check("branches", 102);
+}
