@@ -38,6 +38,10 @@ pub trait Arch {
     /// The number of rt_sigreturn, which the kernel hides (it clears the saved number so the
     /// interrupted call is not restarted).
     fn rt_sigreturn_nr(&self) -> u64;
+    /// A system call that returns from a signal handler to the interrupted code.
+    fn is_sigreturn(&self, nr: u64) -> bool {
+        nr == self.rt_sigreturn_nr()
+    }
     /// Register names, byte order and stepping quirks for a GDB remote stub.
     fn remote(&self) -> RemoteInfo;
     /// A system call number encoded in the instruction itself (s390x `svc N` with N > 0),
@@ -59,6 +63,14 @@ pub struct RemoteInfo {
     pub pc_reg: &'static str,
     /// The register holding the system call number at the system call instruction.
     pub syscall_nr_reg: &'static str,
+    /// The registers of a system call's first two arguments.
+    pub syscall_arg_regs: [&'static str; 2],
+    /// System calls that set a signal's handler from a `struct sigaction` whose first word is
+    /// the handler (`rt_sigaction`, and i386's old `sigaction`): a signal is delivered by a
+    /// continue to a breakpoint on its handler.
+    pub sigaction_nrs: &'static [u64],
+    /// Function pointers point to descriptors whose first word is the code address (ELFv1).
+    pub function_descriptors: bool,
     /// Registers and code are big-endian.
     pub big_endian: bool,
     /// The `kind` of a software breakpoint (`Z0,addr,kind`): its instruction length.

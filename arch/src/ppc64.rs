@@ -67,6 +67,10 @@ impl Arch for Ppc64 {
             pc_reg: "pc",
             // The ELF ABI passes the system call number in r0.
             syscall_nr_reg: "r0",
+            syscall_arg_regs: ["r3", "r4"],
+            sigaction_nrs: &[173],
+            // Big-endian PowerPC64 is ELFv1 here (Debian's powerpc64-linux-gnu).
+            function_descriptors: self.big_endian,
             big_endian: self.big_endian,
             breakpoint_kind: 4,
             step_runs_past_syscall: true,

@@ -60,6 +60,9 @@ impl Arch for S390x {
             pc_reg: "pswa",
             // `svc 0` takes the number from r1; `svc N` encodes it.
             syscall_nr_reg: "r1",
+            syscall_arg_regs: ["r2", "r3"],
+            sigaction_nrs: &[174],
+            function_descriptors: false,
             big_endian: true,
             breakpoint_kind: 2,
             step_runs_past_syscall: false,

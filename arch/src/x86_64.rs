@@ -103,6 +103,11 @@ impl Arch for X86 {
         }
     }
 
+    fn is_sigreturn(&self, nr: u64) -> bool {
+        // i386 also has the old sigreturn (119), used by handlers installed without SA_SIGINFO.
+        nr == self.rt_sigreturn_nr() || (self.compat && nr == 119)
+    }
+
     fn may_rename(&self, nr: u64) -> bool {
         nr == if self.compat { nr32::PRCTL } else { nr64::PRCTL }
     }
@@ -111,6 +116,9 @@ impl Arch for X86 {
         RemoteInfo {
             pc_reg: if self.compat { "eip" } else { "rip" },
             syscall_nr_reg: if self.compat { "eax" } else { "rax" },
+            syscall_arg_regs: if self.compat { ["ebx", "ecx"] } else { ["rdi", "rsi"] },
+            sigaction_nrs: if self.compat { &[174, 67] } else { &[13] },
+            function_descriptors: false,
             big_endian: false,
             breakpoint_kind: 1,
             // qemu-i386's stub runs the instruction after `int $0x80` too when stepping it.

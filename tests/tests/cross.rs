@@ -424,6 +424,64 @@ fn check_libc(arch: &str) {
     }
 }
 
+/// A handler run by three raise(SIGUSR1) calls: the signals pass through the stub to the
+/// program, and the trace counts what qemu's log executed, the handler's instructions included
+/// (qemu's own sigreturn trampoline on PowerPC too).
+fn check_signals(arch: &str) {
+    let bin = cross_program(&format!("{arch}-signal"));
+    let dir = test_dir(&format!("cross-signal-{arch}"));
+    let pcs = qemu_pcs(arch, &bin);
+    let mut executed = pcs.clone();
+    executed.dedup(); // a rep string instruction is logged once per iteration and counts once
+    let trace = record_qemu(arch, &bin, &dir);
+    let report = report_json(&trace);
+    assert_eq!(report["total_instructions"].as_u64(), Some(executed.len() as u64), "{arch}: instructions");
+    let names = ["main", "on_usr1"];
+    let want = oracle_function_counts(arch, &bin, &pcs, &names);
+    let got = report_self_counts(&report, &bin);
+    for n in names {
+        assert!(want.get(n).is_some_and(|&c| c > 0), "{arch}: qemu never ran {n}");
+        assert_eq!(got.get(n), want.get(n), "{arch}: self instructions of {n}");
+    }
+    // Three deliveries of SIGUSR1 (10, by Linux's numbers), each to the handler's first
+    // instruction (the code symbol, `.on_usr1` on ELFv1).
+    let o = run(Command::new(cross_tool(arch, "nm")).args(["--defined-only", "--synthetic"]).arg(&bin));
+    let handler = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().collect::<Vec<_>>().try_into().ok())
+        .find(|[_, kind, name]: &[&str; 3]| matches!(*kind, "t" | "T") && name.trim_start_matches('.') == "on_usr1")
+        .map(|[addr, _, _]| u64::from_str_radix(addr, 16).unwrap())
+        .expect("on_usr1 in nm");
+    let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
+    let deliveries: Vec<&str> = dump.stdout.lines().filter(|l| l.contains(" K Iret flags=2 ")).collect();
+    assert_eq!(deliveries.len(), 3, "{arch}: signal deliveries in\n{}", deliveries.join("\n"));
+    for d in &deliveries {
+        assert!(d.contains(" aux=10 "), "{arch}: not SIGUSR1: {d}");
+        assert!(d.contains(&format!("-> {handler:#x} ")), "{arch}: not to on_usr1 ({handler:#x}): {d}");
+    }
+}
+
+#[test]
+fn signals_through_the_stub_s390x() {
+    check_signals("s390x");
+}
+
+#[test]
+fn signals_through_the_stub_ppc64le() {
+    check_signals("ppc64le");
+}
+
+#[test]
+fn signals_through_the_stub_ppc64_big_endian() {
+    check_signals("ppc64");
+}
+
+#[test]
+fn signals_through_the_stub_i386() {
+    check_signals("i386");
+}
+
 #[test]
 fn ppc64le_asm() {
     check_asm("ppc64le");
@@ -559,4 +617,48 @@ fn stub_killed_mid_trace_leaves_a_valid_trace() {
     assert!(stderr.starts_with("itrace: the GDB stub closed the connection"), "{stderr}");
     let report = report_json(&trace);
     assert!(report["total_instructions"].as_u64().unwrap() > 100, "partial trace: {report}");
+}
+
+/// Ctrl-C to `itrace record --gdb` in the middle of a long trace: itrace takes its breakpoints
+/// out, detaches, and exits with a valid trace; the program runs on untouched to its normal end.
+#[test]
+fn ctrl_c_detaches_from_the_stub() {
+    let bin = program("long_loop");
+    let dir = test_dir("cross-ctrl-c");
+    let trace = dir.join("t.itr");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let qemu = Command::new(qemu_for("x86_64"))
+        .env_clear()
+        .args(["-g", &port.to_string()])
+        .arg(&bin)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start qemu");
+    let mut qemu = KillOnDrop(qemu);
+    wait_until("qemu's stub listens", || listening(port));
+    let child = Command::new(itrace_bin())
+        .args(["record", "--segment-size", "4K", "--gdb", &format!("127.0.0.1:{port}"), "-o"])
+        .arg(&trace)
+        .arg("--gdb-program")
+        .arg(&bin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start itrace");
+    wait_until("the trace has records", || std::fs::metadata(&trace).map(|m| m.len() > 16384).unwrap_or(false));
+    // SAFETY: kill(2) on the pid of a child we started and have not waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "itrace after ^C: {stderr}");
+    assert!(stderr.contains("tracing ended: detached"), "{stderr}");
+    // The program finishes on its own, with its normal output and status.
+    let status = wait_with_guard(&mut qemu.0, "qemu after the detach");
+    assert!(status.success(), "long_loop after the detach: {status:?}");
+    let mut output = String::new();
+    std::io::Read::read_to_string(qemu.0.stdout.as_mut().unwrap(), &mut output).unwrap();
+    assert_eq!(output, "long_loop: done\n");
+    let report = report_json(&trace);
+    let traced = report["total_instructions"].as_u64().unwrap();
+    assert!(traced > 100 && traced < LONG_LOOP_INSTRUCTIONS, "traced {traced} of {LONG_LOOP_INSTRUCTIONS}");
 }

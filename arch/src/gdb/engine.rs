@@ -43,6 +43,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Longest load-reserve/store-conditional sequence stepped over (as gdb and SystemTap do).
 const MAX_ATOMIC_SEQUENCE: u64 = 16;
+/// Depth of signal handlers within handlers followed for their sigreturn.
+const MAX_NESTED_SIGNALS: usize = 64;
 /// Longest straight run decoded ahead; a longer one is run in pieces by stepping.
 const MAX_RUN: u32 = 4096;
 /// Shortest run worth a continue (a breakpoint the first time, then one round trip) over steps.
@@ -122,6 +124,9 @@ struct Session<'a> {
     regs: RegisterMap,
     pc_reg: Register,
     nr_reg: Register,
+    arg_regs: [Register; 2],
+    /// Handlers the program installed, by signal (from its sigaction calls).
+    handlers: HashMap<u64, u64>,
     /// The stub answers `p` with nothing: registers come from `g`.
     g_only: bool,
     /// Decoded instructions of read-only code.
@@ -132,6 +137,8 @@ struct Session<'a> {
     runs: HashMap<u64, Option<Run>>,
     /// Breakpoints left in place at run ends.
     breakpoints: HashSet<u64>,
+    /// Where handled signals interrupted the program, innermost last (where each sigreturn goes).
+    interrupted: Vec<u64>,
     pid: u32,
     tid: u32,
     /// Instructions since the last record.
@@ -160,6 +167,7 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
     let regs = RegisterMap::fetch(conn)?;
     let pc_reg = regs.get(info.pc_reg)?;
     let nr_reg = regs.get(info.syscall_nr_reg)?;
+    let arg_regs = [regs.get(info.syscall_arg_regs[0])?, regs.get(info.syscall_arg_regs[1])?];
     let first = parse_stop_reply(&conn.request(b"?")?)?;
     let (pid, tid) = match &first {
         &StopReply::Signal { thread: Some((pid, tid)), .. } => (pid.unwrap_or(tid), tid),
@@ -176,11 +184,14 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         regs,
         pc_reg,
         nr_reg,
+        arg_regs,
+        handlers: HashMap::new(),
         g_only: false,
         code: HashMap::new(),
         read_only: Vec::new(),
         runs: HashMap::new(),
         breakpoints: HashSet::new(),
+        interrupted: Vec::new(),
         pid,
         tid,
         icount: 0,
@@ -632,21 +643,69 @@ impl Session<'_> {
     }
 
     /// The program received signal `sig` at `self.pc` (the instruction there did not complete):
-    /// deliver it with a step, and record the transition to wherever execution went.
+    /// deliver it, and record the transition to wherever execution went. To a handler the
+    /// program installed: a continue to a breakpoint on it (qemu's step with a signal runs the
+    /// handler's first instruction too on some targets); otherwise a step with the signal.
     fn signal(&mut self, sig: u8) -> Result<(), GdbError> {
         let pc = self.pc;
-        self.branch(now_ns(), pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, sig as u64);
-        self.conn.send(format!("S{sig:02x}").as_bytes())?;
-        match self.recv_stop()? {
+        // Records and handlers go by Linux's numbers, the stub by GDB's.
+        let linux = super::protocol::linux_signal(sig);
+        self.branch(now_ns(), pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, linux.unwrap_or(0));
+        let handler = linux.and_then(|n| self.handlers.get(&n)).copied().filter(|&h| h > 1);
+        let stop = match handler {
+            Some(h) => {
+                self.lift_breakpoint_here()?;
+                let placed = self.insert_temporary_breakpoints(&[h])?;
+                self.conn.send(format!("vCont;C{sig:02x}").as_bytes())?;
+                let stop = self.wait_stop()?;
+                if matches!(stop, StopReply::Signal { .. }) {
+                    self.remove_temporary_breakpoints(&placed)?;
+                }
+                stop
+            }
+            None => {
+                self.conn.send(format!("vCont;S{sig:02x}").as_bytes())?;
+                self.recv_stop()?
+            }
+        };
+        match stop {
             StopReply::Signal { .. } => {
                 let to = self.read_reg(self.pc_reg)?;
-                self.kernel_return(to, branch_flags::SIGNAL, sig as u64);
+                self.kernel_return(to, branch_flags::SIGNAL, linux.unwrap_or(0));
+                if to != pc && self.interrupted.len() < MAX_NESTED_SIGNALS {
+                    // A handler runs: its sigreturn comes back to `pc`.
+                    self.interrupted.push(pc);
+                }
                 self.pc = to;
             }
             StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
             StopReply::Killed(s) => self.finish(StopReason::Signaled, s as i32),
         }
         Ok(())
+    }
+
+    /// Before a sigaction call runs: remember the handler it installs.
+    fn note_sigaction(&mut self) -> Result<(), GdbError> {
+        let sig = self.read_reg(self.arg_regs[0])?;
+        let act = self.read_reg(self.arg_regs[1])?;
+        if act == 0 {
+            return Ok(()); // a query
+        }
+        let word = if self.opts.arch.trace_arch() == itrace_format::Arch::I386 { 4 } else { 8 };
+        let mut handler = self.read_word(act, word)?;
+        if self.info.function_descriptors && handler > 1 {
+            handler = self.read_word(handler, word)?;
+        }
+        self.handlers.insert(sig, handler);
+        Ok(())
+    }
+
+    fn read_word(&mut self, addr: u64, word: usize) -> Result<u64, GdbError> {
+        let bytes = self.conn.read_memory(addr, word)?;
+        if bytes.len() != word {
+            return Err(GdbError::Malformed(format!("cannot read {word} bytes at {addr:#x}")));
+        }
+        registers::value(&bytes, self.info.big_endian)
     }
 
     /// Run a system call instruction; a `U` INTRPT record, then a `K` IRET record to where it returned.
@@ -657,10 +716,18 @@ impl Session<'_> {
             Some(n) => n,
             None => self.read_reg(self.nr_reg)?,
         };
+        if self.info.sigaction_nrs.contains(&nr) {
+            self.note_sigaction()?;
+        }
         let ts = now_ns();
+        // A sigreturn goes back to where the latest handled signal interrupted the program.
+        let resume = match self.opts.arch.is_sigreturn(nr) {
+            true => self.interrupted.pop().unwrap_or(next),
+            false => next,
+        };
         let stop = if self.info.step_runs_past_syscall {
             self.lift_breakpoint_here()?;
-            let placed = self.insert_temporary_breakpoints(&[next])?;
+            let placed = self.insert_temporary_breakpoints(&[resume])?;
             self.conn.send(b"c")?;
             let stop = self.wait_stop()?;
             if matches!(stop, StopReply::Signal { .. }) {

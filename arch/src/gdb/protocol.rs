@@ -122,6 +122,16 @@ pub fn unescape(raw: &[u8]) -> Result<Vec<u8>, GdbError> {
     Ok(out)
 }
 
+/// The Linux number of a signal in GDB's own numbering (the stub's stop replies and `C`/`S`
+/// packets use GDB's, which differs from Linux's from 7 on: GDB's SIGUSR1 is 30).
+pub fn linux_signal(gdb: u8) -> Option<u64> {
+    const LINUX: [u8; 33] = [
+        0, 1, 2, 3, 4, 5, 6, 0, 8, 9, 7, 11, 31, 13, 14, 15, 23, 19, 20, 18, 17, 21, 22, 29, 24, 25, 26, 27, 28, 0, 10,
+        12, 30,
+    ];
+    LINUX.get(gdb as usize).copied().filter(|&n| n != 0).map(u64::from)
+}
+
 /// Parse a stop reply packet (`S05`, `T05thread:p1.2;...`, `W00`, `W00;process:1`, `X09`).
 pub fn parse_stop_reply(p: &[u8]) -> Result<StopReply, GdbError> {
     let bad = || GdbError::Malformed(format!("unexpected stop reply {:?}", String::from_utf8_lossy(p)));
@@ -416,6 +426,19 @@ impl Connection {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn gdb_signal_numbers_to_linux() {
+        // include/gdb/signals.def against Linux's asm/signal.h
+        assert_eq!(linux_signal(5), Some(5)); // TRAP
+        assert_eq!(linux_signal(10), Some(7)); // BUS
+        assert_eq!(linux_signal(11), Some(11)); // SEGV
+        assert_eq!(linux_signal(20), Some(17)); // CHLD
+        assert_eq!(linux_signal(30), Some(10)); // USR1
+        assert_eq!(linux_signal(31), Some(12)); // USR2
+        assert_eq!(linux_signal(7), None); // EMT: none on Linux
+        assert_eq!(linux_signal(200), None);
+    }
 
     #[test]
     fn parses_stop_replies() {
