@@ -63,8 +63,11 @@ pub struct RemoteInfo {
     pub pc_reg: &'static str,
     /// The register holding the system call number at the system call instruction.
     pub syscall_nr_reg: &'static str,
-    /// The registers of a system call's first two arguments.
-    pub syscall_arg_regs: [&'static str; 2],
+    /// The registers of a system call's six arguments, and of its result.
+    pub syscall_arg_regs: [&'static str; 6],
+    pub syscall_ret_reg: &'static str,
+    /// The calls that open and map files: followed to learn the mappings a stub cannot list.
+    pub mapping_calls: MappingCalls,
     /// System calls that set a signal's handler from a `struct sigaction` whose first word is
     /// the handler (`rt_sigaction`, and i386's old `sigaction`): a signal is delivered by a
     /// continue to a breakpoint on its handler.
@@ -78,6 +81,19 @@ pub struct RemoteInfo {
     /// Single-stepping the system call instruction also runs the one after it (qemu-user's stub
     /// on PowerPC `sc` and i386 `int $0x80`): step over it with a breakpoint instead.
     pub step_runs_past_syscall: bool,
+}
+
+/// System call numbers of one architecture that open, close and map files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingCalls {
+    pub open: u64,
+    pub openat: u64,
+    pub close: u64,
+    /// `mmap`, or i386's `mmap2` (offset in 4096-byte units: `mmap_offset_unit`).
+    pub mmap: u64,
+    pub mmap_offset_unit: u64,
+    /// The six arguments are in memory at the first argument (s390x's `mmap`).
+    pub mmap_args_in_memory: bool,
 }
 
 /// Role of an instruction in an atomic load-reserve/store-conditional sequence.

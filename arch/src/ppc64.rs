@@ -3,7 +3,7 @@
 //! stepping quirks of qemu-user's stub. Decoding is in
 //! `itrace_decoders::ppc`.
 
-use crate::{Arch, RemoteInfo, Reservation};
+use crate::{Arch, MappingCalls, RemoteInfo, Reservation};
 use itrace_decoders::{ppc, Insn};
 
 /// PowerPC64 in one byte order.
@@ -67,7 +67,16 @@ impl Arch for Ppc64 {
             pc_reg: "pc",
             // The ELF ABI passes the system call number in r0.
             syscall_nr_reg: "r0",
-            syscall_arg_regs: ["r3", "r4"],
+            syscall_arg_regs: ["r3", "r4", "r5", "r6", "r7", "r8"],
+            syscall_ret_reg: "r3",
+            mapping_calls: MappingCalls {
+                open: 5,
+                openat: 286,
+                close: 6,
+                mmap: nr::MMAP,
+                mmap_offset_unit: 1,
+                mmap_args_in_memory: false,
+            },
             sigaction_nrs: &[173],
             // Big-endian PowerPC64 is ELFv1 here (Debian's powerpc64-linux-gnu).
             function_descriptors: self.big_endian,

@@ -2,7 +2,7 @@
 //! names. Decoding is in `itrace_decoders::s390x`. qemu-user's stub steps
 //! `svc` correctly (unlike PowerPC `sc`).
 
-use crate::{Arch, RemoteInfo};
+use crate::{Arch, MappingCalls, RemoteInfo};
 use itrace_decoders::{s390x, Insn};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +60,16 @@ impl Arch for S390x {
             pc_reg: "pswa",
             // `svc 0` takes the number from r1; `svc N` encodes it.
             syscall_nr_reg: "r1",
-            syscall_arg_regs: ["r2", "r3"],
+            syscall_arg_regs: ["r2", "r3", "r4", "r5", "r6", "r7"],
+            syscall_ret_reg: "r2",
+            mapping_calls: MappingCalls {
+                open: 5,
+                openat: 288,
+                close: 6,
+                mmap: nr::MMAP,
+                mmap_offset_unit: 1,
+                mmap_args_in_memory: true,
+            },
             sigaction_nrs: &[174],
             function_descriptors: false,
             big_endian: true,

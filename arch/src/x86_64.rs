@@ -1,7 +1,7 @@
 //! x86_64 (and 32-bit x86 processes on an x86_64 kernel): registers as
 //! ptrace shows them, system call numbers, and decoding with iced-x86.
 
-use crate::{Arch, RemoteInfo};
+use crate::{Arch, MappingCalls, RemoteInfo};
 use itrace_decoders::{x86, Insn};
 
 /// The x86_64 architecture, or a 32-bit x86 process running on it (`compat`).
@@ -116,7 +116,31 @@ impl Arch for X86 {
         RemoteInfo {
             pc_reg: if self.compat { "eip" } else { "rip" },
             syscall_nr_reg: if self.compat { "eax" } else { "rax" },
-            syscall_arg_regs: if self.compat { ["ebx", "ecx"] } else { ["rdi", "rsi"] },
+            syscall_arg_regs: if self.compat {
+                ["ebx", "ecx", "edx", "esi", "edi", "ebp"]
+            } else {
+                ["rdi", "rsi", "rdx", "r10", "r8", "r9"]
+            },
+            syscall_ret_reg: if self.compat { "eax" } else { "rax" },
+            mapping_calls: if self.compat {
+                MappingCalls {
+                    open: 5,
+                    openat: 295,
+                    close: 6,
+                    mmap: nr32::MMAP2,
+                    mmap_offset_unit: 4096,
+                    mmap_args_in_memory: false,
+                }
+            } else {
+                MappingCalls {
+                    open: 2,
+                    openat: 257,
+                    close: 3,
+                    mmap: nr64::MMAP,
+                    mmap_offset_unit: 1,
+                    mmap_args_in_memory: false,
+                }
+            },
             sigaction_nrs: if self.compat { &[174, 67] } else { &[13] },
             function_descriptors: false,
             big_endian: false,

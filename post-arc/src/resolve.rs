@@ -40,6 +40,28 @@ struct Space {
     cache: AddrMap<Location>,
 }
 
+impl Space {
+    /// Take `start..end` out of the segments, keeping the parts of each outside it (a mapping
+    /// placed over part of an earlier one, as the dynamic loader does, leaves the rest mapped).
+    fn cut(&mut self, start: u64, end: u64) {
+        let mut kept = Vec::with_capacity(self.segs.len() + 1);
+        for g in self.segs.drain(..) {
+            if g.end <= start || g.start >= end {
+                kept.push(g);
+                continue;
+            }
+            if g.start < start {
+                kept.push(Segment { start: g.start, end: start, offset: g.offset, path: g.path.clone() });
+            }
+            if g.end > end {
+                let offset = g.offset + (end - g.start);
+                kept.push(Segment { start: end, end: g.end, offset, path: g.path });
+            }
+        }
+        self.segs = kept;
+    }
+}
+
 /// Resolves addresses of every traced process.
 pub struct Resolver {
     spaces: HashMap<u32, Space>,
@@ -73,14 +95,14 @@ impl Resolver {
         match m {
             Mte::Segment { pid, start, end, offset, path, .. } => {
                 let s = self.spaces.entry(*pid).or_default();
-                s.segs.retain(|g| g.end <= *start || g.start >= *end);
+                s.cut(*start, *end);
                 let i = s.segs.partition_point(|g| g.start < *start);
                 s.segs.insert(i, Segment { start: *start, end: *end, offset: *offset, path: Arc::from(path.as_str()) });
                 s.cache.clear();
             }
             Mte::Unmap { pid, start, end, .. } => {
                 let s = self.spaces.entry(*pid).or_default();
-                s.segs.retain(|g| g.end <= *start || g.start >= *end);
+                s.cut(*start, *end);
                 s.cache.clear();
             }
             Mte::Exec { pid, .. } => {
@@ -188,5 +210,32 @@ impl Resolver {
             }
             None => (self.unknown.clone(), addr - seg.start + seg.offset, seg.path.clone(), 0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(start: u64, end: u64, offset: u64, path: &str) -> Mte {
+        Mte::Segment { ts: 0, pid: 1, prot: 5, start, end, offset, path: path.into() }
+    }
+
+    /// The dynamic loader maps a library whole, then maps its data over part of it: the parts
+    /// of the first mapping outside the second stay, with their file offsets.
+    #[test]
+    fn a_mapping_over_part_of_another_keeps_the_rest() {
+        let mut r = Resolver::new(false);
+        r.apply(&segment(0x1000, 0x9000, 0, "/nonexistent/lib.so"));
+        r.apply(&segment(0x6000, 0x7000, 0x20000, "/nonexistent/data"));
+        assert_eq!(&*r.resolve(1, 0x2000).module, "/nonexistent/lib.so");
+        assert_eq!(&*r.resolve(1, 0x6800).module, "/nonexistent/data");
+        assert_eq!(&*r.resolve(1, 0x8000).module, "/nonexistent/lib.so");
+        let space = &r.spaces[&1];
+        let tail = space.segs.iter().find(|g| g.start == 0x7000).expect("the tail of the first mapping");
+        assert_eq!((tail.end, tail.offset), (0x9000, 0x6000));
+        r.apply(&Mte::Unmap { ts: 0, pid: 1, start: 0x1000, end: 0x3000 });
+        assert_eq!(&*r.resolve(1, 0x2000).module, "0x2000");
+        assert_eq!(&*r.resolve(1, 0x4000).module, "/nonexistent/lib.so");
     }
 }

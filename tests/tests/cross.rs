@@ -424,6 +424,51 @@ fn check_libc(arch: &str) {
     }
 }
 
+/// A dynamically linked program: the libraries the loader maps are learnt from its open and
+/// mmap calls (the stub cannot list mappings), so libc's functions resolve, and the count is
+/// qemu's with the same cross sysroot.
+fn check_dynamic(arch: &str) {
+    let bin = cross_program(&format!("{arch}-dynamic"));
+    let dir = test_dir(&format!("cross-dynamic-{arch}"));
+    let (_, prefix, _) = ARCHES.iter().find(|a| a.0 == arch).unwrap();
+    let sysroot = format!("/usr/{}", prefix.trim_end_matches('-'));
+    let log = dir.join("qemu.log");
+    let o = run(Command::new("env")
+        .arg("-i")
+        .arg(qemu_for(arch))
+        .args(["-L", &sysroot, "-singlestep", "-d", "nochain,exec", "-D"])
+        .arg(&log)
+        .arg(&bin));
+    o.assert_success();
+    let mut pcs = parse_qemu_log(std::io::BufReader::new(std::fs::File::open(&log).unwrap()));
+    pcs.dedup(); // rep string iterations count once
+    let trace = record_qemu(arch, &bin, &dir);
+    let report = report_json(&trace);
+    assert_eq!(report["total_instructions"].as_u64(), Some(pcs.len() as u64), "{arch}: instructions");
+    let text = itrace(["report".as_ref(), trace.as_os_str()]).stdout;
+    let libc = format!("{sysroot}/lib/libc.so.6");
+    let malloc = text.lines().find(|l| l.contains(" malloc ") && l.trim_end().ends_with(&libc));
+    assert!(malloc.is_some(), "{arch}: malloc not resolved in {libc}:\n{text}");
+    let unknown: Vec<&str> =
+        text.lines().filter(|l| l.trim_end().rsplit(' ').next().unwrap().starts_with("0x")).collect();
+    assert!(unknown.is_empty(), "{arch}: blocks outside any known module:\n{}", unknown.join("\n"));
+}
+
+#[test]
+fn dynamic_program_ppc64le() {
+    check_dynamic("ppc64le");
+}
+
+#[test]
+fn dynamic_program_s390x() {
+    check_dynamic("s390x");
+}
+
+#[test]
+fn dynamic_program_i386() {
+    check_dynamic("i386");
+}
+
 /// A handler run by three raise(SIGUSR1) calls: the signals pass through the stub to the
 /// program, and the trace counts what qemu's log executed, the handler's instructions included
 /// (qemu's own sigreturn trampoline on PowerPC too).

@@ -38,7 +38,7 @@ use itrace_format::{
     TraceOnReason, BRANCH_RECORD_LEN,
 };
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Longest load-reserve/store-conditional sequence stepped over (as gdb and SystemTap do).
@@ -108,6 +108,14 @@ impl Code {
     }
 }
 
+/// A system call about files, noted before it runs and completed when it returns.
+#[derive(Debug)]
+enum MappingCall {
+    Open(String),
+    Close(u64),
+    Mmap { len: u64, prot: u64, fd: u64, offset: u64 },
+}
+
 /// A straight run of read-only code: `len` instructions that cannot branch, then the
 /// instruction at `end` that can (or that needs care: a system call, a load-reserve).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,7 +132,10 @@ struct Session<'a> {
     regs: RegisterMap,
     pc_reg: Register,
     nr_reg: Register,
-    arg_regs: [Register; 2],
+    arg_regs: [Register; 6],
+    ret_reg: Register,
+    /// Files the program opened, by descriptor (guest paths), for the mappings of its mmap calls.
+    fds: HashMap<u64, String>,
     /// Handlers the program installed, by signal (from its sigaction calls).
     handlers: HashMap<u64, u64>,
     /// The stub answers `p` with nothing: registers come from `g`.
@@ -167,7 +178,11 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
     let regs = RegisterMap::fetch(conn)?;
     let pc_reg = regs.get(info.pc_reg)?;
     let nr_reg = regs.get(info.syscall_nr_reg)?;
-    let arg_regs = [regs.get(info.syscall_arg_regs[0])?, regs.get(info.syscall_arg_regs[1])?];
+    let mut arg_regs = [pc_reg; 6];
+    for (r, name) in arg_regs.iter_mut().zip(info.syscall_arg_regs) {
+        *r = regs.get(name)?;
+    }
+    let ret_reg = regs.get(info.syscall_ret_reg)?;
     let first = parse_stop_reply(&conn.request(b"?")?)?;
     let (pid, tid) = match &first {
         &StopReply::Signal { thread: Some((pid, tid)), .. } => (pid.unwrap_or(tid), tid),
@@ -185,6 +200,8 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         pc_reg,
         nr_reg,
         arg_regs,
+        ret_reg,
+        fds: HashMap::new(),
         handlers: HashMap::new(),
         g_only: false,
         code: HashMap::new(),
@@ -684,6 +701,108 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// Before a system call runs: what to note when it returns, for the calls that open, close
+    /// and map files (the stub cannot list mappings; libraries the loader maps come this way).
+    fn mapping_call(&mut self, nr: u64) -> Result<Option<MappingCall>, GdbError> {
+        let calls = self.info.mapping_calls;
+        let arg = |s: &mut Self, i: usize| s.read_reg(s.arg_regs[i]);
+        Ok(Some(if nr == calls.open || nr == calls.openat {
+            let ptr = arg(self, if nr == calls.openat { 1 } else { 0 })?;
+            MappingCall::Open(self.read_c_string(ptr)?)
+        } else if nr == calls.close {
+            MappingCall::Close(arg(self, 0)?)
+        } else if nr == calls.mmap {
+            let mut args = [0u64; 6];
+            if calls.mmap_args_in_memory {
+                let base = arg(self, 0)?;
+                for (i, a) in args.iter_mut().enumerate() {
+                    *a = self.read_word(base + 8 * i as u64, 8)?;
+                }
+            } else {
+                for (i, a) in args.iter_mut().enumerate() {
+                    *a = arg(self, i)?;
+                }
+            }
+            let [_, len, prot, _, fd, offset] = args;
+            MappingCall::Mmap { len, prot, fd, offset: offset.wrapping_mul(calls.mmap_offset_unit) }
+        } else {
+            return Ok(None);
+        }))
+    }
+
+    /// After a call of [`Session::mapping_call`] returned: remember the descriptor, or write the
+    /// mapped file's segment to the module table.
+    fn mapping_call_returned(&mut self, call: MappingCall) -> Result<(), GdbError> {
+        let word = if self.opts.arch.trace_arch() == itrace_format::Arch::I386 { 32 } else { 64 };
+        let ret = self.read_reg(self.ret_reg)?;
+        // Sign-extend a 32-bit result; -4095..-1 are errors.
+        let ret = if word == 32 { ret as u32 as i32 as i64 } else { ret as i64 };
+        if (-4095..0).contains(&ret) {
+            return Ok(());
+        }
+        match call {
+            MappingCall::Open(path) => {
+                self.fds.insert(ret as u64, path);
+            }
+            MappingCall::Close(fd) => {
+                self.fds.remove(&fd);
+            }
+            MappingCall::Mmap { len, prot, fd, offset } => {
+                let fd = if word == 32 { fd as u32 as i32 as i64 } else { fd as i64 };
+                // A file mapping at a page address (PowerPC reports errors as small positive numbers).
+                let Some(path) = self.fds.get(&(fd as u64)).filter(|_| fd >= 0 && ret & 0xfff == 0 && ret > 0) else {
+                    return Ok(());
+                };
+                let host = match &self.opts.sysroot {
+                    Some(root) if Path::new(path).is_absolute() => {
+                        let p = root.join(path.trim_start_matches('/'));
+                        if p.exists() {
+                            p
+                        } else {
+                            PathBuf::from(path)
+                        }
+                    }
+                    _ => PathBuf::from(path),
+                };
+                let path = std::fs::canonicalize(&host).unwrap_or(host).display().to_string();
+                let start = ret as u64;
+                if prot & 2 == 0 {
+                    // Read-only code of a library: decoded once, run in straight runs.
+                    self.read_only.push((start, start.wrapping_add(len)));
+                }
+                self.emit_mte(Mte::Segment {
+                    ts: now_ns(),
+                    pid: self.pid,
+                    prot: (prot & 7) as u32,
+                    start,
+                    end: start.wrapping_add(len),
+                    offset,
+                    path,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A NUL-terminated string of the program's (up to 4 KiB), read in small pieces so that
+    /// the end of its page does not fail the read.
+    fn read_c_string(&mut self, mut addr: u64) -> Result<String, GdbError> {
+        let mut out = Vec::new();
+        while out.len() < 4096 {
+            let piece = self.conn.read_memory(addr, 64 - (addr % 64) as usize)?;
+            if piece.is_empty() {
+                break;
+            }
+            if let Some(end) = piece.iter().position(|&b| b == 0) {
+                out.extend_from_slice(&piece[..end]);
+                break;
+            }
+            addr += piece.len() as u64;
+            out.extend_from_slice(&piece);
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
     /// Before a sigaction call runs: remember the handler it installs.
     fn note_sigaction(&mut self) -> Result<(), GdbError> {
         let sig = self.read_reg(self.arg_regs[0])?;
@@ -719,6 +838,7 @@ impl Session<'_> {
         if self.info.sigaction_nrs.contains(&nr) {
             self.note_sigaction()?;
         }
+        let mapping_call = self.mapping_call(nr)?;
         let ts = now_ns();
         // A sigreturn goes back to where the latest handled signal interrupted the program.
         let resume = match self.opts.arch.is_sigreturn(nr) {
@@ -747,6 +867,9 @@ impl Session<'_> {
         match stop {
             StopReply::Signal { sig, .. } => {
                 let to = self.read_reg(self.pc_reg)?;
+                if let Some(call) = mapping_call {
+                    self.mapping_call_returned(call)?;
+                }
                 self.kernel_return(to, branch_flags::SYSCALL, nr);
                 self.pc = to;
                 if sig != 5 && !(sig == 2 && self.opts.stop.load(Ordering::Relaxed)) {
