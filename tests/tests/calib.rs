@@ -101,6 +101,22 @@ fn recursion() {
     // after it) or nothing, epilogue 4 (mov, mov, leave, ret); the hooks' glue (3 per hook)
     // excluded. 600 recursing calls and 2 at the bottom.
     assert_eq!(rows["depth"]["own"].as_u64(), Some(600 * 15 + 2 * 11));
+    // The reports: log-gen has one line per event, its calibrated deltas add up to the trace's
+    // truth of all functions; log-rt's BASE of the depth nodes adds up to depth's truth, one
+    // level deeper each.
+    let dir = target_dir().join("test-output").join("calib-calib_recursion");
+    let gen = std::fs::read_to_string(dir.join("log-gen")).unwrap();
+    let lines: Vec<Vec<&str>> = gen.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines.len(), 2 * (602 + 287 + 1));
+    let truth_all: u64 = rows.values().map(|r| r["truth"].as_u64().unwrap()).sum();
+    assert_eq!(lines.iter().map(|l| l[3].parse::<u64>().unwrap()).sum::<u64>(), truth_all);
+    let rt = std::fs::read_to_string(dir.join("log-rt")).unwrap();
+    let depth_nodes: Vec<Vec<&str>> =
+        rt.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).filter(|f| f.last() == Some(&"depth")).collect();
+    assert_eq!(depth_nodes.len(), 301);
+    assert!(depth_nodes.iter().enumerate().all(|(i, f)| f[0] == (i + 1).to_string()));
+    let base: u64 = depth_nodes.iter().map(|f| f[3].parse::<u64>().unwrap()).sum();
+    assert_eq!(base, rows["depth"]["truth"].as_u64().unwrap());
     let same = truth_against_callgrind("calib_recursion", &rows, &["main"]);
     assert!(same.contains(&"fib".to_string()), "fib's body should match the uninstrumented build: {same:?}");
 }
