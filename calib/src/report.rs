@@ -76,7 +76,9 @@ pub fn analyse(
             };
             if tevents.len() != t.events.len() {
                 return bad(format!(
-                    "thread {}: the profiler logged {} events, the trace shows {} hook calls",
+                    "thread {}: the profiler logged {} events, the trace shows {} hook calls (tracing of the \
+                     thread ended early: a profiled thread that blocks SIGTRAP, as pthread_create does, is \
+                     no longer traced; keep such code out of profiled functions)",
                     t.tid,
                     t.events.len(),
                     tevents.len()
