@@ -26,6 +26,8 @@ pub enum Command {
     Report(ReportArgs),
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
+    /// Calibrate the hookit entry/exit profiler and validate it against the trace.
+    Calib(crate::calib::CalibArgs),
 }
 
 /// Recording backends.

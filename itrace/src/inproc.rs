@@ -403,7 +403,7 @@ pub fn uses_libitrace(program: &Path) -> bool {
     }
     let Ok(bytes) = std::fs::read(program) else { return false };
     let Ok(elf) = goblin::elf::Elf::parse(&bytes) else { return false };
-    elf.libraries.iter().any(|l| l.starts_with("libitrace."))
+    elf.libraries.iter().any(|l| l.starts_with("libitrace.") || l.starts_with("libhookit."))
         || elf.syms.iter().chain(elf.dynsyms.iter()).any(|s| {
             s.st_shndx != 0
                 && elf.strtab.get_at(s.st_name).or_else(|| elf.dynstrtab.get_at(s.st_name)) == Some("ITraceOn")

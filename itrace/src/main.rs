@@ -1,6 +1,7 @@
 //! `itrace`: record every taken branch of a program, then turn the trace
 //! into PI-style arc files and reports.
 
+mod calib;
 mod cli;
 mod dump;
 mod inproc;
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
         cli::Command::Arc(args) => cli::arc(args),
         cli::Command::Report(args) => cli::report(args),
         cli::Command::Dump(args) => dump::run(args),
+        cli::Command::Calib(args) => calib::run(args),
     };
     match result {
         Ok(code) => code,

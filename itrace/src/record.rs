@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Find `cmd` the way execvp would: a path with a slash as is, else along $PATH.
-fn resolve_program(cmd: &OsString) -> Result<PathBuf> {
+pub fn resolve_program(cmd: &OsString) -> Result<PathBuf> {
     let p = Path::new(cmd);
     let check = |p: &Path| -> Result<()> {
         let md = std::fs::metadata(p).with_context(|| format!("cannot run {}", p.display()))?;

@@ -30,6 +30,17 @@ void ITraceOff(void);
 /* 1 if the calling thread is being traced now, else 0. */
 int ITraceEnabled(void);
 
+/* The calling thread's virtual instruction counter while the in-process
+ * recorder traces it: its instructions since the outermost ITraceOn(),
+ * counting the call of this function but none of its own; 0 untraced. */
+unsigned long long ITraceInstructions(void);
+
+/* The counter, then stepping pauses (nothing is traced or counted) until
+ * ITraceInstructionsResume(), which returns the counter again; stepping
+ * resumes after it returns. A profiler's Early and Late Reads. */
+unsigned long long ITraceInstructionsPause(void);
+unsigned long long ITraceInstructionsResume(void);
+
 #ifdef __cplusplus
 }
 #endif

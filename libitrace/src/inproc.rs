@@ -47,6 +47,8 @@ struct ThreadState {
     syscall_nr: u64,
     syscall_arg0: u64,
     icount: u32,
+    /// Instructions of this thread counted since its outermost ITraceOn (the virtual counter).
+    total: u64,
     cache: *mut [(u64, Insn); CACHE],
 }
 
@@ -64,6 +66,7 @@ thread_local! {
             syscall_nr: 0,
             syscall_arg0: 0,
             icount: 0,
+            total: 0,
             cache: std::ptr::null_mut(),
         })
     };
@@ -115,6 +118,61 @@ pub extern "C" fn ITraceEnabled() -> i32 {
     stub!(itrace_enabled_body)
 }
 
+// The counter entry points: the body returns (count, set trap flag) in rax:rdx.
+macro_rules! count_stub {
+    ($body:path) => {
+        std::arch::naked_asm!(
+            "pushfq",
+            "andq $-257, (%rsp)",
+            "popfq",
+            "subq $8, %rsp",
+            "call {body}",
+            "addq $8, %rsp",
+            "testq %rdx, %rdx",
+            "jz 2f",
+            "pushfq",
+            "orq $256, (%rsp)",
+            "popfq",
+            "2: ret",
+            "int3",
+            body = sym $body,
+            options(att_syntax)
+        )
+    };
+}
+
+/// The virtual instruction counter of the calling thread (C: `ITraceInstructions()`).
+///
+/// While the in-process recorder traces the thread: the number of its instructions since its
+/// outermost `ITraceOn()` returned, counting the `call` of this function and none of this
+/// function's own instructions (its `ret` neither); 0 when the thread is not traced. Exact:
+/// the same count as the trace's. The thread stays traced.
+#[unsafe(naked)]
+#[no_mangle]
+pub extern "C" fn ITraceInstructions() -> u64 {
+    count_stub!(itrace_count_body)
+}
+
+/// As [`ITraceInstructions`], then stop stepping the calling thread until
+/// [`ITraceInstructionsResume`]: what runs in between is neither traced nor counted (a
+/// profiler's Early Read; its work until the Late Read costs nothing to trace).
+#[unsafe(naked)]
+#[no_mangle]
+pub extern "C" fn ITraceInstructionsPause() -> u64 {
+    count_stub!(itrace_pause_body)
+}
+
+/// The counter (unchanged since the pause), and stepping resumes after this function returns
+/// (a profiler's Late Read). The trace shows the pause as a gap closed by a resume record.
+#[unsafe(naked)]
+#[no_mangle]
+pub extern "C" fn ITraceInstructionsResume() -> u64 {
+    count_stub!(itrace_resume_body)
+}
+
+/// Length of each counter stub (as [`STUB_LEN`], with `testq %rdx,%rdx` one byte longer).
+const COUNT_STUB_LEN: u64 = 40;
+
 /// Length of each stub (pushfq 1, andq 8, popfq 1, subq 4, call 5, addq 4, testl 2, jz 2,
 /// pushfq 1, orq 8, popfq 1, ret 1, int3 1): its bytes are library code, never recorded.
 const STUB_LEN: u64 = 39;
@@ -124,6 +182,13 @@ fn in_stubs(pc: u64) -> bool {
     [ITraceOn as *const () as u64, ITraceOff as *const () as u64, ITraceEnabled as *const () as u64]
         .iter()
         .any(|&a| pc >= a && pc < a + STUB_LEN)
+        || [
+            ITraceInstructions as *const () as u64,
+            ITraceInstructionsPause as *const () as u64,
+            ITraceInstructionsResume as *const () as u64,
+        ]
+        .iter()
+        .any(|&a| pc >= a && pc < a + COUNT_STUB_LEN)
 }
 
 /// Map the shared memory named by $ITRACE_SHM and install the handler; once per process.
@@ -328,6 +393,7 @@ fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
                 return false;
             }
             ts.icount += 1;
+            ts.total += 1;
             branch(shm::SLOT_BRANCH_USER, syscall, nr as u32, pc, 0, ts); // INTRPT (0) with the flag
             branch(shm::SLOT_BRANCH_KERNEL, 4 | syscall, nr as u32, 0, next, ts);
             if matches!(nr, NR_MMAP | NR_MPROTECT | NR_MUNMAP | NR_MREMAP) {
@@ -345,6 +411,7 @@ fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
             }
             flow => {
                 ts.icount += 1;
+                ts.total += 1;
                 if flow.always_branches() || rip != next {
                     let kind = match flow {
                         Flow::Next | Flow::RepString => 5,
@@ -423,6 +490,7 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                 if matches!(rax, NR_EXIT | NR_EXIT_GROUP) {
                     // It never returns: account for it now.
                     ts.icount += 1;
+                    ts.total += 1;
                     branch(shm::SLOT_BRANCH_USER, (itrace_format_flags::SYSCALL as u16) << 8, rax as u32, pc, 0, ts);
                     let status = gregs[libc::REG_RDI as usize] as u64;
                     emit(shm::SLOT_TRACE_OFF, 0, ts.pid, pc + insn.len as u64, status, ts.tid, 0);
@@ -504,6 +572,8 @@ extern "C" fn itrace_on_body() -> u32 {
             ts.started = false;
             ts.pending = None;
             ts.icount = 0;
+            ts.total = 0;
+            ts.total = 0;
         }
         ts.active as u32
     })
@@ -530,4 +600,33 @@ extern "C" fn itrace_enabled_body() -> u32 {
         return 0;
     }
     with_state(|ts| ts.active as u32)
+}
+
+/// (count, whether to step on after the return) for the counter stubs.
+#[repr(C)]
+struct CountRet {
+    count: u64,
+    step: u64,
+}
+
+fn count_now(pause: bool) -> CountRet {
+    if STATE.load(Ordering::Acquire) != STATE_ON {
+        return CountRet { count: 0, step: 0 };
+    }
+    with_state(|ts| {
+        let step = ts.active && !pause;
+        CountRet { count: if ts.active { ts.total } else { 0 }, step: step as u64 }
+    })
+}
+
+extern "C" fn itrace_count_body() -> CountRet {
+    count_now(false)
+}
+
+extern "C" fn itrace_pause_body() -> CountRet {
+    count_now(true)
+}
+
+extern "C" fn itrace_resume_body() -> CountRet {
+    count_now(false)
 }

@@ -22,7 +22,9 @@ mod interpose;
 
 // The C entry points are naked stubs in `inproc`: they must clear the trap flag before
 // anything else runs.
-pub use inproc::{ITraceEnabled, ITraceOff, ITraceOn};
+pub use inproc::{
+    ITraceEnabled, ITraceInstructions, ITraceInstructionsPause, ITraceInstructionsResume, ITraceOff, ITraceOn,
+};
 
 /// Start tracing the calling thread.
 pub fn on() {

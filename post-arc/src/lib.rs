@@ -11,6 +11,8 @@ pub mod resolve;
 pub mod symbols;
 mod threads;
 
+pub use threads::Names;
+
 use std::path::Path;
 
 /// An open trace (the format crate's reader).

@@ -155,6 +155,15 @@ impl Resolver {
         self.func_names.len()
     }
 
+    /// The file mapped at `addr` in process `pid` and the offset of `addr` in it (for reading
+    /// code bytes); None for anonymous and special mappings.
+    pub fn file_offset(&self, pid: u32, addr: u64) -> Option<(Arc<str>, u64)> {
+        let space = self.spaces.get(&pid)?;
+        let i = space.segs.partition_point(|g| g.end <= addr);
+        let seg = space.segs.get(i).filter(|g| g.start <= addr && !g.path.is_empty() && !g.path.starts_with('['))?;
+        Some((seg.path.clone(), addr - seg.start + seg.offset))
+    }
+
     /// Resolve `addr` in process `pid`.
     pub fn resolve(&mut self, pid: u32, addr: u64) -> Location {
         if let Some(l) = self.spaces.get(&pid).and_then(|s| s.cache.get(&addr)) {

@@ -1,0 +1,3 @@
+/* The shared library of calib_pointers. */
+int shlib_square(int x);
+int shlib_mix(int a, int b);
