@@ -67,16 +67,18 @@ extern "C" fn hw_read() -> u64 {
 
 /// Open a per-thread, user-only hardware instructions counter (perf_event_open).
 fn open_hw_counter() -> Result<i32, std::io::Error> {
-    // struct perf_event_attr (PERF_ATTR_SIZE_VER5 = 112 bytes): type, size, config, ..., flags.
-    let mut attr = [0u8; 112];
-    attr[0..4].copy_from_slice(&0u32.to_ne_bytes()); // PERF_TYPE_HARDWARE
-    attr[4..8].copy_from_slice(&112u32.to_ne_bytes());
-    attr[8..16].copy_from_slice(&1u64.to_ne_bytes()); // PERF_COUNT_HW_INSTRUCTIONS
-    let flags: u64 = (1 << 5) | (1 << 6); // exclude_kernel, exclude_hv
-    attr[40..48].copy_from_slice(&flags.to_ne_bytes());
-    // SAFETY: the attribute buffer is valid and as large as the size it declares; pid 0 = this
+    use perf_event_open_sys::bindings::{perf_event_attr, PERF_COUNT_HW_INSTRUCTIONS, PERF_TYPE_HARDWARE};
+    let mut attr = perf_event_attr {
+        type_: PERF_TYPE_HARDWARE,
+        size: std::mem::size_of::<perf_event_attr>() as u32,
+        config: PERF_COUNT_HW_INSTRUCTIONS as u64,
+        ..Default::default()
+    };
+    attr.set_exclude_kernel(1);
+    attr.set_exclude_hv(1);
+    // SAFETY: attr is a valid perf_event_attr whose size field is its own size; pid 0 = this
     // thread, cpu -1 = any, no group, no flags.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0) };
+    let fd = unsafe { perf_event_open_sys::perf_event_open(&mut attr, 0, -1, -1, 0) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
