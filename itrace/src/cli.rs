@@ -34,6 +34,8 @@ pub enum BackendArg {
     Auto,
     Ptrace,
     Inproc,
+    /// qemu-user with the itrace TCG plugin: the whole launched program at emulation speed.
+    Qemu,
 }
 
 /// Collection modes.
@@ -83,9 +85,10 @@ pub struct RecordArgs {
     /// rest runs at full speed.
     #[arg(long)]
     pub region: bool,
-    /// How to record: ptrace single-stepping, or the in-process recorder (the program steps
-    /// itself in a SIGTRAP handler; `--region` on a launched program only). auto: in-process
-    /// for `--region` on a launched program, ptrace otherwise.
+    /// How to record: ptrace single-stepping, the in-process recorder (the program steps
+    /// itself in a SIGTRAP handler; `--region` on a launched program only), or qemu (the
+    /// launched program under qemu-user with itrace's TCG plugin: fast, emulated CPU). auto:
+    /// in-process for `--region` on a launched program, ptrace otherwise.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// Start tracing a thread when it enters this function (a symbol of the program or its
@@ -114,6 +117,10 @@ pub struct RecordArgs {
     /// from its first instruction through qemu's GDB stub.
     #[arg(long, value_name = "ARCH", conflicts_with = "pid")]
     pub qemu: Option<String>,
+    /// Architecture of the program for --backend qemu (x86_64, i386, ppc64le, ppc64, s390x);
+    /// default: from its ELF header.
+    #[arg(long, value_name = "ARCH")]
+    pub arch: Option<String>,
     /// Environment variable for a program run with --qemu (repeatable); its environment is empty otherwise.
     #[arg(long = "env", value_name = "VAR=VALUE", requires = "qemu")]
     pub qemu_env: Vec<std::ffi::OsString>,
