@@ -66,5 +66,5 @@ extern "C" {
     pub fn qemu_plugin_insn_size(insn: *const Insn) -> usize;
     pub fn qemu_plugin_insn_vaddr(insn: *const Insn) -> u64;
     pub fn qemu_plugin_path_to_binary() -> *const c_char;
-    pub fn qemu_plugin_entry_code() -> u64;
+    pub fn qemu_plugin_start_code() -> u64;
 }

@@ -275,8 +275,11 @@ fn module_table(s: &State, first_pc: u64, ts: u64) {
     };
     let Ok(prog) = itrace_arch::elf::Program::read(&path) else { return };
     // SAFETY: no arguments; valid once the program is loaded (it is: a block has run).
-    let entry = unsafe { ffi::qemu_plugin_entry_code() };
-    let bias = if prog.position_independent { entry.wrapping_sub(prog.entry) } else { 0 };
+    let start_code = unsafe { ffi::qemu_plugin_start_code() };
+    // qemu's start_code is the lowest executable segment of the program (its entry_code is the
+    // dynamic loader's entry for a dynamically linked program).
+    let low = prog.loads.iter().filter(|l| l.prot & 4 != 0).map(|l| l.vaddr).min().unwrap_or(0);
+    let bias = if prog.position_independent { start_code.wrapping_sub(low) } else { 0 };
     segments(s, &prog, bias, ts);
     if let Some(interp) = &prog.interpreter {
         let host = match &s.cfg.sysroot {

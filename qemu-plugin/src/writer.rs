@@ -139,9 +139,7 @@ impl Writer {
                 match self.buffers.push_trace(stream, rec) {
                     Ok(Push::Stored) => {
                         self.t.instructions += u32::from_ne_bytes(rec[36..40].try_into().expect("4 bytes")) as u64;
-                        if maj == major::BRANCH_USER {
-                            self.t.branches += 1;
-                        }
+                        self.t.branches += 1;
                     }
                     Ok(Push::Full) => {
                         // Normal mode: this stream's buffer is full; its thread runs on untraced.
