@@ -53,6 +53,8 @@ struct TbInfo {
     /// Where execution continues when the last instruction does not branch.
     fall: u64,
     flow: Flow,
+    /// The last instruction is a branch to itself (`jmp .`, `loop .`).
+    self_loop: bool,
 }
 
 /// System call numbers the plugin acts on, per architecture.
@@ -332,6 +334,7 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
             last: pc,
             fall: pc.wrapping_add(size as u64),
             flow: insn.flow,
+            self_loop: insn.target == Some(pc),
         });
         // Leaked on purpose: qemu may run the block until the end of the process.
         let udata = Box::into_raw(info) as *mut c_void;
@@ -365,11 +368,16 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
                 icount: 0,
             };
             v.push_branch(s, b);
-        } else if p.flow == Flow::RepString && tb.start == p.last {
+        } else if tb.start == p.last && p.flow == Flow::RepString {
             // Another iteration of a rep string instruction: qemu ends the block after each.
             v.icount = v.icount.saturating_add(tb.insns - 1);
             v.prev = tb;
             return;
+        } else if tb.start == p.last && !p.self_loop {
+            // qemu 7.2 cut the block before an instruction crossing a page boundary but still
+            // listed that instruction to plugins: it did not run in the previous block, it
+            // starts this one.
+            v.icount = v.icount.saturating_sub(1);
         } else if tb.start != p.fall || p.flow.always_branches() {
             v.branch(s, p.last, tb.start, kind_of(p.flow));
         }
