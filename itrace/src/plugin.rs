@@ -19,14 +19,6 @@ const PLUGIN_ENV: &str = "ITRACE_QEMU_PLUGIN";
 /// Trace streams in the file: guest threads alive at once (vCPU indexes) beyond this are not traced.
 const STREAMS: usize = 64;
 
-fn parse_arch(name: &str) -> Result<Arch> {
-    const ARCHES: [Arch; 5] = [Arch::X86_64, Arch::I386, Arch::Ppc64le, Arch::Ppc64, Arch::S390x];
-    ARCHES.into_iter().find(|a| a.name() == name).ok_or_else(|| {
-        let known: Vec<&str> = ARCHES.iter().map(|a| a.name()).collect();
-        anyhow!("unknown architecture '{name}' for --arch (known: {})", known.join(", "))
-    })
-}
-
 fn search_path() -> OsString {
     std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into())
 }
@@ -181,18 +173,19 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     if args.pid.is_some() {
         bail!("--backend qemu launches the program under qemu-user: it cannot attach to a running process (-p)");
     }
-    if args.region || !args.start.is_empty() || !args.stop.is_empty() || args.duration.is_some() || args.follow_forks
-    {
+    if args.region || !args.start.is_empty() || !args.stop.is_empty() || args.duration.is_some() || args.follow_forks {
         bail!("--backend qemu records the whole program: --region, --start, --stop, --duration and --follow-forks are not supported with it");
     }
     let Some(cmd) = args.command.first() else { bail!("nothing to trace: give a command after `--`") };
     let program = find_program(Path::new(cmd))?;
     let elf_arch = itrace_arch::elf::arch_of(&program);
-    let arch = match (args.arch.as_deref().map(parse_arch).transpose()?, elf_arch) {
+    let arch = match (args.arch.map(|a| a.arch()), elf_arch) {
         (Some(a), Some(e)) if a != e => bail!("{} is a {e} program, not {a}", program.display()),
         (Some(a), _) => a,
         (None, Some(e)) => e,
-        (None, None) => bail!("{} is not an ELF program itrace can trace: give its architecture with --arch", program.display()),
+        (None, None) => {
+            bail!("{} is not an ELF program itrace can trace: give its architecture with --arch", program.display())
+        }
     };
     let mode = crate::record::checked_mode(&args)?;
     let qemu = find_qemu(arch)?;
@@ -243,7 +236,11 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         );
     };
     if let Some(e) = &done.error {
-        bail!("{e}; tracing stopped, the trace up to the failure is in {} ({} bytes)", args.output.display(), done.bytes);
+        bail!(
+            "{e}; tracing stopped, the trace up to the failure is in {} ({} bytes)",
+            args.output.display(),
+            done.bytes
+        );
     }
     let why = match StopReason::from_code(done.stop) {
         Some(StopReason::BufferFull) => "a buffer filled (normal mode); the program ran on untraced",

@@ -55,6 +55,10 @@ struct TbInfo {
     flow: Flow,
     /// The last instruction is a branch to itself (`jmp .`, `loop .`).
     self_loop: bool,
+    /// It always transfers control (a branch even to the next instruction).
+    always: bool,
+    /// The record kind when control does not fall through.
+    kind: BranchKind,
 }
 
 /// System call numbers the plugin acts on, per architecture.
@@ -124,8 +128,17 @@ struct Vcpu {
     in_syscall: Option<i64>,
     mmap: Option<PendingMmap>,
     buf: Vec<u8>,
+    /// Instructions and branch records in `buf`.
+    buf_insns: u64,
+    buf_branches: u64,
+    buf_records: u64,
     last_ts: u64,
+    /// Records left before the clock is read again (reading it costs more than a block).
+    ts_left: u32,
 }
+
+/// Branch records that share one clock reading: their timestamps are those of the first.
+const TS_EVERY: u32 = 64;
 
 fn state() -> Option<&'static State> {
     STATE.get()
@@ -137,6 +150,7 @@ fn gettid() -> u32 {
 }
 
 /// The state of vCPU `idx`, created on first use. Only its own thread calls this.
+#[inline]
 fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
     let slot = VCPUS.get(idx as usize)?;
     let mut p = slot.load(Relaxed);
@@ -150,7 +164,11 @@ fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
             in_syscall: None,
             mmap: None,
             buf: Vec::with_capacity(SEGMENT),
+            buf_insns: 0,
+            buf_branches: 0,
+            buf_records: 0,
             last_ts: 0,
+            ts_left: 0,
         });
         p = Box::into_raw(v);
         slot.store(p, Release);
@@ -162,10 +180,22 @@ fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
 }
 
 impl Vcpu {
+    /// A fresh reading of the clock (for system calls, thread start and end, MTE records).
     fn ts(&mut self) -> u64 {
         let t = now_ns().max(self.last_ts);
         self.last_ts = t;
+        self.ts_left = TS_EVERY;
         t
+    }
+
+    /// The timestamp of a branch record: the clock is read once every [`TS_EVERY`] records.
+    #[inline]
+    fn branch_ts(&mut self) -> u64 {
+        if self.ts_left == 0 {
+            return self.ts();
+        }
+        self.ts_left -= 1;
+        self.last_ts
     }
 
     #[inline]
@@ -173,13 +203,21 @@ impl Vcpu {
         let mut a = [0u8; BRANCH_RECORD_LEN];
         b.encode_into(&mut a);
         self.buf.extend_from_slice(&a);
+        self.buf_insns += b.icount as u64;
+        self.buf_branches += 1;
+        self.buf_records += 1;
         if self.buf.len() + BRANCH_RECORD_LEN > SEGMENT {
             self.flush(s);
         }
     }
 
     fn push_control(&mut self, s: &State, r: Record) {
-        let _ = r.encode(&mut self.buf);
+        if let Record::TraceOff(off) = &r {
+            self.buf_insns += off.icount as u64;
+        }
+        if r.encode(&mut self.buf).is_ok() {
+            self.buf_records += 1;
+        }
         if self.buf.len() + 64 > SEGMENT {
             self.flush(s);
         }
@@ -189,13 +227,16 @@ impl Vcpu {
         if self.buf.is_empty() {
             return;
         }
-        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(SEGMENT));
-        let _ = s.tx.send(Msg::Records { stream: self.stream, data });
+        let data = std::mem::replace(&mut self.buf, writer::segment_buffer(SEGMENT));
+        let instructions = std::mem::take(&mut self.buf_insns);
+        let branches = std::mem::take(&mut self.buf_branches);
+        let records = std::mem::take(&mut self.buf_records);
+        let _ = s.tx.send(Msg::Records { stream: self.stream, data, records, instructions, branches });
     }
 
     fn branch(&mut self, s: &State, from: u64, to: u64, kind: BranchKind) {
         let b = Branch {
-            ts: self.ts(),
+            ts: self.branch_ts(),
             kernel: false,
             kind,
             flags: 0,
@@ -254,11 +295,6 @@ impl Vcpu {
             unsafe { (*self.prev).fall }
         }
     }
-}
-
-/// The kind of record a block ending with `flow` gets when control did not fall through.
-fn kind_of(flow: Flow) -> BranchKind {
-    flow.branch_kind()
 }
 
 /// Process name, thread name and the program's (and its loader's) segments.
@@ -335,6 +371,8 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
             fall: pc.wrapping_add(size as u64),
             flow: insn.flow,
             self_loop: insn.target == Some(pc),
+            always: insn.flow.always_branches(),
+            kind: insn.flow.branch_kind(),
         });
         // Leaked on purpose: qemu may run the block until the end of the process.
         let udata = Box::into_raw(info) as *mut c_void;
@@ -350,6 +388,25 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
     let (Some(s), Some(v)) = (state(), vcpu(idx)) else { return };
     // SAFETY: udata is the TbInfo leaked in on_tb_trans for this block.
     let tb = unsafe { &*(udata as *const TbInfo) };
+    if v.active && v.in_syscall.is_none() {
+        // SAFETY: an active vCPU's prev is a leaked TbInfo.
+        let p = unsafe { &*v.prev };
+        if tb.start != p.last {
+            if tb.start != p.fall || p.always {
+                v.branch(s, p.last, tb.start, p.kind);
+            }
+            v.icount = v.icount.saturating_add(tb.insns);
+            v.prev = tb;
+            return;
+        }
+    }
+    exec_unusual(s, v, tb);
+}
+
+/// The rarer cases of a block execution: a thread's first block, the return from a system
+/// call, a block starting at the previous block's last instruction.
+#[cold]
+fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
     if !v.active {
         v.start(s, tb);
     } else {
@@ -378,8 +435,8 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
             // listed that instruction to plugins: it did not run in the previous block, it
             // starts this one.
             v.icount = v.icount.saturating_sub(1);
-        } else if tb.start != p.fall || p.flow.always_branches() {
-            v.branch(s, p.last, tb.start, kind_of(p.flow));
+        } else if tb.start != p.fall || p.always {
+            v.branch(s, p.last, tb.start, p.kind);
         }
     }
     v.icount = v.icount.saturating_add(tb.insns);
@@ -523,12 +580,7 @@ fn finish(s: &State) {
 fn report(status: &Option<PathBuf>, line: &str) {
     use std::io::Write;
     let written = status.as_deref().is_some_and(|p: &Path| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .and_then(|mut f| writeln!(f, "{line}"))
-            .is_ok()
+        std::fs::OpenOptions::new().create(true).append(true).open(p).and_then(|mut f| writeln!(f, "{line}")).is_ok()
     });
     if !written {
         eprintln!("itrace plugin: {line}");

@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use itrace_format::{
-    major, Buffers, BufferConfig, Endian, FileHeader, Push, Record, StepMethod, StopReason, Summary, TraceOff,
+    major, BufferConfig, Buffers, Endian, FileHeader, Push, Record, StepMethod, StopReason, Summary, TraceOff,
     TraceWriter, BRANCH_RECORD_LEN, FLAG_ICOUNT, VERSION_MAJOR, VERSION_MINOR,
 };
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -15,8 +15,9 @@ const CHANNEL_DEPTH: usize = 32;
 
 /// Work for the writer.
 pub enum Msg {
-    /// Encoded records of one stream, in order (branch, trace-on and trace-off records).
-    Records { stream: u16, data: Vec<u8> },
+    /// Encoded records of one stream, in order (branch, trace-on and trace-off records), with
+    /// the instructions and branch records among them.
+    Records { stream: u16, data: Vec<u8>, records: u64, instructions: u64, branches: u64 },
     /// A module-table record.
     Mte(Record),
     /// Write what is buffered and the summary, then stop.
@@ -71,10 +72,11 @@ pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), Stri
         mte_size: cfg.mte_size,
     };
     let buffers = Buffers::new(bcfg, writer);
+    let continuous = cfg.mode == itrace_format::Mode::Continuous;
     let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
     let h = std::thread::Builder::new()
         .name("itrace-writer".into())
-        .spawn(move || run(buffers, rx))
+        .spawn(move || run(buffers, rx, continuous))
         .map_err(|e| format!("cannot start the writer thread: {e}"))?;
     Ok((tx, h))
 }
@@ -86,15 +88,43 @@ struct Writer {
     full: Vec<bool>,
     /// Tracing stopped for good (MTE buffer full, write error).
     stopped: bool,
+    /// Continuous mode: nothing is refused, records are copied in runs.
+    buffers_continuous: bool,
 }
 
-fn run(buffers: Buffers, rx: Receiver<Msg>) -> Totals {
+/// Spare segment buffers, handed back to the vCPUs so that they do not fault in fresh pages.
+static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+const POOL_MAX: usize = 64;
+
+fn recycle(mut v: Vec<u8>) {
+    v.clear();
+    if let Ok(mut p) = POOL.lock() {
+        if p.len() < POOL_MAX {
+            p.push(v);
+        }
+    }
+}
+
+/// An empty buffer of `cap` bytes, from the pool when one is there.
+pub fn segment_buffer(cap: usize) -> Vec<u8> {
+    POOL.lock().ok().and_then(|mut p| p.pop()).unwrap_or_else(|| Vec::with_capacity(cap))
+}
+
+fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
     let n = buffers.records().len();
-    let mut w = Writer { buffers, t: Totals::default(), full: vec![false; n], stopped: false };
+    let mut w =
+        Writer { buffers, t: Totals::default(), full: vec![false; n], stopped: false, buffers_continuous: continuous };
     let mut end_ts = 0;
     while let Ok(m) = rx.recv() {
         match m {
-            Msg::Records { stream, data } => w.records(stream as usize, &data),
+            Msg::Records { stream, data, records, instructions, branches } => {
+                if w.buffers_continuous {
+                    w.bulk(stream as usize, &data, records, instructions, branches);
+                } else {
+                    w.records(stream as usize, &data);
+                }
+                recycle(data);
+            }
             Msg::Mte(r) => w.mte(&r),
             Msg::Finish { ts } => {
                 end_ts = ts;
@@ -106,8 +136,12 @@ fn run(buffers: Buffers, rx: Receiver<Msg>) -> Totals {
     t.records = buffers.records().iter().sum();
     t.lost = buffers.lost().iter().sum();
     let stop = *t.stop.get_or_insert(StopReason::Exited);
-    let summary =
-        Summary { ts: end_ts.max(now_ns()), stop_reason: stop as u32, instructions: t.instructions, ..Default::default() };
+    let summary = Summary {
+        ts: end_ts.max(now_ns()),
+        stop_reason: stop as u32,
+        instructions: t.instructions,
+        ..Default::default()
+    };
     match buffers.finish(summary) {
         Ok(bytes) => t.bytes = bytes,
         Err(e) => {
@@ -118,6 +152,20 @@ fn run(buffers: Buffers, rx: Receiver<Msg>) -> Totals {
 }
 
 impl Writer {
+    /// Continuous mode: the vCPU counted the instructions; store the records in runs.
+    fn bulk(&mut self, stream: usize, data: &[u8], records: u64, instructions: u64, branches: u64) {
+        if self.stopped || stream >= self.full.len() {
+            return;
+        }
+        match self.buffers.push_records(stream, data, records) {
+            Ok(_) => {
+                self.t.instructions += instructions;
+                self.t.branches += branches;
+            }
+            Err(err) => self.failed(err.to_string()),
+        }
+    }
+
     fn records(&mut self, stream: usize, data: &[u8]) {
         if self.stopped || stream >= self.full.len() {
             return;
