@@ -59,11 +59,31 @@ struct TbInfo {
     always: bool,
     /// The record kind when control does not fall through.
     kind: BranchKind,
+    /// Where a direct branch goes (jump, call, conditional jump).
+    target: Option<u64>,
+    /// The last instruction can send control somewhere other than the next instruction.
+    can_branch: bool,
+}
+
+impl TbInfo {
+    /// Whether the block's last instruction can have sent control to `to`; when it cannot, a
+    /// signal was delivered between the blocks.
+    #[inline]
+    fn reaches(&self, to: u64) -> bool {
+        match self.target {
+            Some(t) => to == t || to == self.fall,
+            None => self.can_branch,
+        }
+    }
 }
 
 /// System call numbers the plugin acts on, per architecture.
 struct Syscalls {
     execve: i64,
+    /// The old sigreturn, besides rt_sigreturn (i386, s390x).
+    sigreturn: Option<i64>,
+    /// kill, tkill, tgkill: the signal a thread sends itself is the one delivered on return.
+    kill: [i64; 3],
     /// mmap with a byte offset (x86_64, ppc64) or a page offset (i386 mmap2); none on s390x,
     /// whose mmap takes its arguments in memory.
     mmap: Option<(i64, u64)>,
@@ -71,10 +91,12 @@ struct Syscalls {
 
 fn syscalls(arch: Arch) -> Syscalls {
     match arch {
-        Arch::X86_64 => Syscalls { execve: 59, mmap: Some((9, 1)) },
-        Arch::I386 => Syscalls { execve: 11, mmap: Some((192, 4096)) },
-        Arch::Ppc64le | Arch::Ppc64 => Syscalls { execve: 11, mmap: Some((90, 1)) },
-        Arch::S390x => Syscalls { execve: 11, mmap: None },
+        Arch::X86_64 => Syscalls { execve: 59, sigreturn: None, kill: [62, 200, 234], mmap: Some((9, 1)) },
+        Arch::I386 => Syscalls { execve: 11, sigreturn: Some(119), kill: [37, 238, 270], mmap: Some((192, 4096)) },
+        Arch::Ppc64le | Arch::Ppc64 => {
+            Syscalls { execve: 11, sigreturn: Some(119), kill: [37, 208, 250], mmap: Some((90, 1)) }
+        }
+        Arch::S390x => Syscalls { execve: 11, sigreturn: Some(119), kill: [37, 237, 241], mmap: None },
     }
 }
 
@@ -127,6 +149,8 @@ struct Vcpu {
     /// The system call whose return to user space is recorded at the next block.
     in_syscall: Option<i64>,
     mmap: Option<PendingMmap>,
+    /// The signal the pending system call sends (kill, tkill, tgkill), 0 otherwise.
+    sending: u16,
     buf: Vec<u8>,
     /// Instructions and branch records in `buf`.
     buf_insns: u64,
@@ -163,6 +187,7 @@ fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
             icount: 0,
             in_syscall: None,
             mmap: None,
+            sending: 0,
             buf: Vec::with_capacity(SEGMENT),
             buf_insns: 0,
             buf_branches: 0,
@@ -247,6 +272,40 @@ impl Vcpu {
             icount: std::mem::take(&mut self.icount),
         };
         self.push_branch(s, b);
+    }
+
+    /// The kernel's return to user space at `to` (after a system call or signal delivery).
+    fn kernel_return(&mut self, s: &State, to: u64, flags: u8, aux: i64) {
+        let b = Branch {
+            ts: self.ts(),
+            kernel: true,
+            kind: BranchKind::Iret,
+            flags,
+            aux: aux as u16,
+            from: 0,
+            to,
+            tid: self.tid,
+            icount: 0,
+        };
+        self.push_branch(s, b);
+    }
+
+    /// Signal `sig` delivered before the instruction at `at` ran, to its handler at `handler`
+    /// (plugins are not told signals: 0 when unknown).
+    fn signal(&mut self, s: &State, at: u64, handler: u64, sig: u16) {
+        let b = Branch {
+            ts: self.ts(),
+            kernel: false,
+            kind: BranchKind::Intrpt,
+            flags: branch_flags::SIGNAL,
+            aux: sig,
+            from: at,
+            to: 0,
+            tid: self.tid,
+            icount: std::mem::take(&mut self.icount),
+        };
+        self.push_branch(s, b);
+        self.kernel_return(s, handler, branch_flags::SIGNAL, sig as i64);
     }
 
     /// The thread's first block: trace-on (and, for the process's first thread, its module table).
@@ -373,6 +432,8 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
             self_loop: insn.target == Some(pc),
             always: insn.flow.always_branches(),
             kind: insn.flow.branch_kind(),
+            target: insn.target,
+            can_branch: !matches!(insn.flow, Flow::Next | Flow::RepString),
         });
         // Leaked on purpose: qemu may run the block until the end of the process.
         let udata = Box::into_raw(info) as *mut c_void;
@@ -391,7 +452,7 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
     if v.active && v.in_syscall.is_none() {
         // SAFETY: an active vCPU's prev is a leaked TbInfo.
         let p = unsafe { &*v.prev };
-        if tb.start != p.last {
+        if tb.start != p.last && (tb.start == p.fall || p.reaches(tb.start)) {
             if tb.start != p.fall || p.always {
                 v.branch(s, p.last, tb.start, p.kind);
             }
@@ -404,7 +465,7 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
 }
 
 /// The rarer cases of a block execution: a thread's first block, the return from a system
-/// call, a block starting at the previous block's last instruction.
+/// call, a block starting at the previous block's last instruction, a signal handler.
 #[cold]
 fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
     if !v.active {
@@ -413,18 +474,20 @@ fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
         // SAFETY: an active vCPU's prev is a leaked TbInfo.
         let p = unsafe { &*v.prev };
         if let Some(nr) = v.in_syscall.take() {
-            let b = Branch {
-                ts: v.ts(),
-                kernel: true,
-                kind: BranchKind::Iret,
-                flags: branch_flags::SYSCALL,
-                aux: nr as u16,
-                from: 0,
-                to: tb.start,
-                tid: v.tid,
-                icount: 0,
-            };
-            v.push_branch(s, b);
+            // A call returns after its instruction, except rt_sigreturn (to the interrupted
+            // code) and sigreturn; anywhere else means a signal was delivered on the way out.
+            let returns = nr as u64 != s.arch.rt_sigreturn_nr() && !(s.nr.sigreturn == Some(nr));
+            let signal = returns && tb.start != p.fall;
+            let to = if signal { p.fall } else { tb.start };
+            v.kernel_return(s, to, branch_flags::SYSCALL, nr);
+            if signal {
+                let sig = std::mem::take(&mut v.sending);
+                v.signal(s, p.fall, tb.start, sig);
+            }
+        } else if tb.start != p.last && !p.reaches(tb.start) {
+            // Nothing in the previous block goes here: a signal interrupted the thread
+            // before the instruction after it.
+            v.signal(s, p.fall, tb.start, 0);
         } else if tb.start == p.last && p.flow == Flow::RepString {
             // Another iteration of a rep string instruction: qemu ends the block after each.
             v.icount = v.icount.saturating_add(tb.insns - 1);
@@ -490,6 +553,14 @@ extern "C" fn on_syscall(
         return;
     }
     v.in_syscall = Some(num);
+    let k = s.nr.kill;
+    v.sending = if num == k[2] {
+        a3 as u16
+    } else if num == k[0] || num == k[1] {
+        a2 as u16
+    } else {
+        0
+    };
     if let Some((nr, unit)) = s.nr.mmap {
         let prot = a3 as u32;
         let fd = a5 as i64 as i32;

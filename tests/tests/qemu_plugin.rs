@@ -13,6 +13,11 @@ use std::process::Command;
 
 const QEMU: &[&str] = &["--backend", "qemu"];
 
+/// A test directory made earlier in this test (not emptied).
+fn test_dir_path(name: &str) -> std::path::PathBuf {
+    target_dir().join("test-output").join(name)
+}
+
 /// (kernel, type, count, symbol+offset) of each line: what must agree between backends.
 fn shape(lines: &[ArcLine]) -> Vec<(bool, u8, u64, String)> {
     lines.iter().map(|l| (l.kernel, l.type_code, l.count, l.location())).collect()
@@ -129,6 +134,17 @@ fn libc_loops_and_recursion() {
 fn libc_function_pointers_and_jump_table() {
     compare_with_ptrace("funcptr", &["main", "fp_add", "fp_sub", "fp_mul", "fp_xor", "fp_fold"]);
     compare_with_ptrace("jumptable", &["main", "jt_classify"]);
+}
+
+/// Signals (delivered by qemu-user on the way out of the raise system call) and longjmp.
+#[test]
+fn libc_signals_and_longjmp() {
+    let report = compare_with_ptrace("signal", &["main", "sig_handler", "sig_compute"]);
+    let bin = program("signal");
+    assert_eq!(report_calls(&report, &bin).get("sig_handler"), Some(&3), "three deliveries, each a call");
+    let arc = arc_text(&test_dir_path("qemu_plugin-libc-signal").join("plugin.itr"));
+    assert_eq!(arc.matches("signal_SIGUSR1:[kernel]").count(), 3, "three SIGUSR1 deliveries in the arc");
+    compare_with_ptrace("longjmp", &["main", "lj_dive", "lj_round"]);
 }
 
 /// Guest threads: each gets its own stream (vCPU index) and thread id.
