@@ -476,7 +476,7 @@ fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
         if let Some(nr) = v.in_syscall.take() {
             // A call returns after its instruction, except rt_sigreturn (to the interrupted
             // code) and sigreturn; anywhere else means a signal was delivered on the way out.
-            let returns = nr as u64 != s.arch.rt_sigreturn_nr() && !(s.nr.sigreturn == Some(nr));
+            let returns = nr as u64 != s.arch.rt_sigreturn_nr() && s.nr.sigreturn != Some(nr);
             let signal = returns && tb.start != p.fall;
             let to = if signal { p.fall } else { tb.start };
             v.kernel_return(s, to, branch_flags::SYSCALL, nr);
