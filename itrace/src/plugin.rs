@@ -230,6 +230,14 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         if let Some(e) = said.lines().find_map(|l| l.strip_prefix("error ")) {
             bail!("the itrace plugin failed: {e}");
         }
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = exit.signal() {
+            bail!(
+                "the program was killed by signal {sig} and qemu-user does not tell plugins: the end of the trace \
+                 (its last segment and summary) is missing from {}",
+                args.output.display()
+            );
+        }
         bail!(
             "{qemu_name} ended ({exit}) without the itrace plugin finishing the trace; {} is incomplete",
             args.output.display()
