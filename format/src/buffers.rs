@@ -90,6 +90,61 @@ impl Buffers {
         self.push_cpu(cpu, rec, false)
     }
 
+    /// Continuous mode: store `data`, whole encoded records of `cpu` (`n` of them), copying
+    /// runs of records at once instead of one by one; a segment is still written as a chunk
+    /// when the next record would not fit. Other modes store them one at a time (control
+    /// records included, never refused) and return [`Push::Full`] at the first branch record
+    /// a normal-mode buffer refuses, dropping it and the rest.
+    pub fn push_records(&mut self, cpu: usize, data: &[u8], n: u64) -> Result<Push, FormatError> {
+        let e = Endian::native();
+        let seg = self.cfg.segment_size;
+        if let Store::Segment(v) = &mut self.cpus[cpu] {
+            if v.len() + data.len() <= seg {
+                v.extend_from_slice(data);
+                self.records[cpu] += n;
+                return Ok(Push::Stored);
+            }
+        }
+        let mut at = 0;
+        while at < data.len() {
+            if let Store::Segment(v) = &mut self.cpus[cpu] {
+                // The longest run of whole records that fits in the segment.
+                let room = seg.saturating_sub(v.len());
+                let (mut end, mut n) = (at, 0u64);
+                while end < data.len() {
+                    let len = record_len(e, &data[end..]).unwrap_or(0);
+                    if len == 0 || end + len > data.len() {
+                        return Err(FormatError::Corrupt { offset: end as u64, what: "partial record".into() });
+                    }
+                    if end + len - at > room {
+                        break;
+                    }
+                    end += len;
+                    n += 1;
+                }
+                if n > 0 {
+                    v.extend_from_slice(&data[at..end]);
+                    self.records[cpu] += n;
+                    at = end;
+                    continue;
+                }
+            }
+            // A record that does not fit (continuous: written after a flush), or another mode.
+            let len = record_len(e, &data[at..]).unwrap_or(0);
+            if len < 4 || at + len > data.len() {
+                return Err(FormatError::Corrupt { offset: at as u64, what: "partial record".into() });
+            }
+            let rec = &data[at..at + len];
+            let maj = e.u16(&rec[2..]);
+            let control = maj != major::BRANCH_USER && maj != major::BRANCH_KERNEL;
+            if self.push_cpu(cpu, rec, control)? == Push::Full {
+                return Ok(Push::Full);
+            }
+            at += len;
+        }
+        Ok(Push::Stored)
+    }
+
     /// Store a control record (trace on/off, lost) for `cpu`; never refused for lack of space.
     pub fn push_control(&mut self, cpu: usize, rec: &Record) -> Result<(), FormatError> {
         let mut s = std::mem::take(&mut self.scratch);

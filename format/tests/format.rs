@@ -237,3 +237,53 @@ fn not_a_trace_and_wrong_version() {
     std::fs::write(&p, h.encode()).unwrap();
     assert!(matches!(TraceFile::open(&p), Err(FormatError::UnsupportedVersion { major: 9, .. })));
 }
+
+/// `push_records` (runs of records at once) stores exactly what pushing them one by one stores,
+/// in every mode: the same records, the same refusal point in normal mode.
+#[test]
+fn pushing_runs_of_records_equals_pushing_them_one_by_one() {
+    let d = tempfile::tempdir().unwrap();
+    for (mode, buffer, segment) in [(Mode::Continuous, 0, 1000), (Mode::Normal, 4000, 1000), (Mode::Wrap, 4000, 1000)] {
+        let mut encoded = Vec::new();
+        let mut all = Vec::new();
+        for i in 0..500 {
+            let br = branch(i, 0);
+            Record::Branch(br).encode(&mut encoded).unwrap();
+            all.push(br);
+            if i % 50 == 0 {
+                let on = TraceOn { ts: 1000 + i, reason: TraceOnReason::Resume, pid: 1, tid: 100, pc: i };
+                Record::TraceOn(on).encode(&mut encoded).unwrap();
+            }
+        }
+        let p = d.path().join(format!("{mode}.itr"));
+        let w = TraceWriter::create(&p, &header(mode, 1)).unwrap();
+        let cfg = BufferConfig { mode, ncpu: 1, buffer_size: buffer, segment_size: segment, mte_size: 1 << 20 };
+        let mut b = Buffers::new(cfg, w);
+        // Runs of 37 records' worth of bytes, cut at record boundaries.
+        let mut at = 0;
+        let mut refused = false;
+        while at < encoded.len() && !refused {
+            let (mut end, mut n) = (at, 0);
+            for _ in 0..37 {
+                if end < encoded.len() {
+                    end += u16::from_ne_bytes([encoded[end], encoded[end + 1]]) as usize & 0xFFFC;
+                    n += 1;
+                }
+            }
+            refused = b.push_records(0, &encoded[at..end], n).unwrap() == Push::Full;
+            at = end;
+        }
+        b.finish(Summary::default()).unwrap();
+        let got = branches(&TraceFile::open(&p).unwrap());
+        match mode {
+            Mode::Continuous => assert_eq!(got, all),
+            // 4000 bytes hold 100 branch records (trace-on records are never refused).
+            Mode::Normal => {
+                assert!(refused);
+                assert_eq!(got, all[..got.len()].to_vec());
+                assert!(got.len() >= 90 && got.len() <= 100, "{}", got.len());
+            }
+            _ => assert_eq!(got, all[all.len() - got.len()..].to_vec()),
+        }
+    }
+}

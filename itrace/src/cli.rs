@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Trace a program: launch it (`-- CMD ARGS`) or attach to a running one (`-p PID`).
-    Record(RecordArgs),
+    Record(Box<RecordArgs>),
     /// Write the arc file: one line per taken branch (PI's `post -arc`).
     Arc(ArcArgs),
     /// Summarise a trace: instructions and calls per function, module and thread.
@@ -36,6 +36,32 @@ pub enum BackendArg {
     Auto,
     Ptrace,
     Inproc,
+    /// qemu-user with the itrace TCG plugin: the whole launched program at emulation speed.
+    Qemu,
+}
+
+/// Architectures of programs run under qemu-user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ArchArg {
+    #[value(name = "x86_64")]
+    X86_64,
+    I386,
+    Ppc64le,
+    Ppc64,
+    S390x,
+}
+
+impl ArchArg {
+    /// The trace header's architecture.
+    pub fn arch(self) -> itrace_format::Arch {
+        match self {
+            ArchArg::X86_64 => itrace_format::Arch::X86_64,
+            ArchArg::I386 => itrace_format::Arch::I386,
+            ArchArg::Ppc64le => itrace_format::Arch::Ppc64le,
+            ArchArg::Ppc64 => itrace_format::Arch::Ppc64,
+            ArchArg::S390x => itrace_format::Arch::S390x,
+        }
+    }
 }
 
 /// Collection modes.
@@ -85,9 +111,10 @@ pub struct RecordArgs {
     /// rest runs at full speed.
     #[arg(long)]
     pub region: bool,
-    /// How to record: ptrace single-stepping, or the in-process recorder (the program steps
-    /// itself in a SIGTRAP handler; `--region` on a launched program only). auto: in-process
-    /// for `--region` on a launched program, ptrace otherwise.
+    /// How to record: ptrace single-stepping, the in-process recorder (the program steps
+    /// itself in a SIGTRAP handler; `--region` on a launched program only), or qemu (the
+    /// launched program under qemu-user with itrace's TCG plugin: fast, emulated CPU). auto:
+    /// in-process for `--region` on a launched program, ptrace otherwise.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// Start tracing a thread when it enters this function (a symbol of the program or its
@@ -116,6 +143,10 @@ pub struct RecordArgs {
     /// from its first instruction through qemu's GDB stub.
     #[arg(long, value_name = "ARCH", conflicts_with = "pid")]
     pub qemu: Option<String>,
+    /// Architecture of the program for --backend qemu (x86_64, i386, ppc64le, ppc64, s390x);
+    /// default: from its ELF header.
+    #[arg(long, value_enum, value_name = "ARCH")]
+    pub arch: Option<ArchArg>,
     /// Environment variable for a program run with --qemu (repeatable); its environment is empty otherwise.
     #[arg(long = "env", value_name = "VAR=VALUE", requires = "qemu")]
     pub qemu_env: Vec<std::ffi::OsString>,

@@ -5,6 +5,7 @@ mod calib;
 mod cli;
 mod dump;
 mod inproc;
+mod plugin;
 mod record;
 mod remote;
 mod signals;
@@ -20,7 +21,7 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e),
     };
     let result = match cli.command {
-        cli::Command::Record(args) => record::run(args),
+        cli::Command::Record(args) => record::run(*args),
         cli::Command::Arc(args) => cli::arc(args),
         cli::Command::Report(args) => cli::report(args),
         cli::Command::Dump(args) => dump::run(args),

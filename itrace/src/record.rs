@@ -50,6 +50,9 @@ fn ncpu() -> u16 {
 }
 
 pub fn run(args: RecordArgs) -> Result<ExitCode> {
+    if args.backend == BackendArg::Qemu {
+        return crate::plugin::run(args);
+    }
     if args.gdb.is_some() || args.qemu.is_some() {
         return crate::remote::run(args);
     }

@@ -380,15 +380,34 @@ fn record_qemu(arch: &str, bin: &Path, dir: &Path) -> PathBuf {
     trace
 }
 
+/// `itrace record --backend qemu` (the TCG plugin), in an empty environment like the oracle's.
+fn record_plugin(arch: &str, bin: &Path, dir: &Path) -> PathBuf {
+    let trace = dir.join("plugin.itr");
+    let o = run(Command::new(itrace_bin())
+        .env_clear()
+        .args(["record", "--backend", "qemu", "--arch", arch, "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(bin));
+    o.assert_success();
+    trace
+}
+
+type Recorder = fn(&str, &Path, &Path) -> PathBuf;
+
 fn check_asm(arch: &str) {
+    check_asm_with(arch, record_qemu, "")
+}
+
+fn check_asm_with(arch: &str, recorder: Recorder, tag: &str) {
     let bin = cross_program(&format!("{arch}-asm"));
-    let dir = test_dir(&format!("cross-asm-{arch}"));
+    let dir = test_dir(&format!("cross-asm-{arch}{tag}"));
     let insns = cross_objdump(arch, &bin);
     let pcs = qemu_pcs(arch, &bin);
     let (want, want_total) = oracle_blocks(arch, &pcs, &insns);
     let (hand_total, hand_blocks) = hand_count(arch);
     assert_eq!((want_total, want.len()), (hand_total, hand_blocks), "{arch}: qemu's log against the hand count");
-    let trace = record_qemu(arch, &bin, &dir);
+    let trace = recorder(arch, &bin, &dir);
     let (got, total) = itrace_blocks(&trace);
     assert_eq!(total, hand_total, "{arch}: itrace's instruction count against the hand count");
     compare_blocks(arch, &got, &want);
@@ -398,16 +417,20 @@ fn check_asm(arch: &str) {
 }
 
 fn check_libc(arch: &str) {
+    check_libc_with(arch, record_qemu, "")
+}
+
+fn check_libc_with(arch: &str, recorder: Recorder, tag: &str) {
     let bin = cross_program(&format!("{arch}-libc"));
-    let dir = test_dir(&format!("cross-libc-{arch}"));
+    let dir = test_dir(&format!("cross-libc-{arch}{tag}"));
     let mut insns = cross_objdump(arch, &bin);
     let pcs = qemu_pcs(arch, &bin);
     add_missing(arch, &bin, &pcs, &mut insns);
     let (want, want_total) = oracle_blocks(arch, &pcs, &insns);
-    let trace = record_qemu(arch, &bin, &dir);
+    let trace = recorder(arch, &bin, &dir);
     let (got, total) = itrace_blocks(&trace);
-    assert_eq!(total, want_total, "{arch}: instructions, itrace against qemu's log");
     compare_blocks(arch, &got, &want);
+    assert_eq!(total, want_total, "{arch}: instructions, itrace against qemu's log");
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
     let want = oracle_function_counts(arch, &bin, &pcs, &names);
     let report = report_json(&trace);
@@ -565,6 +588,33 @@ fn s390x_libc() {
 #[test]
 fn i386_libc_through_qemu() {
     check_libc("i386");
+}
+
+// The same programs through the qemu TCG plugin (`--backend qemu`): block for block as qemu's
+// single-step log, like the GDB-stub stepper above.
+
+#[test]
+fn plugin_ppc64le() {
+    check_asm_with("ppc64le", record_plugin, "-plugin");
+    check_libc_with("ppc64le", record_plugin, "-plugin");
+}
+
+#[test]
+fn plugin_ppc64_big_endian() {
+    check_asm_with("ppc64", record_plugin, "-plugin");
+    check_libc_with("ppc64", record_plugin, "-plugin");
+}
+
+#[test]
+fn plugin_s390x() {
+    check_asm_with("s390x", record_plugin, "-plugin");
+    check_libc_with("s390x", record_plugin, "-plugin");
+}
+
+#[test]
+fn plugin_i386() {
+    check_asm_with("i386", record_plugin, "-plugin");
+    check_libc_with("i386", record_plugin, "-plugin");
 }
 
 /// 32-bit x86 natively with ptrace: the asm program exactly as qemu runs it; the glibc program's

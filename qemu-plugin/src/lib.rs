@@ -1,0 +1,743 @@
+//! The itrace TCG plugin for qemu-user: records every taken branch of an
+//! emulated program, with instruction counts, into an itrace trace file.
+//!
+//! qemu calls [`on_tb_trans`] once per translated block: the block's last
+//! instruction is classified there, once, with itrace's decoders. Every
+//! execution of a block then calls [`on_tb_exec`], which only compares the
+//! block's start with where the previous block of the same vCPU would have
+//! fallen through: a block that starts elsewhere (or follows an
+//! unconditional transfer) means the previous block ended with a taken
+//! branch, and a 40-byte record goes into the vCPU's own segment. Blocks
+//! qemu cut for its own reasons (size limits, page ends) fall through and
+//! their counts merge. Full segments go to a writer thread ([`writer`]).
+//!
+//! In qemu-user each guest thread is a vCPU with its own index: the index is
+//! the trace stream. System calls come from the plugin API's syscall
+//! callbacks (a `U` INTRPT record at the call, a `K` IRET record to where
+//! the thread resumes); executable file mappings from the mmap calls seen
+//! there, plus the program and its loader from their ELF headers.
+
+pub mod config;
+mod ffi;
+pub mod writer;
+
+use config::Config;
+use itrace_decoders::Flow;
+use itrace_format::{
+    branch_flags, Arch, Branch, BranchKind, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
+    BRANCH_RECORD_LEN,
+};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Mutex, OnceLock};
+use writer::{now_ns, Msg, Totals};
+
+/// Most vCPUs (guest threads alive at once, in qemu-user) the plugin keeps apart.
+pub const MAX_VCPUS: usize = 1024;
+/// Bytes of records a vCPU gathers before handing them to the writer.
+const SEGMENT: usize = 256 * 1024;
+
+/// The plugin API version we need; qemu refuses to load a plugin outside its supported range.
+#[no_mangle]
+pub static qemu_plugin_version: c_int = ffi::API_VERSION;
+
+/// One translated block, as its executions need it.
+struct TbInfo {
+    start: u64,
+    insns: u32,
+    /// Address of the last instruction.
+    last: u64,
+    /// Where execution continues when the last instruction does not branch.
+    fall: u64,
+    flow: Flow,
+    /// The last instruction is a branch to itself (`jmp .`, `loop .`).
+    self_loop: bool,
+    /// It always transfers control (a branch even to the next instruction).
+    always: bool,
+    /// The record kind when control does not fall through.
+    kind: BranchKind,
+    /// Where a direct branch goes (jump, call, conditional jump).
+    target: Option<u64>,
+    /// The last instruction can send control somewhere other than the next instruction.
+    can_branch: bool,
+}
+
+impl TbInfo {
+    /// Whether the block's last instruction can have sent control to `to`; when it cannot, a
+    /// signal was delivered between the blocks.
+    #[inline]
+    fn reaches(&self, to: u64) -> bool {
+        match self.target {
+            Some(t) => to == t || to == self.fall,
+            None => self.can_branch,
+        }
+    }
+}
+
+/// System call numbers the plugin acts on, per architecture.
+struct Syscalls {
+    execve: i64,
+    /// The old sigreturn, besides rt_sigreturn (i386, s390x).
+    sigreturn: Option<i64>,
+    /// kill, tkill, tgkill: the signal a thread sends itself is the one delivered on return.
+    kill: [i64; 3],
+    /// mmap with a byte offset (x86_64, ppc64) or a page offset (i386 mmap2); none on s390x,
+    /// whose mmap takes its arguments in memory.
+    mmap: Option<(i64, u64)>,
+}
+
+fn syscalls(arch: Arch) -> Syscalls {
+    match arch {
+        Arch::X86_64 => Syscalls { execve: 59, sigreturn: None, kill: [62, 200, 234], mmap: Some((9, 1)) },
+        Arch::I386 => Syscalls { execve: 11, sigreturn: Some(119), kill: [37, 238, 270], mmap: Some((192, 4096)) },
+        Arch::Ppc64le | Arch::Ppc64 => {
+            Syscalls { execve: 11, sigreturn: Some(119), kill: [37, 208, 250], mmap: Some((90, 1)) }
+        }
+        Arch::S390x => Syscalls { execve: 11, sigreturn: Some(119), kill: [37, 237, 241], mmap: None },
+    }
+}
+
+fn arch_impl(arch: Arch) -> Box<dyn itrace_arch::Arch + Send + Sync> {
+    use itrace_arch::{ppc64::Ppc64, s390x::S390x, x86_64::X86};
+    match arch {
+        Arch::X86_64 => Box::new(X86 { compat: false }),
+        Arch::I386 => Box::new(X86 { compat: true }),
+        Arch::Ppc64le => Box::new(Ppc64 { big_endian: false }),
+        Arch::Ppc64 => Box::new(Ppc64 { big_endian: true }),
+        Arch::S390x => Box::new(S390x),
+    }
+}
+
+struct State {
+    cfg: Config,
+    arch: Box<dyn itrace_arch::Arch + Send + Sync>,
+    nr: Syscalls,
+    tx: SyncSender<Msg>,
+    writer: Mutex<Option<std::thread::JoinHandle<Totals>>>,
+    pid: u32,
+    name: String,
+    /// The process's module table has been written (at its first block).
+    started: AtomicBool,
+    finished: AtomicBool,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+/// Set in a forked child (the parent owns the trace) and once the trace is finished.
+static DISABLED: AtomicBool = AtomicBool::new(false);
+static VCPUS: [AtomicPtr<Vcpu>; MAX_VCPUS] = [const { AtomicPtr::new(null_mut()) }; MAX_VCPUS];
+
+/// An mmap call waiting for its result.
+struct PendingMmap {
+    len: u64,
+    prot: u32,
+    offset: u64,
+    path: String,
+}
+
+/// Per-vCPU state, touched only by the vCPU's own thread (and at exit, when qemu has stopped
+/// the others).
+struct Vcpu {
+    stream: u16,
+    tid: u32,
+    active: bool,
+    prev: *const TbInfo,
+    /// Instructions since the last record.
+    icount: u32,
+    /// The system call whose return to user space is recorded at the next block.
+    in_syscall: Option<i64>,
+    mmap: Option<PendingMmap>,
+    /// The signal the pending system call sends (kill, tkill, tgkill), 0 otherwise.
+    sending: u16,
+    buf: Vec<u8>,
+    /// Instructions and branch records in `buf`.
+    buf_insns: u64,
+    buf_branches: u64,
+    buf_records: u64,
+    last_ts: u64,
+    /// Records left before the clock is read again (reading it costs more than a block).
+    ts_left: u32,
+}
+
+/// Branch records that share one clock reading: their timestamps are those of the first.
+const TS_EVERY: u32 = 64;
+
+fn state() -> Option<&'static State> {
+    STATE.get()
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// The state of vCPU `idx`, created on first use. Only its own thread calls this.
+#[inline]
+fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
+    let slot = VCPUS.get(idx as usize)?;
+    let mut p = slot.load(Relaxed);
+    if p.is_null() {
+        let v = Box::new(Vcpu {
+            stream: idx as u16,
+            tid: 0,
+            active: false,
+            prev: std::ptr::null(),
+            icount: 0,
+            in_syscall: None,
+            mmap: None,
+            sending: 0,
+            buf: Vec::with_capacity(SEGMENT),
+            buf_insns: 0,
+            buf_branches: 0,
+            buf_records: 0,
+            last_ts: 0,
+            ts_left: 0,
+        });
+        p = Box::into_raw(v);
+        slot.store(p, Release);
+    }
+    // SAFETY: p comes from Box::into_raw and is never freed; each vCPU's state is used by that
+    // vCPU's thread only (callbacks of one vCPU run on its thread, one at a time), except in
+    // `finish_all`, which runs when qemu has stopped every vCPU.
+    Some(unsafe { &mut *p })
+}
+
+impl Vcpu {
+    /// A fresh reading of the clock (for system calls, thread start and end, MTE records).
+    fn ts(&mut self) -> u64 {
+        let t = now_ns().max(self.last_ts);
+        self.last_ts = t;
+        self.ts_left = TS_EVERY;
+        t
+    }
+
+    /// The timestamp of a branch record: the clock is read once every [`TS_EVERY`] records.
+    #[inline]
+    fn branch_ts(&mut self) -> u64 {
+        if self.ts_left == 0 {
+            return self.ts();
+        }
+        self.ts_left -= 1;
+        self.last_ts
+    }
+
+    #[inline]
+    fn push_branch(&mut self, s: &State, b: Branch) {
+        let mut a = [0u8; BRANCH_RECORD_LEN];
+        b.encode_into(&mut a);
+        self.buf.extend_from_slice(&a);
+        self.buf_insns += b.icount as u64;
+        self.buf_branches += 1;
+        self.buf_records += 1;
+        if self.buf.len() + BRANCH_RECORD_LEN > SEGMENT {
+            self.flush(s);
+        }
+    }
+
+    fn push_control(&mut self, s: &State, r: Record) {
+        if let Record::TraceOff(off) = &r {
+            self.buf_insns += off.icount as u64;
+        }
+        if r.encode(&mut self.buf).is_ok() {
+            self.buf_records += 1;
+        }
+        if self.buf.len() + 64 > SEGMENT {
+            self.flush(s);
+        }
+    }
+
+    fn flush(&mut self, s: &State) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let data = std::mem::replace(&mut self.buf, writer::segment_buffer(SEGMENT));
+        let instructions = std::mem::take(&mut self.buf_insns);
+        let branches = std::mem::take(&mut self.buf_branches);
+        let records = std::mem::take(&mut self.buf_records);
+        let _ = s.tx.send(Msg::Records { stream: self.stream, data, records, instructions, branches });
+    }
+
+    fn branch(&mut self, s: &State, from: u64, to: u64, kind: BranchKind) {
+        let b = Branch {
+            ts: self.branch_ts(),
+            kernel: false,
+            kind,
+            flags: 0,
+            aux: 0,
+            from,
+            to,
+            tid: self.tid,
+            icount: std::mem::take(&mut self.icount),
+        };
+        self.push_branch(s, b);
+    }
+
+    /// The kernel's return to user space at `to` (after a system call or signal delivery).
+    fn kernel_return(&mut self, s: &State, to: u64, flags: u8, aux: i64) {
+        let b = Branch {
+            ts: self.ts(),
+            kernel: true,
+            kind: BranchKind::Iret,
+            flags,
+            aux: aux as u16,
+            from: 0,
+            to,
+            tid: self.tid,
+            icount: 0,
+        };
+        self.push_branch(s, b);
+    }
+
+    /// Signal `sig` delivered before the instruction at `at` ran, to its handler at `handler`
+    /// (plugins are not told signals: 0 when unknown).
+    fn signal(&mut self, s: &State, at: u64, handler: u64, sig: u16) {
+        let b = Branch {
+            ts: self.ts(),
+            kernel: false,
+            kind: BranchKind::Intrpt,
+            flags: branch_flags::SIGNAL,
+            aux: sig,
+            from: at,
+            to: 0,
+            tid: self.tid,
+            icount: std::mem::take(&mut self.icount),
+        };
+        self.push_branch(s, b);
+        self.kernel_return(s, handler, branch_flags::SIGNAL, sig as i64);
+    }
+
+    /// The thread's first block: trace-on (and, for the process's first thread, its module table).
+    fn start(&mut self, s: &State, tb: &TbInfo) {
+        self.tid = gettid();
+        self.active = true;
+        self.icount = 0;
+        self.in_syscall = None;
+        self.mmap = None;
+        let ts = self.ts();
+        if !s.started.swap(true, AcqRel) {
+            module_table(s, tb.start, ts);
+        }
+        let name = Mte::ThreadName { ts, pid: s.pid, tid: self.tid, name: s.name.clone() };
+        let _ = s.tx.send(Msg::Mte(Record::Mte(name)));
+        let on = TraceOn { ts, reason: TraceOnReason::Start, pid: s.pid, tid: self.tid, pc: tb.start };
+        self.push_control(s, Record::TraceOn(on));
+    }
+
+    /// The thread's last record; its segment goes to the writer.
+    fn stop(&mut self, s: &State, reason: StopReason, pc: u64, value: i32) {
+        if !self.active {
+            return;
+        }
+        self.active = false;
+        let off = TraceOff {
+            ts: self.ts(),
+            reason,
+            pid: s.pid,
+            tid: self.tid,
+            pc,
+            icount: std::mem::take(&mut self.icount),
+            value,
+        };
+        self.push_control(s, Record::TraceOff(off));
+        self.prev = std::ptr::null();
+        self.flush(s);
+    }
+
+    /// Where the thread would go next, as far as known.
+    fn next_pc(&self) -> u64 {
+        if self.prev.is_null() {
+            0
+        } else {
+            // SAFETY: TbInfo records are leaked, never freed.
+            unsafe { (*self.prev).fall }
+        }
+    }
+}
+
+/// Process name, thread name and the program's (and its loader's) segments.
+fn module_table(s: &State, first_pc: u64, ts: u64) {
+    let send = |m: Mte| {
+        let _ = s.tx.send(Msg::Mte(Record::Mte(m)));
+    };
+    send(Mte::ProcessName { ts, pid: s.pid, ppid: std::os::unix::process::parent_id(), name: s.name.clone() });
+    // SAFETY: qemu returns a fresh NUL-terminated copy of the program's path (or NULL).
+    let path = unsafe {
+        let p = ffi::qemu_plugin_path_to_binary();
+        if p.is_null() {
+            return;
+        }
+        PathBuf::from(CStr::from_ptr(p).to_string_lossy().into_owned())
+    };
+    let Ok(prog) = itrace_arch::elf::Program::read(&path) else { return };
+    // SAFETY: no arguments; valid once the program is loaded (it is: a block has run).
+    let start_code = unsafe { ffi::qemu_plugin_start_code() };
+    // qemu's start_code is the lowest executable segment of the program (its entry_code is the
+    // dynamic loader's entry for a dynamically linked program).
+    let low = prog.loads.iter().filter(|l| l.prot & 4 != 0).map(|l| l.vaddr).min().unwrap_or(0);
+    let bias = if prog.position_independent { start_code.wrapping_sub(low) } else { 0 };
+    segments(s, &prog, bias, ts);
+    if let Some(interp) = &prog.interpreter {
+        let host = match &s.cfg.sysroot {
+            Some(root) => root.join(interp.strip_prefix("/").unwrap_or(interp)),
+            None => interp.clone(),
+        };
+        // The first block a dynamically linked program runs is its loader's entry point.
+        if let Ok(loader) = itrace_arch::elf::Program::read(&host) {
+            segments(s, &loader, first_pc.wrapping_sub(loader.entry), ts);
+        }
+    }
+}
+
+fn segments(s: &State, prog: &itrace_arch::elf::Program, bias: u64, ts: u64) {
+    let path = std::fs::canonicalize(&prog.path).unwrap_or_else(|_| prog.path.clone());
+    for l in &prog.loads {
+        let start = l.vaddr.wrapping_add(bias);
+        let seg = Mte::Segment {
+            ts,
+            pid: s.pid,
+            prot: l.prot,
+            start,
+            end: start.wrapping_add(l.memsz),
+            offset: l.offset,
+            path: path.display().to_string(),
+        };
+        let _ = s.tx.send(Msg::Mte(Record::Mte(seg)));
+    }
+}
+
+/// Classify a newly translated block's last instruction and ask for a callback per execution.
+extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
+    let Some(s) = state() else { return };
+    // SAFETY: qemu passes a valid block for the duration of this callback; the instruction
+    // handles and their bytes stay valid while it runs.
+    unsafe {
+        let n = ffi::qemu_plugin_tb_n_insns(tb);
+        if n == 0 {
+            return;
+        }
+        let last = ffi::qemu_plugin_tb_get_insn(tb, n - 1);
+        let pc = ffi::qemu_plugin_insn_vaddr(last);
+        let size = ffi::qemu_plugin_insn_size(last);
+        let data = ffi::qemu_plugin_insn_data(last) as *const u8;
+        let bytes = if data.is_null() { &[][..] } else { std::slice::from_raw_parts(data, size) };
+        let insn = s.arch.decode(pc, bytes);
+        let info = Box::new(TbInfo {
+            start: ffi::qemu_plugin_tb_vaddr(tb),
+            insns: n as u32,
+            last: pc,
+            fall: pc.wrapping_add(size as u64),
+            flow: insn.flow,
+            self_loop: insn.target == Some(pc),
+            always: insn.flow.always_branches(),
+            kind: insn.flow.branch_kind(),
+            target: insn.target,
+            can_branch: !matches!(insn.flow, Flow::Next | Flow::RepString),
+        });
+        // Leaked on purpose: qemu may run the block until the end of the process.
+        let udata = Box::into_raw(info) as *mut c_void;
+        ffi::qemu_plugin_register_vcpu_tb_exec_cb(tb, on_tb_exec, ffi::CB_NO_REGS, udata);
+    }
+}
+
+/// One execution of a block: the hot path.
+extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
+    if DISABLED.load(Relaxed) {
+        return;
+    }
+    let (Some(s), Some(v)) = (state(), vcpu(idx)) else { return };
+    // SAFETY: udata is the TbInfo leaked in on_tb_trans for this block.
+    let tb = unsafe { &*(udata as *const TbInfo) };
+    if v.active && v.in_syscall.is_none() {
+        // SAFETY: an active vCPU's prev is a leaked TbInfo.
+        let p = unsafe { &*v.prev };
+        if tb.start != p.last && (tb.start == p.fall || p.reaches(tb.start)) {
+            if tb.start != p.fall || p.always {
+                v.branch(s, p.last, tb.start, p.kind);
+            }
+            v.icount = v.icount.saturating_add(tb.insns);
+            v.prev = tb;
+            return;
+        }
+    }
+    exec_unusual(s, v, tb);
+}
+
+/// The rarer cases of a block execution: a thread's first block, the return from a system
+/// call, a block starting at the previous block's last instruction, a signal handler.
+#[cold]
+fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
+    if !v.active {
+        v.start(s, tb);
+    } else {
+        // SAFETY: an active vCPU's prev is a leaked TbInfo.
+        let p = unsafe { &*v.prev };
+        if let Some(nr) = v.in_syscall.take() {
+            // A call returns after its instruction, except rt_sigreturn (to the interrupted
+            // code) and sigreturn; anywhere else means a signal was delivered on the way out.
+            let returns = nr as u64 != s.arch.rt_sigreturn_nr() && s.nr.sigreturn != Some(nr);
+            let signal = returns && tb.start != p.fall;
+            let to = if signal { p.fall } else { tb.start };
+            v.kernel_return(s, to, branch_flags::SYSCALL, nr);
+            if signal {
+                let sig = std::mem::take(&mut v.sending);
+                v.signal(s, p.fall, tb.start, sig);
+            }
+        } else if tb.start != p.last && !p.reaches(tb.start) {
+            // Nothing in the previous block goes here: a signal interrupted the thread
+            // before the instruction after it.
+            v.signal(s, p.fall, tb.start, 0);
+        } else if tb.start == p.last && p.flow == Flow::RepString {
+            // Another iteration of a rep string instruction: qemu ends the block after each.
+            v.icount = v.icount.saturating_add(tb.insns - 1);
+            v.prev = tb;
+            return;
+        } else if tb.start == p.last && !p.self_loop {
+            // qemu 7.2 cut the block before an instruction crossing a page boundary but still
+            // listed that instruction to plugins: it did not run in the previous block, it
+            // starts this one.
+            v.icount = v.icount.saturating_sub(1);
+        } else if tb.start != p.fall || p.always {
+            v.branch(s, p.last, tb.start, p.kind);
+        }
+    }
+    v.icount = v.icount.saturating_add(tb.insns);
+    v.prev = tb;
+}
+
+/// A system call: the `U` record now, the `K` record at the block it returns to.
+#[allow(clippy::too_many_arguments)]
+extern "C" fn on_syscall(
+    _id: ffi::PluginId,
+    idx: c_uint,
+    num: i64,
+    a1: u64,
+    a2: u64,
+    a3: u64,
+    _a4: u64,
+    a5: u64,
+    a6: u64,
+    _a7: u64,
+    _a8: u64,
+) {
+    if DISABLED.load(Relaxed) {
+        return;
+    }
+    let (Some(s), Some(v)) = (state(), vcpu(idx)) else { return };
+    if !v.active || v.prev.is_null() {
+        return;
+    }
+    // SAFETY: an active vCPU's prev is a leaked TbInfo: the block holding the system call.
+    let p = unsafe { &*v.prev };
+    let b = Branch {
+        ts: v.ts(),
+        kernel: false,
+        kind: BranchKind::Intrpt,
+        flags: branch_flags::SYSCALL,
+        aux: num as u16,
+        from: p.last,
+        to: 0,
+        tid: v.tid,
+        icount: std::mem::take(&mut v.icount),
+    };
+    v.push_branch(s, b);
+    if s.arch.is_exit_syscall(num as u64) {
+        v.stop(s, StopReason::Exited, p.fall, a1 as i32);
+        return;
+    }
+    if num == s.nr.execve {
+        // qemu-user runs the new program itself (natively, or fails): the trace ends here.
+        v.stop(s, StopReason::Detached, p.fall, 0);
+        finish(s);
+        return;
+    }
+    v.in_syscall = Some(num);
+    let k = s.nr.kill;
+    v.sending = if num == k[2] {
+        a3 as u16
+    } else if num == k[0] || num == k[1] {
+        a2 as u16
+    } else {
+        0
+    };
+    if let Some((nr, unit)) = s.nr.mmap {
+        let prot = a3 as u32;
+        let fd = a5 as i64 as i32;
+        if num == nr && prot & libc::PROT_EXEC as u32 != 0 && fd >= 0 {
+            if let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+                v.mmap = Some(PendingMmap {
+                    len: a2,
+                    prot,
+                    offset: a6.wrapping_mul(unit),
+                    path: path.display().to_string(),
+                });
+            }
+        }
+    }
+}
+
+extern "C" fn on_syscall_ret(_id: ffi::PluginId, idx: c_uint, _num: i64, ret: i64) {
+    let Some(s) = state() else { return };
+    if DISABLED.load(Relaxed) {
+        return;
+    }
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } as u32 != s.pid {
+        // A forked child: the parent owns the trace file and the writer.
+        DISABLED.store(true, Relaxed);
+        return;
+    }
+    let Some(v) = vcpu(idx) else { return };
+    if let Some(m) = v.mmap.take() {
+        if !(-4095..0).contains(&ret) {
+            let seg = Mte::Segment {
+                ts: v.ts(),
+                pid: s.pid,
+                prot: m.prot,
+                start: ret as u64,
+                end: (ret as u64).wrapping_add(m.len),
+                offset: m.offset,
+                path: m.path,
+            };
+            let _ = s.tx.send(Msg::Mte(Record::Mte(seg)));
+        }
+    }
+}
+
+extern "C" fn on_exit(_id: ffi::PluginId, _udata: *mut c_void) {
+    if DISABLED.load(Relaxed) {
+        return;
+    }
+    if let Some(s) = state() {
+        finish(s);
+    }
+}
+
+/// End every thread still traced, write the file's end, and report to itrace.
+fn finish(s: &State) {
+    if s.finished.swap(true, AcqRel) {
+        return;
+    }
+    for slot in VCPUS.iter() {
+        let p = slot.load(Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: qemu runs the exit callbacks with the other vCPUs stopped (or, at execve, this
+        // is the calling vCPU's thread and others have no records in flight worth keeping).
+        let v = unsafe { &mut *p };
+        let pc = v.next_pc();
+        v.stop(s, StopReason::Exited, pc, 0);
+        v.flush(s);
+    }
+    DISABLED.store(true, Relaxed);
+    let _ = s.tx.send(Msg::Finish { ts: now_ns() });
+    let totals = s.writer.lock().ok().and_then(|mut w| w.take()).and_then(|h| h.join().ok());
+    if let Some(t) = totals {
+        let stop = t.stop.map(|r| r as u32).unwrap_or(0);
+        let mut line = format!(
+            "done records={} instructions={} branches={} lost={} bytes={} stop={stop}",
+            t.records, t.instructions, t.branches, t.lost, t.bytes
+        );
+        if let Some(e) = &t.error {
+            line.push_str(&format!(" error={e}"));
+        }
+        report(&s.cfg.status, &line);
+    }
+}
+
+/// Append a line to the status file itrace reads (stderr when there is none).
+fn report(status: &Option<PathBuf>, line: &str) {
+    use std::io::Write;
+    let written = status.as_deref().is_some_and(|p: &Path| {
+        std::fs::OpenOptions::new().create(true).append(true).open(p).and_then(|mut f| writeln!(f, "{line}")).is_ok()
+    });
+    if !written {
+        eprintln!("itrace plugin: {line}");
+    }
+}
+
+/// Called by qemu when it loads the plugin.
+///
+/// # Safety
+/// qemu passes a valid `info` and `argc` valid C strings in `argv`.
+#[no_mangle]
+pub unsafe extern "C" fn qemu_plugin_install(
+    id: ffi::PluginId,
+    info: *const ffi::QemuInfo,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> c_int {
+    let args: Vec<String> = (0..argc.max(0) as usize)
+        // SAFETY: qemu passes argc valid NUL-terminated strings.
+        .map(|i| unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy().into_owned())
+        .collect();
+    let cfg = match config::parse(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            let status = args.iter().find_map(|a| a.strip_prefix("status=")).map(PathBuf::from);
+            report(&status, &format!("error {e}"));
+            return -1;
+        }
+    };
+    // SAFETY: qemu passes a valid info block.
+    let info = unsafe { &*info };
+    let target = if info.target_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated string owned by qemu.
+        unsafe { CStr::from_ptr(info.target_name) }.to_string_lossy().into_owned()
+    };
+    let fail = |e: String| {
+        report(&cfg.status, &format!("error {e}"));
+        -1
+    };
+    if info.version_cur < ffi::API_VERSION || info.version_min > ffi::API_VERSION {
+        return fail(format!(
+            "qemu's plugin API is version {} (oldest supported {}); the itrace plugin needs version {}",
+            info.version_cur,
+            info.version_min,
+            ffi::API_VERSION
+        ));
+    }
+    if info.system_emulation {
+        return fail("the itrace plugin records programs under qemu-user, not system emulation".into());
+    }
+    if target != cfg.arch.name() {
+        return fail(format!("qemu emulates {target}, but the plugin was told arch={}", cfg.arch));
+    }
+    if cfg.probe {
+        report(&cfg.status, &format!("ok api={} target={target}", info.version_cur));
+        return -1; // nothing to run: qemu stops here
+    }
+    let (tx, handle) = match writer::spawn(&cfg) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
+    };
+    let name = cfg.name.chars().take(15).collect();
+    let st = State {
+        arch: arch_impl(cfg.arch),
+        nr: syscalls(cfg.arch),
+        cfg,
+        tx,
+        writer: Mutex::new(Some(handle)),
+        pid: std::process::id(),
+        name,
+        started: AtomicBool::new(false),
+        finished: AtomicBool::new(false),
+    };
+    let status = st.cfg.status.clone();
+    if STATE.set(st).is_err() {
+        return -1;
+    }
+    // SAFETY: registering callbacks with the id qemu gave us, as the API requires.
+    unsafe {
+        ffi::qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
+        ffi::qemu_plugin_register_vcpu_syscall_cb(id, on_syscall);
+        ffi::qemu_plugin_register_vcpu_syscall_ret_cb(id, on_syscall_ret);
+        ffi::qemu_plugin_register_atexit_cb(id, on_exit, null_mut());
+    }
+    report(&status, "started");
+    0
+}

@@ -1,0 +1,246 @@
+//! The writer thread: vCPU threads hand it full segments of encoded records;
+//! it owns the per-stream [`Buffers`] (the three collection modes) and the
+//! trace file, so no vCPU ever waits on the disk unless the channel is full.
+
+use crate::config::Config;
+use itrace_format::{
+    major, BufferConfig, Buffers, Endian, FileHeader, Push, Record, StepMethod, StopReason, Summary, TraceOff,
+    TraceWriter, BRANCH_RECORD_LEN, FLAG_ICOUNT, VERSION_MAJOR, VERSION_MINOR,
+};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::thread::JoinHandle;
+
+/// Segments in flight between the vCPUs and the writer: bounds memory when the disk is slower.
+const CHANNEL_DEPTH: usize = 32;
+
+/// Work for the writer.
+pub enum Msg {
+    /// Encoded records of one stream, in order (branch, trace-on and trace-off records), with
+    /// the instructions and branch records among them.
+    Records { stream: u16, data: Vec<u8>, records: u64, instructions: u64, branches: u64 },
+    /// A module-table record.
+    Mte(Record),
+    /// Write what is buffered and the summary, then stop.
+    Finish { ts: u64 },
+}
+
+/// What the recording came to, for the status file.
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub records: u64,
+    pub lost: u64,
+    pub instructions: u64,
+    pub branches: u64,
+    pub bytes: u64,
+    pub stop: Option<StopReason>,
+    pub error: Option<String>,
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Create the trace file and start the writer thread.
+pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), String> {
+    let real =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let header = FileHeader {
+        endian: Endian::native(),
+        version_major: VERSION_MAJOR,
+        version_minor: VERSION_MINOR,
+        arch: cfg.arch,
+        mode: cfg.mode,
+        step_method: StepMethod::Emulated,
+        ncpu: cfg.streams as u16,
+        flags: FLAG_ICOUNT,
+        buffer_size: cfg.buffer_size as u64,
+        segment_size: cfg.segment_size as u64,
+        start_realtime_ns: real,
+        start_monotonic_ns: now_ns(),
+    };
+    let writer = TraceWriter::create(&cfg.out, &header)
+        .map_err(|e| format!("cannot create trace file {}: {e}", cfg.out.display()))?;
+    let bcfg = BufferConfig {
+        mode: cfg.mode,
+        ncpu: cfg.streams,
+        buffer_size: cfg.buffer_size,
+        segment_size: cfg.segment_size,
+        mte_size: cfg.mte_size,
+    };
+    let buffers = Buffers::new(bcfg, writer);
+    let continuous = cfg.mode == itrace_format::Mode::Continuous;
+    let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
+    let h = std::thread::Builder::new()
+        .name("itrace-writer".into())
+        .spawn(move || run(buffers, rx, continuous))
+        .map_err(|e| format!("cannot start the writer thread: {e}"))?;
+    Ok((tx, h))
+}
+
+struct Writer {
+    buffers: Buffers,
+    t: Totals,
+    /// Normal mode: streams whose buffer filled (their later records are dropped).
+    full: Vec<bool>,
+    /// Tracing stopped for good (MTE buffer full, write error).
+    stopped: bool,
+    /// Continuous mode: nothing is refused, records are copied in runs.
+    buffers_continuous: bool,
+}
+
+/// Spare segment buffers, handed back to the vCPUs so that they do not fault in fresh pages.
+static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+const POOL_MAX: usize = 64;
+
+fn recycle(mut v: Vec<u8>) {
+    v.clear();
+    if let Ok(mut p) = POOL.lock() {
+        if p.len() < POOL_MAX {
+            p.push(v);
+        }
+    }
+}
+
+/// An empty buffer of `cap` bytes, from the pool when one is there.
+pub fn segment_buffer(cap: usize) -> Vec<u8> {
+    POOL.lock().ok().and_then(|mut p| p.pop()).unwrap_or_else(|| Vec::with_capacity(cap))
+}
+
+fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
+    let n = buffers.records().len();
+    let mut w =
+        Writer { buffers, t: Totals::default(), full: vec![false; n], stopped: false, buffers_continuous: continuous };
+    let mut end_ts = 0;
+    while let Ok(m) = rx.recv() {
+        match m {
+            Msg::Records { stream, data, records, instructions, branches } => {
+                if w.buffers_continuous {
+                    w.bulk(stream as usize, &data, records, instructions, branches);
+                } else {
+                    w.records(stream as usize, &data);
+                }
+                recycle(data);
+            }
+            Msg::Mte(r) => w.mte(&r),
+            Msg::Finish { ts } => {
+                end_ts = ts;
+                break;
+            }
+        }
+    }
+    let Writer { buffers, mut t, .. } = w;
+    t.records = buffers.records().iter().sum();
+    t.lost = buffers.lost().iter().sum();
+    let stop = *t.stop.get_or_insert(StopReason::Exited);
+    let summary = Summary {
+        ts: end_ts.max(now_ns()),
+        stop_reason: stop as u32,
+        instructions: t.instructions,
+        ..Default::default()
+    };
+    match buffers.finish(summary) {
+        Ok(bytes) => t.bytes = bytes,
+        Err(e) => {
+            t.error.get_or_insert_with(|| e.to_string());
+        }
+    }
+    t
+}
+
+impl Writer {
+    /// Continuous mode: the vCPU counted the instructions; store the records in runs.
+    fn bulk(&mut self, stream: usize, data: &[u8], records: u64, instructions: u64, branches: u64) {
+        if self.stopped || stream >= self.full.len() {
+            return;
+        }
+        match self.buffers.push_records(stream, data, records) {
+            Ok(_) => {
+                self.t.instructions += instructions;
+                self.t.branches += branches;
+            }
+            Err(err) => self.failed(err.to_string()),
+        }
+    }
+
+    fn records(&mut self, stream: usize, data: &[u8]) {
+        if self.stopped || stream >= self.full.len() {
+            return;
+        }
+        let e = Endian::native();
+        let mut at = 0;
+        while at + 16 <= data.len() {
+            let len = (u16::from_ne_bytes([data[at], data[at + 1]]) & 0xFFFC) as usize;
+            if len < 16 || at + len > data.len() {
+                break; // cannot happen: the vCPU side encodes whole records
+            }
+            let rec = &data[at..at + len];
+            at += len;
+            let maj = u16::from_ne_bytes([rec[2], rec[3]]);
+            if self.full[stream] {
+                continue;
+            }
+            if (maj == major::BRANCH_USER || maj == major::BRANCH_KERNEL) && len == BRANCH_RECORD_LEN {
+                match self.buffers.push_trace(stream, rec) {
+                    Ok(Push::Stored) => {
+                        self.t.instructions += u32::from_ne_bytes(rec[36..40].try_into().expect("4 bytes")) as u64;
+                        self.t.branches += 1;
+                    }
+                    Ok(Push::Full) => {
+                        // Normal mode: this stream's buffer is full; its thread runs on untraced.
+                        self.full[stream] = true;
+                        self.t.stop = Some(StopReason::BufferFull);
+                        let r = Record::decode(e, rec, 0);
+                        if let Ok(Record::Branch(b)) = r {
+                            let off = TraceOff {
+                                ts: b.ts,
+                                reason: StopReason::BufferFull,
+                                pid: std::process::id(),
+                                tid: b.tid,
+                                pc: b.from,
+                                icount: 0,
+                                value: 0,
+                            };
+                            self.control(stream, &Record::TraceOff(off));
+                        }
+                    }
+                    Err(err) => self.failed(err.to_string()),
+                }
+            } else if let Ok(r) = Record::decode(e, rec, 0) {
+                if let Record::TraceOff(off) = &r {
+                    self.t.instructions += off.icount as u64;
+                }
+                self.control(stream, &r);
+            }
+        }
+    }
+
+    fn control(&mut self, stream: usize, r: &Record) {
+        if let Err(err) = self.buffers.push_control(stream, r) {
+            self.failed(err.to_string());
+        }
+    }
+
+    fn mte(&mut self, r: &Record) {
+        if self.stopped {
+            return;
+        }
+        match self.buffers.push_mte(r) {
+            Ok(Push::Stored) => {}
+            Ok(Push::Full) => {
+                self.stopped = true;
+                self.t.stop = Some(StopReason::BufferFull);
+            }
+            Err(err) => self.failed(err.to_string()),
+        }
+    }
+
+    fn failed(&mut self, e: String) {
+        self.stopped = true;
+        self.t.stop = Some(StopReason::WriteError);
+        self.t.error.get_or_insert(e);
+    }
+}
