@@ -227,7 +227,9 @@ fn attach_to_a_program_with_regions() {
     assert!(work >= per_call, "rl_work {work}: not even one whole region of {per_call} instructions");
     let text = arc_text(&trace);
     let whole = text.lines().filter(|l| l.contains("region ended")).count() as u64;
-    assert!(work >= whole * per_call && work < (whole + 1) * per_call, "rl_work {work} for {whole} whole regions");
+    // The region running at detach may also be whole, when the detach came at its ITraceOff
+    // (its end is then written as the detach, not as `region ended`).
+    assert!(work >= whole * per_call && work <= (whole + 1) * per_call, "rl_work {work} for {whole} whole regions");
     nothing_else(&report, &["rl_untraced"]);
 }
 
