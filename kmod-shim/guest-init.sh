@@ -1,0 +1,183 @@
+#!/bin/busybox sh
+# /init of the kmod test guest (see test-in-guest.sh). Prints "KMOD: PASS|FAIL name detail"
+# per check and "KMOD-RESULT: PASS|FAIL" at the end, then powers off.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+chmod 1777 /tmp
+cd /tmp
+FAILS=0
+pass() { echo "KMOD: PASS $*"; }
+fail() { echo "KMOD: FAIL $*"; FAILS=$((FAILS + 1)); }
+finish() {
+    if [ "$FAILS" -eq 0 ]; then echo "KMOD-RESULT: PASS"; else echo "KMOD-RESULT: FAIL ($FAILS failed)"; fi
+    poweroff -f
+}
+# Figures from itrace record's last line.
+insns() { sed -n 's/.*records (\([0-9]*\) instructions.*/\1/p' "$1" | tail -1; }
+lost() { sed -n 's/.* branches), \([0-9]*\) lost.*/\1/p' "$1" | tail -1; }
+# Arc lines without the CPU and the pid/tid field (both differ between runs).
+arcs() { itrace arc "$1" 2>/dev/null | awk '!/^#/ { $1 = ""; $8 = ""; print }'; }
+
+if ! insmod /t/itrace.ko; then
+    fail insmod
+    finish
+fi
+[ -c /dev/itrace ] && pass "load: /dev/itrace" || fail "load: no /dev/itrace"
+
+if [ "$(cat /etc/kmod-what)" = debug ]; then
+    timeout 20 itrace record --backend kmod -o /tmp/d.itr -- /t/count_loop; echo "rc=$?"
+    itrace dump /tmp/d.itr | head -30
+    dmesg | tail -20
+    finish
+fi
+if [ "$(cat /etc/kmod-what)" = bench ]; then
+    # The same workload under both recorders, in this one boot.
+    for b in kmod ptrace; do
+        s=$(date +%s%N 2>/dev/null || echo 0)
+        itrace record --backend $b -o /tmp/bench.$b.itr -- /t/long_loop 2> /tmp/bench.$b.log
+        e=$(date +%s%N 2>/dev/null || echo 0)
+        echo "BENCH: $b instructions=$(insns /tmp/bench.$b.log) ns=$((e - s))"
+        rm -f /tmp/bench.$b.itr
+    done
+    finish
+fi
+
+# 1. Launched programs: kmod and ptrace give the same blocks and counts; hand counts.
+compare() { # NAME EXPECTED_INSTRUCTIONS EXPECTED_BLOCKS [record options]
+    p=$1 want=$2 blocks=$3
+    shift 3
+    itrace record --backend ptrace "$@" -o /tmp/$p.p.itr -- /t/$p > /dev/null 2> /tmp/$p.p.log
+    if ! itrace record --backend kmod "$@" -o /tmp/$p.k.itr -- /t/$p > /dev/null 2> /tmp/$p.k.log; then
+        fail "$p: itrace record --backend kmod failed: $(tail -1 /tmp/$p.k.log)"
+        return
+    fi
+    arcs /tmp/$p.p.itr > /tmp/$p.p.arc
+    arcs /tmp/$p.k.itr > /tmp/$p.k.arc
+    ik=$(insns /tmp/$p.k.log) ip=$(insns /tmp/$p.p.log) n=$(wc -l < /tmp/$p.k.arc)
+    if [ -n "$want" ] && [ "$ik" != "$want" ]; then
+        fail "$p: kmod counted $ik instructions, the hand count is $want"
+    elif [ -n "$blocks" ] && [ "$(grep -c ' U ' /tmp/$p.k.arc)" != "$blocks" ]; then
+        fail "$p: kmod wrote $(grep -c ' U ' /tmp/$p.k.arc) user blocks, the hand count is $blocks"
+    elif [ "$ik" != "$ip" ]; then
+        fail "$p: kmod counted $ik instructions, ptrace $ip"
+    elif ! cmp -s /tmp/$p.p.arc /tmp/$p.k.arc; then
+        fail "$p: arcs differ (kmod $n lines, ptrace $(wc -l < /tmp/$p.p.arc)): $(diff /tmp/$p.p.arc /tmp/$p.k.arc | grep '^[-+][^-+]' | head -4 | tr '\n' '|')"
+    else
+        pass "$p: kmod $ik instructions, $n arc lines, identical to ptrace ($ip) $*"
+    fi
+}
+compare count_loop 3011 1003
+compare branches 102 ""
+compare long_loop 406009 201501
+compare signal "" ""
+compare syscalls "" ""
+compare forker "" ""
+
+# 2. Modes. Continuous through a ring much smaller than the trace: drained while tracing.
+compare long_loop 406009 201501 --mode continuous --buffer-size 256K --segment-size 256K
+# Normal with a small buffer: tracing stops when it is full; the program runs on.
+if itrace record --backend kmod --mode normal --buffer-size 64K -o /tmp/n.itr -- /t/long_loop 2> /tmp/n.log; then
+    arcs /tmp/n.itr | grep -v '^ *$' > /tmp/n.arc
+    n=$(wc -l < /tmp/n.arc)
+    head -n $((n - 1)) /tmp/n.arc > /tmp/n.head
+    head -n $((n - 1)) /tmp/long_loop.p.arc > /tmp/p.head
+    if grep -q "a buffer filled" /tmp/n.log && [ "$n" -gt 1000 ] && cmp -s /tmp/n.head /tmp/p.head; then
+        pass "normal mode, 64K: stopped when full after $n arc lines, which begin ptrace's trace"
+    else
+        fail "normal mode: $(tail -1 /tmp/n.log), $n lines, prefix equal: $(cmp -s /tmp/n.head /tmp/p.head && echo yes || echo no)"
+    fi
+else
+    fail "normal mode: $(tail -1 /tmp/n.log)"
+fi
+# Wrap with a small buffer: the last records survive, the others are counted as lost.
+if itrace record --backend kmod --mode wrap --buffer-size 64K -o /tmp/w.itr -- /t/long_loop 2> /tmp/w.log; then
+    arcs /tmp/w.itr | grep -v '^ *$' > /tmp/w.arc
+    n=$(wc -l < /tmp/w.arc) l=$(lost /tmp/w.log)
+    tail -n $((n - 2)) /tmp/w.arc > /tmp/w.tail
+    tail -n $((n - 2)) /tmp/long_loop.p.arc > /tmp/p.tail
+    if [ "$l" -gt 100000 ] && [ "$n" -gt 1000 ] && cmp -s /tmp/w.tail /tmp/p.tail; then
+        pass "wrap mode, 64K: $l records lost, the last $n arc lines end ptrace's trace"
+    else
+        fail "wrap mode: $(tail -1 /tmp/w.log), $n lines, suffix equal: $(cmp -s /tmp/w.tail /tmp/p.tail && echo yes || echo no)"
+    fi
+else
+    fail "wrap mode: $(tail -1 /tmp/w.log)"
+fi
+
+# 3. Forks: without --follow-forks the child must not keep a stray trap flag.
+if itrace record --backend kmod -o /tmp/f.itr -- /t/forker 2> /tmp/f.log && ! grep -q "exited with status\|killed" /tmp/f.log; then
+    pass "fork: the untraced child ran normally"
+else
+    fail "fork: $(tail -2 /tmp/f.log | tr '\n' ' ')"
+fi
+if itrace record --backend kmod --follow-forks -o /tmp/ff.itr -- /t/forker 2> /tmp/ff.log && ! grep -q "exited with status\|killed" /tmp/ff.log; then
+    np=$(arcs /tmp/ff.itr >/dev/null; itrace arc /tmp/ff.itr 2>/dev/null | awk '!/^#/ { split($8, a, "_"); print a[1] }' | sort -u | wc -l)
+    itrace record --backend ptrace --follow-forks -o /tmp/ffp.itr -- /t/forker 2> /tmp/ffp.log
+    ik=$(insns /tmp/ff.log) ip=$(insns /tmp/ffp.log)
+    if [ "$np" = 2 ] && [ "$ik" = "$ip" ]; then
+        pass "fork --follow-forks: 2 processes traced, $ik instructions as ptrace"
+    else
+        fail "fork --follow-forks: $np processes, kmod $ik instructions, ptrace $ip"
+    fi
+else
+    fail "fork --follow-forks: $(tail -2 /tmp/ff.log | tr '\n' ' ')"
+fi
+
+# 4. Attach to a running program (-p).
+/t/spinner 100 20000 > /tmp/sp.out &
+SP=$!
+sleep 0.3
+if itrace record --backend kmod -p $SP --duration 0.5 -o /tmp/a.itr 2> /tmp/a.log && [ "$(insns /tmp/a.log)" -gt 1000 ]; then
+    pass "attach -p: $(insns /tmp/a.log) instructions in 0.5 s"
+else
+    fail "attach -p: $(tail -1 /tmp/a.log)"
+fi
+wait $SP
+grep -q "result=" /tmp/sp.out && pass "attach -p: the program finished after the detach" || fail "attach: the program did not finish"
+
+# 5. Permissions: a user may not trace root's process.
+/t/spinner 50 20000 > /dev/null &
+SP=$!
+if setpriv --reuid=1000 --regid=1000 --clear-groups itrace record --backend kmod -p $SP -o /tmp/perm.itr 2> /tmp/perm.log; then
+    fail "permission: a user traced root's process"
+elif grep -q "not permitted" /tmp/perm.log; then
+    pass "permission: refused ($(cat /tmp/perm.log))"
+else
+    fail "permission: $(cat /tmp/perm.log)"
+fi
+wait $SP
+
+# 6. Unload with a thread still traced: itrace is killed, the module removed while the
+# program sleeps traced; the program must run to its end (no stray SIGTRAP).
+itrace record --backend kmod -o /tmp/u.itr -- /t/spinner 20 100000 > /tmp/u.out 2> /tmp/u.log &
+IT=$!
+sleep 0.5
+kill -9 $IT
+wait $IT 2>/dev/null
+if rmmod itrace; then
+    pass "unload: rmmod with a traced thread"
+else
+    fail "unload: rmmod failed"
+fi
+for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    grep -q "result=" /tmp/u.out && break
+    sleep 0.5
+done
+grep -q "result=" /tmp/u.out && pass "unload: the program ran to its end" || fail "unload: the program did not finish: $(cat /tmp/u.out)"
+dmesg | grep -iE "itrace|BUG|WARNING|Oops" | tail -5
+if itrace record --backend kmod -o /tmp/x.itr -- /t/count_loop 2> /tmp/x.log; then
+    fail "unloaded: --backend kmod still worked"
+elif grep -q "kernel module is not loaded" /tmp/x.log; then
+    pass "unloaded: $(cat /tmp/x.log)"
+else
+    fail "unloaded: $(cat /tmp/x.log)"
+fi
+if itrace record -o /tmp/y.itr -- /t/count_loop 2> /tmp/y.log && grep -q ptrace /tmp/y.log; then
+    pass "unloaded: --backend auto falls back to ptrace"
+else
+    fail "unloaded: auto: $(cat /tmp/y.log)"
+fi
+finish
