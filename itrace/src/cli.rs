@@ -34,6 +34,8 @@ pub enum BackendArg {
     Auto,
     Ptrace,
     Inproc,
+    /// The kernel module (kmod-shim): traps handled in the kernel, no tracer process per step.
+    Kmod,
 }
 
 /// Collection modes.

@@ -158,7 +158,8 @@ impl Device {
         ioctl(fd.as_raw_fd(), ITR_IOC_STATUS, &mut st).context("cannot query the itrace kernel module")?;
         let len = st.map_size as usize;
         // SAFETY: a fresh read-only shared mapping of the device's rings, of the size it reported.
-        let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         if base == libc::MAP_FAILED {
             bail!("cannot map the kernel trace buffers: {}", std::io::Error::last_os_error());
         }
@@ -252,8 +253,15 @@ impl Drain<'_> {
             self.mte(Mte::Unmap { ts, pid, start: m.start, end: m.end });
         }
         for m in new.iter().filter(|m| !old.contains(m)) {
-            let seg =
-                Mte::Segment { ts, pid, prot: m.prot, start: m.start, end: m.end, offset: m.offset, path: m.path.clone() };
+            let seg = Mte::Segment {
+                ts,
+                pid,
+                prot: m.prot,
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                path: m.path.clone(),
+            };
             self.mte(seg);
             if m.path == "[vdso]" {
                 if let Some(image) = self.vdso_image() {
@@ -434,8 +442,8 @@ pub fn record(
     stop: &AtomicBool,
     buffers: &mut Buffers,
 ) -> Result<RecordOutcome> {
-    let flags =
-        if follow_forks { ITR_CFG_FOLLOW_FORKS } else { 0 } | if follow_threads { 0 } else { ITR_CFG_NO_FOLLOW_THREADS };
+    let flags = if follow_forks { ITR_CFG_FOLLOW_FORKS } else { 0 }
+        | if follow_threads { 0 } else { ITR_CFG_NO_FOLLOW_THREADS };
     let ring = ring.clamp(64 << 10, 1 << 30);
     let dev = Device::open(mode, ring, mte.clamp(64 << 10, 1 << 30), flags)?;
     let fd = dev.fd.as_raw_fd();
@@ -742,15 +750,8 @@ return 0; }
         assert_eq!(u32::from_ne_bytes(a[32..36].try_into().unwrap()), 7);
         assert_eq!(u32::from_ne_bytes(a[36..40].try_into().unwrap()), 9);
         let mut v = Vec::new();
-        let off = itrace_format::TraceOff {
-            ts: 1,
-            reason: StopReason::Exited,
-            pid: 1,
-            tid: 2,
-            pc: 3,
-            icount: 4,
-            value: 5,
-        };
+        let off =
+            itrace_format::TraceOff { ts: 1, reason: StopReason::Exited, pid: 1, tid: 2, pc: 3, icount: 4, value: 5 };
         Record::TraceOff(off).encode(&mut v).unwrap();
         assert_eq!(v.len(), 40);
         assert_eq!(u32::from_ne_bytes(v[32..36].try_into().unwrap()), 4);

@@ -4,6 +4,7 @@
 mod cli;
 mod dump;
 mod inproc;
+mod kmod;
 mod record;
 mod remote;
 mod signals;
