@@ -148,6 +148,9 @@ static bool itr_put(unsigned int s, const void *rec, u32 len, bool control)
 	memcpy(ring + (head + pad) % size, rec, len);
 	st->records++;
 	smp_store_release(&st->head, head + need);
+	/* continuous mode, ring over half full: let the consumer run before it fills */
+	if (itr_mode == ITR_MODE_CONTINUOUS && (head + need - tail) * 2 > size)
+		set_tsk_need_resched(current);
 	return true;
 }
 
@@ -237,13 +240,13 @@ static void itr_mte_clone(u32 gen, struct task_struct *parent, struct task_struc
 
 	if (!itr_session_live(gen))
 		return;
-	itr_hdr(&r.h, sizeof(r), ITR_MAJOR_MTE, ITR_MTE_CLONE);
+	itr_hdr(&r.h, ITR_REC_CLONE_LEN, ITR_MAJOR_MTE, ITR_MTE_CLONE);
 	r.parent_pid = parent->tgid;
 	r.parent_tid = parent->pid;
 	r.child_pid = child->tgid;
 	r.child_tid = child->pid;
 	r.thread = thread;
-	itr_put(itr_ncpu, &r, sizeof(r), true);
+	itr_put(itr_ncpu, &r, ITR_REC_CLONE_LEN, true);
 }
 
 /*
@@ -459,10 +462,11 @@ static void itr_step(struct itr_thread *t, struct pt_regs *regs)
 	t->last_pc = pc;
 	if (kind == ITR_SEQ)
 		return;
-	if (!itr_branch(t, false, kind, 0, 0, prev, pc, t->icount)) {
+	if (!itr_branch(t, false, kind, 0, 0, prev, pc, t->icount) && itr_mode == ITR_MODE_NORMAL) {
 		itr_stop_self(t, regs, ITR_STOP_BUFFER_FULL);
 		return;
 	}
+	/* continuous mode, ring full: the record was dropped and counted as lost */
 	t->icount = 0;
 }
 

@@ -122,7 +122,8 @@ struct itr_rec_segment {
 	__u64 offset;
 };
 
-/* MTE clone, 36 bytes. */
+/* MTE clone: 36 bytes are written (sizeof is 40, padded to 8). */
+#define ITR_REC_CLONE_LEN 36
 struct itr_rec_clone {
 	struct itr_rec_hdr h;
 	__u32 parent_pid;

@@ -78,6 +78,14 @@ for p in tests/programs/signal.c tests/programs/spinner.c kmod-shim/tests/syscal
     gcc -static -g -O1 -fno-omit-frame-pointer -o "$B/prog/$(basename "$p" .c)" "$p"
 done
 
+# long_loop's ptrace trace, recorded here (stepping it under TCG would take minutes); the
+# module path is the guest's, the CPU and pid fields are dropped as in the guest.
+cargo build -q -p itrace </dev/null
+HOST_ITRACE=$ROOT/target/debug/itrace
+"$HOST_ITRACE" record --backend ptrace -o "$B/long_loop.host.itr" -- "$B/prog/long_loop" 2> "$B/prog/long_loop.host.log" >/dev/null
+"$HOST_ITRACE" arc "$B/long_loop.host.itr" 2>/dev/null | sed "s|$B/prog/|/t/|" |
+    awk '!/^#/ { $1 = ""; $8 = ""; print }' > "$B/prog/long_loop.host.arc"
+
 # The initramfs.
 R=$B/root
 rm -rf "$R"

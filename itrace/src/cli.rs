@@ -85,9 +85,10 @@ pub struct RecordArgs {
     /// rest runs at full speed.
     #[arg(long)]
     pub region: bool,
-    /// How to record: ptrace single-stepping, or the in-process recorder (the program steps
-    /// itself in a SIGTRAP handler; `--region` on a launched program only). auto: in-process
-    /// for `--region` on a launched program, ptrace otherwise.
+    /// How to record: ptrace single-stepping, the in-process recorder (the program steps
+    /// itself in a SIGTRAP handler; `--region` on a launched program only), or the kernel
+    /// module (kmod-shim, /dev/itrace). auto: the kernel module when it is loaded (without
+    /// --region, --start, --stop), else in-process for `--region` on a launched program, else ptrace.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// Start tracing a thread when it enters this function (a symbol of the program or its

@@ -383,13 +383,16 @@ impl Drain<'_> {
 pub fn chosen(backend: crate::cli::BackendArg, region: bool, start_stop: bool) -> Result<bool> {
     use crate::cli::BackendArg;
     match backend {
-        BackendArg::Kmod if start_stop => bail!("--backend kmod does not support --start/--stop (use --region)"),
+        BackendArg::Kmod if start_stop || region => bail!(
+            "--backend kmod traces whole programs (launched or -p PID): --region, --start and --stop need \
+             --backend inproc or ptrace"
+        ),
         BackendArg::Kmod if !available() => bail!(
             "--backend kmod: the itrace kernel module is not loaded ({DEVICE} does not exist): build and load \
              kmod-shim/itrace.ko (see docs/kmod.md), or use --backend ptrace"
         ),
         BackendArg::Kmod => Ok(true),
-        BackendArg::Auto => Ok(available() && !start_stop && (!region || std::env::var_os("ITRACE_NO_KMOD").is_none())),
+        BackendArg::Auto => Ok(available() && !start_stop && !region),
         _ => Ok(false),
     }
 }
@@ -520,7 +523,7 @@ pub fn record(
             detached = true;
             break None;
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        std::thread::sleep(std::time::Duration::from_millis(1));
     };
     // Threads still traced (followed children, an attached process) stop at their next trap.
     dev.stop();
@@ -663,7 +666,7 @@ P(sizeof(struct itr_rec_hdr)); P(sizeof(struct itr_rec_branch)); P(offsetof(stru
 P(offsetof(struct itr_rec_branch, to)); P(offsetof(struct itr_rec_branch, tid)); P(offsetof(struct itr_rec_branch, icount));
 P(sizeof(struct itr_rec_on)); P(offsetof(struct itr_rec_on, pc)); P(sizeof(struct itr_rec_off));
 P(offsetof(struct itr_rec_off, icount)); P(offsetof(struct itr_rec_off, value)); P(sizeof(struct itr_rec_lost));
-P(sizeof(struct itr_rec_segment)); P(sizeof(struct itr_rec_clone)); P(sizeof(struct itr_stream));
+P(sizeof(struct itr_rec_segment)); P(ITR_REC_CLONE_LEN); P(offsetof(struct itr_rec_clone, thread)); P(sizeof(struct itr_stream));
 P(sizeof(struct itr_ctl)); P(offsetof(struct itr_ctl, stream)); P(offsetof(struct itr_ctl, full));
 P(offsetof(struct itr_ctl, threads)); P(offsetof(struct itr_stream, size));
 P(sizeof(struct itr_config)); P(sizeof(struct itr_target)); P(sizeof(struct itr_consume)); P(sizeof(struct itr_status));
@@ -702,6 +705,7 @@ return 0; }
             24,
             48,
             36,
+            32,
             size_of::<Stream>() as u64,
             size_of::<Ctl>() as u64,
             64,

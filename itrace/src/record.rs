@@ -81,9 +81,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         (BackendArg::Inproc, _) => {
             bail!("--backend inproc records --region of a launched program (not -p, --start or --stop)")
         }
-        (BackendArg::Auto, Target::Launch { .. }) => {
-            args.region && args.start.is_empty() && args.stop.is_empty() && !crate::kmod::available()
-        }
+        (BackendArg::Auto, Target::Launch { .. }) => args.region && args.start.is_empty() && args.stop.is_empty(),
         _ => false,
     };
     if let (true, Target::Launch { program, .. }) = (inproc, &target) {
