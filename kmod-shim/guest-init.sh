@@ -48,6 +48,13 @@ if [ "$(cat /etc/kmod-what)" = bench ]; then
     finish
 fi
 
+# 0. Bad ioctl arguments and mmap ranges are refused.
+if /t/badioctl > /tmp/bad.log 2>&1; then
+    pass "device: bad ioctl arguments and mmap ranges refused (kmod-shim/tests/badioctl.c)"
+else
+    fail "device: $(grep FAIL /tmp/bad.log | head -3 | tr '\n' '|')"
+fi
+
 # 1. Launched programs: kmod and ptrace give the same blocks and counts; hand counts.
 compare() { # NAME EXPECTED_INSTRUCTIONS EXPECTED_BLOCKS [record options]
     p=$1 want=$2 blocks=$3

@@ -74,8 +74,9 @@ ITRACE=$ROOT/target/x86_64-unknown-linux-gnu/debug/itrace
 for p in count_loop branches long_loop; do
     gcc -nostdlib -static -no-pie -o "$B/prog/$p" "tests/programs/$p.S"
 done
-for p in tests/programs/signal.c tests/programs/spinner.c kmod-shim/tests/syscalls.c kmod-shim/tests/forker.c; do
-    gcc -static -g -O1 -fno-omit-frame-pointer -o "$B/prog/$(basename "$p" .c)" "$p"
+for p in tests/programs/signal.c tests/programs/spinner.c kmod-shim/tests/syscalls.c kmod-shim/tests/forker.c \
+    kmod-shim/tests/badioctl.c; do
+    gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Ikmod-shim -o "$B/prog/$(basename "$p" .c)" "$p"
 done
 
 # long_loop's ptrace trace, recorded here (stepping it under TCG would take minutes); the
