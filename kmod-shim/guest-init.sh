@@ -142,6 +142,23 @@ else
     fail "fork --follow-forks: $(tail -2 /tmp/ff.log | tr '\n' ' ')"
 fi
 
+# Threads: four pthreads followed from their clone; their deterministic work is counted as
+# ptrace counts it (the interleaving, and glibc's locking, may differ).
+if timeout 120 itrace record --backend kmod -o /tmp/th.k.itr -- /t/threads > /dev/null 2> /tmp/th.k.log &&
+    timeout 120 itrace record --backend ptrace -o /tmp/th.p.itr -- /t/threads > /dev/null 2> /tmp/th.p.log; then
+    itrace report /tmp/th.k.itr | grep -E " thr_compute | thr_main " > /tmp/th.k.rep
+    itrace report /tmp/th.p.itr | grep -E " thr_compute | thr_main " > /tmp/th.p.rep
+    # distinct tids (threads rename themselves worker0..3 as they go)
+    nt=$(itrace arc /tmp/th.k.itr 2>/dev/null | awk '!/^#/ { split($8, a, "_"); print a[2] }' | sort -u | wc -l)
+    if [ "$nt" = 5 ] && [ -s /tmp/th.k.rep ] && cmp -s /tmp/th.k.rep /tmp/th.p.rep; then
+        pass "threads: 5 threads traced, thr_main/thr_compute counts as ptrace's: $(tr -s ' ' < /tmp/th.k.rep | tr '\n' '|')"
+    else
+        fail "threads: $nt threads; kmod $(tr -s ' ' < /tmp/th.k.rep | tr '\n' '|') ptrace $(tr -s ' ' < /tmp/th.p.rep | tr '\n' '|')"
+    fi
+else
+    fail "threads: $(tail -1 /tmp/th.k.log) / $(tail -1 /tmp/th.p.log)"
+fi
+
 # 4. Attach to a running program (-p).
 /t/spinner 100 20000 > /tmp/sp.out &
 SP=$!

@@ -78,6 +78,7 @@ for p in tests/programs/signal.c tests/programs/spinner.c kmod-shim/tests/syscal
     kmod-shim/tests/badioctl.c; do
     gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Ikmod-shim -o "$B/prog/$(basename "$p" .c)" "$p"
 done
+gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -pthread -o "$B/prog/threads" tests/programs/threads.c
 
 # long_loop's ptrace trace, recorded here (stepping it under TCG would take minutes); the
 # module path is the guest's, the CPU and pid fields are dropped as in the guest.
