@@ -28,7 +28,17 @@ PACKAGES=(
     gcc-i686-linux-gnu       # 32-bit x86 test programs (gcc-multilib conflicts with the cross compilers)
     libc6-dev-i386-cross
     bc                    # bench/run.sh arithmetic
+    qemu-system-x86       # kmod-shim/test-in-guest.sh: boots Debian's kernel with the module (TCG)
+    busybox-static        # the guest's initramfs
+    xz-utils              # extracting vmlinux from vmlinuz
 )
+# The kernel module builds against the headers of Debian's current kernel ABI (what
+# linux-image-amd64 depends on today; the kernel image itself is only downloaded and unpacked
+# by kmod-shim/test-in-guest.sh, never installed).
+KABI=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\(.*\)$/\1/p' | head -1)
+if [ -n "$KABI" ]; then
+    PACKAGES+=("linux-headers-$KABI")
+fi
 
 log() { echo "install-test-deps: $*"; }
 

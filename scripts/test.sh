@@ -26,4 +26,8 @@ cargo build --workspace
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
 
+# the kernel module, in a booted guest (QEMU TCG; never loaded on this machine)
+step "kmod-shim/test-in-guest.sh"
+kmod-shim/test-in-guest.sh
+
 step "all passed"

@@ -38,6 +38,8 @@ pub enum BackendArg {
     Inproc,
     /// qemu-user with the itrace TCG plugin: the whole launched program at emulation speed.
     Qemu,
+    /// The kernel module (kmod-shim): traps handled in the kernel, no tracer process per step.
+    Kmod,
 }
 
 /// Architectures of programs run under qemu-user.
@@ -112,9 +114,10 @@ pub struct RecordArgs {
     #[arg(long)]
     pub region: bool,
     /// How to record: ptrace single-stepping, the in-process recorder (the program steps
-    /// itself in a SIGTRAP handler; `--region` on a launched program only), or qemu (the
-    /// launched program under qemu-user with itrace's TCG plugin: fast, emulated CPU). auto:
-    /// in-process for `--region` on a launched program, ptrace otherwise.
+    /// itself in a SIGTRAP handler; `--region` on a launched program only), the kernel module
+    /// (kmod-shim, /dev/itrace), or qemu (the launched program under qemu-user with itrace's TCG
+    /// plugin: fast, emulated CPU). auto: the kernel module when it is loaded (without --region,
+    /// --start, --stop), else in-process for `--region` on a launched program, else ptrace.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// Start tracing a thread when it enters this function (a symbol of the program or its

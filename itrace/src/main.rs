@@ -5,6 +5,7 @@ mod calib;
 mod cli;
 mod dump;
 mod inproc;
+mod kmod;
 mod plugin;
 mod record;
 mod remote;

@@ -96,7 +96,14 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             );
         }
     }
-    let step = if inproc { StepMethod::InProcess } else { step };
+    let kmod = crate::kmod::chosen(args.backend, args.region, !args.start.is_empty() || !args.stop.is_empty())?;
+    let step = if kmod {
+        StepMethod::Kernel
+    } else if inproc {
+        StepMethod::InProcess
+    } else {
+        step
+    };
     let ncpu = ncpu();
     let no_aslr = matches!(target, Target::Launch { aslr: false, .. });
     let mut buffers = open_trace(&args, traced_arch(&target)?, mode, step, ncpu, no_aslr)?;
@@ -122,7 +129,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         emulate_block_step: args.emulate_block_step,
         triggers: if wanted.is_empty() { None } else { Some(&resolve) },
     };
-    let recorded = if let (true, Target::Launch { program, args: argv, aslr }) = (inproc, &target) {
+    let recorded = if kmod {
+        crate::kmod::record_args(&args, &target, mode, &mut buffers)
+    } else if let (true, Target::Launch { program, args: argv, aslr }) = (inproc, &target) {
         let ring = match mode {
             Mode::Continuous => args.segment_size.max(args.buffer_size.min(16 << 20)),
             _ => args.buffer_size,

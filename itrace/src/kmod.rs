@@ -1,0 +1,770 @@
+//! `itrace record --backend kmod`: the kernel shim (kmod-shim/itrace.ko) traces the program in
+//! the kernel and writes records, in the trace file's layout, into per-CPU rings and an MTE ring
+//! that this side maps read-only (/dev/itrace, ABI in kmod-shim/itrace_kmod.h and docs/kmod.md).
+//! This side checks each record, turns the module's mapping snapshots into segment and unmap
+//! records, and hands everything to the trace file's buffers.
+
+use anyhow::{bail, Context, Result};
+use itrace_arch::ptrace::procfs::{self, Mapping};
+use itrace_arch::ptrace::RecordOutcome;
+use itrace_format::{major, Buffers, Endian, Mode, Mte, Record, StopReason, TraceOnReason};
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The device the module creates.
+pub const DEVICE: &str = "/dev/itrace";
+
+/// Environment variable telling libitrace's ITraceOn/ITraceOff to use the device.
+pub const ENV_KMOD: &str = "ITRACE_KMOD";
+
+pub const ITR_MAGIC: u32 = 0x4b52_5449;
+pub const ITR_VERSION: u32 = 1;
+pub const ITR_MAJOR_PAD: u16 = 0x7f00;
+pub const ITR_CFG_FOLLOW_FORKS: u32 = 1;
+pub const ITR_CFG_NO_FOLLOW_THREADS: u32 = 2;
+#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
+pub const ITR_EN_TID: u32 = 1;
+pub const ITR_EN_ON_EXEC: u32 = 2;
+pub const ITR_EN_REGION: u32 = 4;
+
+/// `struct itr_stream`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stream {
+    pub head: u64,
+    pub tail: u64,
+    pub lost: u64,
+    pub records: u64,
+    pub offset: u64,
+    pub size: u64,
+    pub pad: [u64; 2],
+}
+
+/// `struct itr_ctl` without its stream array (which follows at offset 64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ctl {
+    pub magic: u32,
+    pub version: u32,
+    pub ncpu: u32,
+    pub mode: u32,
+    pub map_size: u64,
+    pub full: u32,
+    pub threads: u32,
+    pub pad: [u64; 4],
+}
+
+/// `struct itr_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    pub mode: u32,
+    pub flags: u32,
+    pub buffer_size: u64,
+    pub mte_size: u64,
+}
+
+/// `struct itr_target`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TargetArg {
+    pub pid: i32,
+    pub flags: u32,
+}
+
+/// `struct itr_consume`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Consume {
+    pub stream: u32,
+    pub pad: u32,
+    pub tail: u64,
+}
+
+/// `struct itr_status`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Status {
+    pub version: u32,
+    pub installed: u32,
+    pub ncpu: u32,
+    pub mode: u32,
+    pub threads: u32,
+    pub full: u32,
+    pub map_size: u64,
+    pub traps: u64,
+}
+
+const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
+    (dir << 30) | ((size as u64) << 16) | ((b'i' as u64) << 8) | nr
+}
+pub const ITR_IOC_STATUS: u64 = ioc(2, 1, std::mem::size_of::<Status>());
+pub const ITR_IOC_INSTALL: u64 = ioc(1, 2, std::mem::size_of::<Config>());
+#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
+pub const ITR_IOC_REMOVE: u64 = ioc(0, 3, 0);
+pub const ITR_IOC_ENABLE: u64 = ioc(1, 4, std::mem::size_of::<TargetArg>());
+#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
+pub const ITR_IOC_ON: u64 = ioc(0, 5, 0);
+#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
+pub const ITR_IOC_OFF: u64 = ioc(0, 6, 0);
+pub const ITR_IOC_STOP: u64 = ioc(0, 7, 0);
+pub const ITR_IOC_CONSUME: u64 = ioc(1, 8, std::mem::size_of::<Consume>());
+
+/// Whether the module is loaded.
+pub fn available() -> bool {
+    Path::new(DEVICE).exists()
+}
+
+fn ioctl<T>(fd: i32, req: u64, arg: *mut T) -> std::io::Result<()> {
+    // SAFETY: `arg` points to a live value of the size encoded in `req` (or is null for _IO
+    // requests, which take no argument); the module validates everything it reads.
+    let r = unsafe { libc::ioctl(fd, req as _, arg) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The open device with its rings mapped.
+struct Device {
+    fd: OwnedFd,
+    base: *const u8,
+    len: usize,
+    ncpu: usize,
+}
+
+impl Device {
+    fn open(mode: Mode, ring: usize, mte: usize, flags: u32) -> Result<Device> {
+        let f = match std::fs::OpenOptions::new().read(true).write(true).open(DEVICE) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+                "--backend kmod: the itrace kernel module is not loaded ({DEVICE} does not exist): build and load \
+                 kmod-shim/itrace.ko (see docs/kmod.md), or use --backend ptrace"
+            ),
+            Err(e) => return Err(e).with_context(|| format!("cannot open {DEVICE}")),
+        };
+        let fd: OwnedFd = f.into();
+        let mut cfg = Config { mode: mode.code() as u32, flags, buffer_size: ring as u64, mte_size: mte as u64 };
+        ioctl(fd.as_raw_fd(), ITR_IOC_INSTALL, &mut cfg).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => anyhow::anyhow!("the itrace kernel module is busy: another recording is using it"),
+            _ => anyhow::anyhow!("cannot set up the kernel trace buffers ({ring} bytes per CPU): {e}"),
+        })?;
+        let mut st = Status::default();
+        ioctl(fd.as_raw_fd(), ITR_IOC_STATUS, &mut st).context("cannot query the itrace kernel module")?;
+        let len = st.map_size as usize;
+        // SAFETY: a fresh read-only shared mapping of the device's rings, of the size it reported.
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if base == libc::MAP_FAILED {
+            bail!("cannot map the kernel trace buffers: {}", std::io::Error::last_os_error());
+        }
+        let dev = Device { fd, base: base as *const u8, len, ncpu: st.ncpu as usize };
+        let ctl = dev.ctl();
+        if ctl.magic != ITR_MAGIC || ctl.version != ITR_VERSION || ctl.ncpu as usize != dev.ncpu {
+            bail!("the itrace kernel module speaks another version of the device ABI (rebuild it)");
+        }
+        Ok(dev)
+    }
+
+    fn ctl(&self) -> Ctl {
+        // SAFETY: the mapping starts with the control block; the kernel updates it concurrently,
+        // so it is read as a volatile copy.
+        unsafe { std::ptr::read_volatile(self.base as *const Ctl) }
+    }
+
+    fn stream(&self, i: usize) -> Stream {
+        // SAFETY: stream i (0..=ncpu) lies in the control block's array at offset 64.
+        let s = unsafe { std::ptr::read_volatile((self.base.add(64) as *const Stream).add(i)) };
+        std::sync::atomic::fence(Ordering::Acquire);
+        s
+    }
+
+    /// The bytes of stream `i` from `from` to `to` (positions), copied out of the ring.
+    fn bytes(&self, s: &Stream, from: u64, to: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity((to - from) as usize);
+        let mut pos = from;
+        while pos < to {
+            let off = (pos % s.size) as usize;
+            let n = ((to - pos) as usize).min(s.size as usize - off);
+            let at = s.offset as usize + off;
+            if at + n > self.len {
+                break;
+            }
+            // SAFETY: `at..at + n` is inside the mapping (checked above).
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(self.base.add(at), n) });
+            pos += n as u64;
+        }
+        out
+    }
+
+    fn consume(&self, stream: usize, tail: u64) {
+        let mut c = Consume { stream: stream as u32, pad: 0, tail };
+        let _ = ioctl(self.fd.as_raw_fd(), ITR_IOC_CONSUME, &mut c);
+    }
+
+    fn stop(&self) {
+        let _ = ioctl(self.fd.as_raw_fd(), ITR_IOC_STOP, std::ptr::null_mut::<u8>());
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once.
+        unsafe { libc::munmap(self.base as *mut _, self.len) };
+    }
+}
+
+/// What the drain keeps between rounds.
+struct Drain<'a> {
+    buffers: &'a mut Buffers,
+    out: RecordOutcome,
+    error: Option<String>,
+    /// Executable mappings per process, as of the last snapshot.
+    maps: HashMap<u32, Vec<Mapping>>,
+    /// A snapshot being read: pid, its time, the segments so far.
+    snapshot: Option<(u32, u64, Vec<Mapping>)>,
+    /// Per stream: the next position to read (the module's tail in wrap mode).
+    pos: Vec<u64>,
+    last_mte_ts: u64,
+    vdso: Option<Vec<u8>>,
+}
+
+impl Drain<'_> {
+    fn fail(&mut self, e: impl ToString) {
+        self.error.get_or_insert(e.to_string());
+    }
+
+    fn mte(&mut self, m: Mte) {
+        if let Err(e) = self.buffers.push_mte(&Record::Mte(m)) {
+            self.fail(e);
+        }
+    }
+
+    /// A snapshot is complete: write what changed.
+    fn end_snapshot(&mut self) {
+        let Some((pid, ts, new)) = self.snapshot.take() else { return };
+        let old = self.maps.remove(&pid).unwrap_or_default();
+        for m in old.iter().filter(|m| !new.contains(m)) {
+            self.mte(Mte::Unmap { ts, pid, start: m.start, end: m.end });
+        }
+        for m in new.iter().filter(|m| !old.contains(m)) {
+            let seg = Mte::Segment {
+                ts,
+                pid,
+                prot: m.prot,
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                path: m.path.clone(),
+            };
+            self.mte(seg);
+            if m.path == "[vdso]" {
+                if let Some(image) = self.vdso_image() {
+                    self.mte(Mte::VdsoImage { ts, pid, start: m.start, image });
+                }
+            }
+        }
+        self.maps.insert(pid, new);
+    }
+
+    /// The vDSO's bytes: the same image in every process, so read from our own.
+    fn vdso_image(&mut self) -> Option<Vec<u8>> {
+        if self.vdso.is_none() {
+            let own = procfs::exec_mappings(std::process::id() as i32).ok()?;
+            let m = own.iter().find(|m| m.path == "[vdso]")?;
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = std::fs::File::open("/proc/self/mem").ok()?;
+            f.seek(SeekFrom::Start(m.start)).ok()?;
+            let mut image = vec![0u8; (m.end - m.start).min(1 << 16) as usize];
+            f.read_exact(&mut image).ok()?;
+            self.vdso = Some(image);
+        }
+        self.vdso.clone()
+    }
+
+    fn mte_record(&mut self, r: Record) {
+        let Record::Mte(m) = r else { return };
+        match m {
+            Mte::Segment { ts, pid, prot, start, end, offset, path } => match &mut self.snapshot {
+                Some((p, _, v)) if *p == pid => v.push(Mapping { start, end, prot, offset, path }),
+                _ => {
+                    // A segment outside a snapshot: take it as is.
+                    self.end_snapshot();
+                    self.mte(Mte::Segment { ts, pid, prot, start, end, offset, path });
+                }
+            },
+            Mte::Unmap { ts, pid, start: 0, end: 0 } => {
+                self.end_snapshot();
+                let ts = ts.max(self.last_mte_ts);
+                self.snapshot = Some((pid, ts, Vec::new()));
+            }
+            m => {
+                self.end_snapshot();
+                self.last_mte_ts = self.last_mte_ts.max(m.ts());
+                self.mte(m);
+            }
+        }
+    }
+
+    fn trace_record(&mut self, cpu: usize, r: &Record, raw: &[u8]) {
+        let res = match r {
+            Record::Branch(b) => {
+                self.out.branches += 1;
+                self.out.instructions += b.icount as u64;
+                self.buffers.push_trace(cpu, raw).map(|_| ())
+            }
+            Record::TraceOn(on) => {
+                if on.reason != TraceOnReason::Resume {
+                    self.out.threads += 1;
+                }
+                self.buffers.push_control(cpu, r)
+            }
+            Record::TraceOff(off) => {
+                self.out.instructions += off.icount as u64;
+                self.buffers.push_control(cpu, r)
+            }
+            Record::Lost(_) => self.buffers.push_control(cpu, r),
+            _ => Ok(()),
+        };
+        if let Err(e) = res {
+            self.fail(e);
+        }
+    }
+
+    /// Read stream `i` from where the last round stopped up to its head; returns the records read.
+    fn drain_stream(&mut self, dev: &Device, i: usize, consume: bool) -> u64 {
+        let s = dev.stream(i);
+        let from = self.pos[i].max(s.tail);
+        if s.head <= from {
+            return 0;
+        }
+        let bytes = dev.bytes(&s, from, s.head);
+        let mut at = 0;
+        let mut n = 0;
+        let e = Endian::native();
+        while at + 4 <= bytes.len() {
+            let len = (u16::from_ne_bytes([bytes[at], bytes[at + 1]]) & 0xfffc) as usize;
+            let maj = u16::from_ne_bytes([bytes[at + 2], bytes[at + 3]]);
+            if len < 4 || at + len > bytes.len() {
+                self.fail(format!("the kernel module wrote a corrupt record in stream {i} at {}", from + at as u64));
+                break;
+            }
+            let raw = &bytes[at..at + len];
+            at += len;
+            if maj == ITR_MAJOR_PAD {
+                continue;
+            }
+            match Record::decode(e, raw, 0) {
+                Ok(r) if maj == major::MTE => self.mte_record(r),
+                Ok(r) if i < dev.ncpu => self.trace_record(i % self.buffers.lost().len(), &r, raw),
+                Ok(_) => {}
+                Err(err) => {
+                    self.fail(format!("the kernel module wrote a bad record: {err}"));
+                    break;
+                }
+            }
+            n += 1;
+        }
+        self.pos[i] = from + at as u64;
+        if consume {
+            dev.consume(i, self.pos[i]);
+        }
+        n
+    }
+}
+
+/// Whether `itrace record` uses the kernel module: always for `--backend kmod` (which refuses
+/// what the module cannot do), for `auto` when the module is loaded and no `--start`/`--stop`.
+pub fn chosen(backend: crate::cli::BackendArg, region: bool, start_stop: bool) -> Result<bool> {
+    use crate::cli::BackendArg;
+    match backend {
+        BackendArg::Kmod if start_stop || region => bail!(
+            "--backend kmod traces whole programs (launched or -p PID): --region, --start and --stop need \
+             --backend inproc or ptrace"
+        ),
+        BackendArg::Kmod if !available() => bail!(
+            "--backend kmod: the itrace kernel module is not loaded ({DEVICE} does not exist): build and load \
+             kmod-shim/itrace.ko (see docs/kmod.md), or use --backend ptrace"
+        ),
+        BackendArg::Kmod => Ok(true),
+        BackendArg::Auto => Ok(available() && !start_stop && !region),
+        _ => Ok(false),
+    }
+}
+
+/// `record` with the command line's settings.
+pub fn record_args(
+    args: &crate::cli::RecordArgs,
+    target: &itrace_arch::ptrace::Target,
+    mode: Mode,
+    buffers: &mut Buffers,
+) -> Result<RecordOutcome> {
+    use itrace_arch::ptrace::Target;
+    let start = match target {
+        Target::Launch { program, args: argv, aslr } => Start::Launch { program, argv, aslr: *aslr },
+        Target::Attach { pid } => Start::Attach { pid: *pid },
+    };
+    let ring = match mode {
+        Mode::Continuous => args.segment_size.max(args.buffer_size.min(16 << 20)),
+        _ => args.buffer_size,
+    };
+    record(
+        start,
+        mode,
+        ring,
+        args.mte_size,
+        args.follow_forks,
+        !args.no_follow_threads,
+        args.region,
+        &crate::signals::STOP,
+        buffers,
+    )
+}
+
+/// How to start tracing.
+pub enum Start<'a> {
+    Launch { program: &'a Path, argv: &'a [OsString], aslr: bool },
+    Attach { pid: i32 },
+}
+
+/// Record with the kernel module until the program ends (or `stop`).
+#[allow(clippy::too_many_arguments)]
+pub fn record(
+    start: Start,
+    mode: Mode,
+    ring: usize,
+    mte: usize,
+    follow_forks: bool,
+    follow_threads: bool,
+    region: bool,
+    stop: &AtomicBool,
+    buffers: &mut Buffers,
+) -> Result<RecordOutcome> {
+    let flags = if follow_forks { ITR_CFG_FOLLOW_FORKS } else { 0 }
+        | if follow_threads { 0 } else { ITR_CFG_NO_FOLLOW_THREADS };
+    let ring = ring.clamp(64 << 10, 1 << 30);
+    let dev = Device::open(mode, ring, mte.clamp(64 << 10, 1 << 30), flags)?;
+    let fd = dev.fd.as_raw_fd();
+    let mut child = None;
+    match start {
+        Start::Launch { program, argv, aslr } => {
+            let mut cmd = std::process::Command::new(program);
+            cmd.arg0(&argv[0]).args(&argv[1..]);
+            if region {
+                cmd.env(ENV_KMOD, DEVICE);
+            }
+            let en_flags = ITR_EN_ON_EXEC | if region { ITR_EN_REGION } else { 0 };
+            // SAFETY: only async-signal-safe calls (signal, personality, ioctl) between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    procfs::prepare_child_for_exec(aslr);
+                    let mut t = TargetArg { pid: 0, flags: en_flags };
+                    ioctl(fd, ITR_IOC_ENABLE, &mut t)
+                });
+            }
+            child = Some(cmd.spawn().with_context(|| format!("cannot run {}", program.display()))?);
+        }
+        Start::Attach { pid } => {
+            let mut t = TargetArg { pid, flags: if region { ITR_EN_REGION } else { 0 } };
+            if let Err(e) = ioctl(fd, ITR_IOC_ENABLE, &mut t) {
+                match e.raw_os_error() {
+                    Some(libc::EPERM) => bail!(
+                        "not permitted to trace pid {pid}: the kernel module allows only what ptrace would \
+                         (another user's process, or a protected one)"
+                    ),
+                    Some(libc::ESRCH) => bail!("no process with pid {pid}"),
+                    _ => bail!("cannot trace pid {pid} with the kernel module: {e}"),
+                }
+            }
+        }
+    }
+    let nstreams = dev.ncpu + 1;
+    let mut d = Drain {
+        buffers,
+        out: RecordOutcome::default(),
+        error: None,
+        maps: HashMap::new(),
+        snapshot: None,
+        pos: vec![0; nstreams],
+        last_mte_ts: 0,
+        vdso: None,
+    };
+    d.out.processes = 1;
+    let attached_pid = match start {
+        Start::Attach { pid } => Some(pid),
+        Start::Launch { .. } => None,
+    };
+    let mut detached = false;
+    let status = loop {
+        // The MTE stream always streams; trace streams in continuous mode only (normal and
+        // wrap keep theirs in the kernel until the end).
+        d.drain_stream(&dev, dev.ncpu, true);
+        if mode == Mode::Continuous {
+            for i in 0..dev.ncpu {
+                d.drain_stream(&dev, i, true);
+            }
+        }
+        if let Some(c) = child.as_mut() {
+            if let Some(st) = c.try_wait().context("waiting for the program")? {
+                break Some(st);
+            }
+        }
+        if let Some(pid) = attached_pid {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                break None;
+            }
+        }
+        if stop.load(Ordering::Relaxed) || d.error.is_some() {
+            detached = true;
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    // Threads still traced (followed children, an attached process) stop at their next trap.
+    dev.stop();
+    for _ in 0..200 {
+        if dev.ctl().threads == 0 {
+            break;
+        }
+        d.drain_stream(&dev, dev.ncpu, true);
+        if mode == Mode::Continuous {
+            for i in 0..dev.ncpu {
+                d.drain_stream(&dev, i, true);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    d.drain_stream(&dev, dev.ncpu, true);
+    d.end_snapshot();
+    for i in 0..dev.ncpu {
+        let s = dev.stream(i);
+        let ncpu_out = d.buffers.lost().len();
+        if mode == Mode::Wrap && s.lost > 0 {
+            // The oldest records were overwritten (the buffers write the lost record ahead of
+            // the survivors).
+            wrap_resume(&dev, &mut d, i, &s);
+        }
+        d.drain_stream(&dev, i, mode != Mode::Wrap);
+        d.buffers.add_lost(i % ncpu_out, s.lost);
+    }
+    let mte_lost = dev.stream(dev.ncpu).lost;
+    if mte_lost > 0 {
+        d.buffers.add_lost(0, mte_lost);
+    }
+    let full = dev.ctl().full != 0;
+    let (reason, value) = match status {
+        _ if detached => (StopReason::Detached, 0),
+        _ if full => (StopReason::BufferFull, 0),
+        Some(st) => match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
+            (Some(sig), _) => (StopReason::Signaled, sig),
+            (None, code) => (StopReason::Exited, code.unwrap_or(0)),
+        },
+        None => (StopReason::Detached, 0),
+    };
+    let _ = value;
+    d.out.stop_reason = Some(reason);
+    d.out.exit_status = status.map(|st| match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
+        (Some(sig), _) => -sig,
+        (None, code) => code.unwrap_or(0),
+    });
+    d.out.write_error = d.error.take();
+    Ok(d.out)
+}
+
+/// Wrap mode: the first surviving record of each thread may be a branch whose block started in
+/// an overwritten record. Those threads resume, for the reader, at that branch's target: the
+/// branch itself is dropped and a trace-on (resume) record says where the thread is.
+fn wrap_resume(dev: &Device, d: &mut Drain, i: usize, s: &Stream) {
+    let from = d.pos[i].max(s.tail);
+    let bytes = dev.bytes(s, from, s.head);
+    let e = Endian::native();
+    let mut seen = std::collections::HashSet::new();
+    let mut skip = std::collections::HashSet::new();
+    let mut at = 0;
+    let mut first_ts = None;
+    while at + 16 <= bytes.len() {
+        let len = (u16::from_ne_bytes([bytes[at], bytes[at + 1]]) & 0xfffc) as usize;
+        if len < 4 || at + len > bytes.len() {
+            break;
+        }
+        let raw = &bytes[at..at + len];
+        if let Ok(r) = Record::decode(e, raw, 0) {
+            first_ts.get_or_insert(r.ts());
+            match r {
+                Record::Branch(b) if seen.insert(b.tid) => {
+                    skip.insert(from + at as u64);
+                    let on = itrace_format::TraceOn {
+                        ts: first_ts.unwrap_or(b.ts),
+                        reason: TraceOnReason::Resume,
+                        pid: 0,
+                        tid: b.tid,
+                        pc: b.to,
+                    };
+                    d.trace_record(i % d.buffers.lost().len(), &Record::TraceOn(on), &[]);
+                }
+                Record::TraceOn(on) => {
+                    seen.insert(on.tid);
+                }
+                Record::TraceOff(off) => {
+                    seen.insert(off.tid);
+                }
+                _ => {}
+            }
+        }
+        at += len;
+    }
+    // Drop the skipped branches: read the stream record by record, skipping them.
+    let mut at = 0;
+    while at + 4 <= bytes.len() {
+        let len = (u16::from_ne_bytes([bytes[at], bytes[at + 1]]) & 0xfffc) as usize;
+        let maj = u16::from_ne_bytes([bytes[at + 2], bytes[at + 3]]);
+        if len < 4 || at + len > bytes.len() {
+            break;
+        }
+        let raw = &bytes[at..at + len];
+        let pos = from + at as u64;
+        at += len;
+        if maj == ITR_MAJOR_PAD {
+            continue;
+        }
+        if skip.contains(&pos) {
+            // The block's instructions before the gap are unknown: count it as lost.
+            d.buffers.add_lost(i % d.buffers.lost().len(), 1);
+            continue;
+        }
+        if let Ok(r) = Record::decode(e, raw, 0) {
+            d.trace_record(i % d.buffers.lost().len(), &r, raw);
+        }
+    }
+    d.pos[i] = s.head;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C header and these definitions agree: compile a C program that prints the header's
+    /// sizes, offsets and ioctl numbers, and compare.
+    #[test]
+    fn c_header_matches() {
+        let dir = tempfile_dir();
+        let src = dir.join("layout.c");
+        let header = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kmod-shim");
+        std::fs::write(
+            &src,
+            r#"#include <stdio.h>
+#include <stddef.h>
+#include "itrace_kmod.h"
+#define P(x) printf(#x " %lu\n", (unsigned long)(x))
+int main(void) {
+P(sizeof(struct itr_rec_hdr)); P(sizeof(struct itr_rec_branch)); P(offsetof(struct itr_rec_branch, from));
+P(offsetof(struct itr_rec_branch, to)); P(offsetof(struct itr_rec_branch, tid)); P(offsetof(struct itr_rec_branch, icount));
+P(sizeof(struct itr_rec_on)); P(offsetof(struct itr_rec_on, pc)); P(sizeof(struct itr_rec_off));
+P(offsetof(struct itr_rec_off, icount)); P(offsetof(struct itr_rec_off, value)); P(sizeof(struct itr_rec_lost));
+P(sizeof(struct itr_rec_segment)); P(ITR_REC_CLONE_LEN); P(offsetof(struct itr_rec_clone, thread)); P(sizeof(struct itr_stream));
+P(sizeof(struct itr_ctl)); P(offsetof(struct itr_ctl, stream)); P(offsetof(struct itr_ctl, full));
+P(offsetof(struct itr_ctl, threads)); P(offsetof(struct itr_stream, size));
+P(sizeof(struct itr_config)); P(sizeof(struct itr_target)); P(sizeof(struct itr_consume)); P(sizeof(struct itr_status));
+P(ITR_IOC_STATUS); P(ITR_IOC_INSTALL); P(ITR_IOC_REMOVE); P(ITR_IOC_ENABLE); P(ITR_IOC_ON); P(ITR_IOC_OFF);
+P(ITR_IOC_STOP); P(ITR_IOC_CONSUME); P(ITR_MAGIC); P(ITR_MAJOR_PAD); P(ITR_MAJOR_BRANCH_USER); P(ITR_MAJOR_TRACE_OFF);
+return 0; }
+"#,
+        )
+        .unwrap();
+        let exe = dir.join("layout");
+        let st = std::process::Command::new("gcc")
+            .arg("-I")
+            .arg(&header)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("gcc runs");
+        assert!(st.success());
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let got: Vec<u64> = text.lines().map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
+        use std::mem::{offset_of, size_of};
+        let want: Vec<u64> = vec![
+            itrace_format::RECORD_HEADER_LEN as u64,
+            itrace_format::BRANCH_RECORD_LEN as u64,
+            16,
+            24,
+            32,
+            36,
+            32,
+            24,
+            40,
+            32,
+            36,
+            24,
+            48,
+            36,
+            32,
+            size_of::<Stream>() as u64,
+            size_of::<Ctl>() as u64,
+            64,
+            offset_of!(Ctl, full) as u64,
+            offset_of!(Ctl, threads) as u64,
+            offset_of!(Stream, size) as u64,
+            size_of::<Config>() as u64,
+            size_of::<TargetArg>() as u64,
+            size_of::<Consume>() as u64,
+            size_of::<Status>() as u64,
+            ITR_IOC_STATUS,
+            ITR_IOC_INSTALL,
+            ITR_IOC_REMOVE,
+            ITR_IOC_ENABLE,
+            ITR_IOC_ON,
+            ITR_IOC_OFF,
+            ITR_IOC_STOP,
+            ITR_IOC_CONSUME,
+            ITR_MAGIC as u64,
+            ITR_MAJOR_PAD as u64,
+            major::BRANCH_USER as u64,
+            major::TRACE_OFF as u64,
+        ];
+        assert_eq!(got, want, "C header vs Rust:\n{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Records encoded by the format crate have the offsets the C structs use.
+    #[test]
+    fn format_layout_matches_c_offsets() {
+        let b = itrace_format::Branch {
+            ts: 1,
+            kernel: false,
+            kind: itrace_format::BranchKind::Call,
+            flags: 0,
+            aux: 0,
+            from: 0x1111,
+            to: 0x2222,
+            tid: 7,
+            icount: 9,
+        };
+        let mut a = [0u8; itrace_format::BRANCH_RECORD_LEN];
+        b.encode_into(&mut a);
+        assert_eq!(u64::from_ne_bytes(a[16..24].try_into().unwrap()), 0x1111);
+        assert_eq!(u64::from_ne_bytes(a[24..32].try_into().unwrap()), 0x2222);
+        assert_eq!(u32::from_ne_bytes(a[32..36].try_into().unwrap()), 7);
+        assert_eq!(u32::from_ne_bytes(a[36..40].try_into().unwrap()), 9);
+        let mut v = Vec::new();
+        let off =
+            itrace_format::TraceOff { ts: 1, reason: StopReason::Exited, pid: 1, tid: 2, pc: 3, icount: 4, value: 5 };
+        Record::TraceOff(off).encode(&mut v).unwrap();
+        assert_eq!(v.len(), 40);
+        assert_eq!(u32::from_ne_bytes(v[32..36].try_into().unwrap()), 4);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let now = itrace_arch::ptrace::now_ns();
+        let d = std::env::temp_dir().join(format!("itrace-kmod-layout-{}-{now}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

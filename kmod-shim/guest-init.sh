@@ -1,0 +1,218 @@
+#!/bin/busybox sh
+# /init of the kmod test guest (see test-in-guest.sh). Prints "KMOD: PASS|FAIL name detail"
+# per check and "KMOD-RESULT: PASS|FAIL" at the end, then powers off.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+chmod 1777 /tmp
+cd /tmp
+FAILS=0
+T0=$(cut -d. -f1 /proc/uptime)
+el() { echo "[$(($(cut -d. -f1 /proc/uptime) - T0)) s]"; }
+pass() { echo "KMOD: PASS $* $(el)"; }
+fail() { echo "KMOD: FAIL $* $(el)"; FAILS=$((FAILS + 1)); }
+finish() {
+    if [ "$FAILS" -eq 0 ]; then echo "KMOD-RESULT: PASS"; else echo "KMOD-RESULT: FAIL ($FAILS failed)"; fi
+    poweroff -f
+}
+# Figures from itrace record's last line.
+insns() { sed -n 's/.*records (\([0-9]*\) instructions.*/\1/p' "$1" | tail -1; }
+lost() { sed -n 's/.* branches), \([0-9]*\) lost.*/\1/p' "$1" | tail -1; }
+# Arc lines without the CPU and the pid/tid field (both differ between runs).
+arcs() { itrace arc "$1" 2>/dev/null | awk '!/^#/ { $1 = ""; $8 = ""; print }'; }
+
+if ! insmod /t/itrace.ko; then
+    fail insmod
+    finish
+fi
+[ -c /dev/itrace ] && pass "load: /dev/itrace" || fail "load: no /dev/itrace"
+
+if [ "$(cat /etc/kmod-what)" = debug ]; then
+    timeout 60 itrace record --backend kmod --mode continuous --buffer-size 64K --segment-size 64K -o /tmp/d.itr -- /t/long_loop; echo "rc=$?"
+    itrace dump /tmp/d.itr > /tmp/d.dump; grep -v " U " /tmp/d.dump | head -30
+    dmesg | tail -20
+    finish
+fi
+if [ "$(cat /etc/kmod-what)" = bench ]; then
+    # The same workload under both recorders, in this one boot.
+    for b in kmod ptrace; do
+        # /proc/uptime in hundredths of a second (busybox date has no %N)
+        s=$(cut -d' ' -f1 /proc/uptime | tr -d .)
+        timeout 250 itrace record --backend $b -o /tmp/bench.$b.itr -- /t/long_loop 2> /tmp/bench.$b.log
+        e=$(cut -d' ' -f1 /proc/uptime | tr -d .)
+        echo "BENCH: $b instructions=$(insns /tmp/bench.$b.log) ns=$(((e - s) * 10000000))"
+        rm -f /tmp/bench.$b.itr
+    done
+    finish
+fi
+
+# 0. Bad ioctl arguments and mmap ranges are refused.
+if /t/badioctl > /tmp/bad.log 2>&1; then
+    pass "device: bad ioctl arguments and mmap ranges refused (kmod-shim/tests/badioctl.c)"
+else
+    fail "device: $(grep FAIL /tmp/bad.log | head -3 | tr '\n' '|')"
+fi
+
+# 1. Launched programs: kmod and ptrace give the same blocks and counts; hand counts.
+compare() { # NAME EXPECTED_INSTRUCTIONS EXPECTED_BLOCKS [record options]
+    p=$1 want=$2 blocks=$3
+    shift 3
+    # ptrace's trace does not depend on the mode: made once per program
+    [ -s /tmp/$p.p.arc ] || timeout 120 itrace record --backend ptrace -o /tmp/$p.p.itr -- /t/$p > /dev/null 2> /tmp/$p.p.log
+    if ! timeout 120 itrace record --backend kmod "$@" -o /tmp/$p.k.itr -- /t/$p > /dev/null 2> /tmp/$p.k.log; then
+        fail "$p: itrace record --backend kmod failed: $(tail -1 /tmp/$p.k.log)"
+        return
+    fi
+    [ -s /tmp/$p.p.arc ] || arcs /tmp/$p.p.itr > /tmp/$p.p.arc
+    arcs /tmp/$p.k.itr > /tmp/$p.k.arc
+    ik=$(insns /tmp/$p.k.log) ip=$(insns /tmp/$p.p.log) n=$(wc -l < /tmp/$p.k.arc)
+    if [ -n "$want" ] && [ "$ik" != "$want" ]; then
+        fail "$p: kmod counted $ik instructions, the hand count is $want"
+    elif [ -n "$blocks" ] && [ "$(grep -c ' U ' /tmp/$p.k.arc)" != "$blocks" ]; then
+        fail "$p: kmod wrote $(grep -c ' U ' /tmp/$p.k.arc) user blocks, the hand count is $blocks"
+    elif [ "$ik" != "$ip" ]; then
+        fail "$p: kmod counted $ik instructions, ptrace $ip"
+    elif ! cmp -s /tmp/$p.p.arc /tmp/$p.k.arc; then
+        fail "$p: arcs differ (kmod $n lines, ptrace $(wc -l < /tmp/$p.p.arc)): $(diff /tmp/$p.p.arc /tmp/$p.k.arc | grep '^[-+][^-+]' | head -4 | tr '\n' '|')"
+    else
+        pass "$p: kmod $ik instructions, $n arc lines, identical to ptrace ($ip) $*"
+    fi
+}
+compare count_loop 3011 1003
+compare branches 102 ""
+# long_loop's ptrace trace (406,009 steps) would take minutes under TCG: the host recorded it
+# (same static binary at the same addresses) and test-in-guest.sh put its arc here.
+cp /t/long_loop.host.arc /tmp/long_loop.p.arc
+cp /t/long_loop.host.log /tmp/long_loop.p.log
+compare long_loop 406009 201501
+compare signal "" ""
+compare syscalls "" ""
+compare forker "" ""
+
+# 2. Modes, on syscalls (8,659 blocks, 346 KB of records). Continuous through a 128K ring:
+# drained while tracing.
+compare syscalls "" "" --mode continuous --buffer-size 128K --segment-size 128K
+# Normal with a small buffer: tracing stops when it is full; the program runs on.
+# (pinned to one CPU: each CPU has its own ring, and these checks read one stream)
+if timeout 120 taskset 1 itrace record --backend kmod --mode normal --buffer-size 64K -o /tmp/n.itr -- /t/syscalls 2> /tmp/n.log; then
+    arcs /tmp/n.itr | grep -v '^ *$' > /tmp/n.arc
+    n=$(wc -l < /tmp/n.arc)
+    head -n $((n - 1)) /tmp/n.arc > /tmp/n.head
+    head -n $((n - 1)) /tmp/syscalls.p.arc > /tmp/p.head
+    if grep -q "a buffer filled" /tmp/n.log && [ "$n" -gt 1000 ] && cmp -s /tmp/n.head /tmp/p.head; then
+        pass "normal mode, 64K: stopped when full after $n arc lines, which begin ptrace's trace"
+    else
+        fail "normal mode: $(tail -1 /tmp/n.log), $n lines, prefix equal: $(cmp -s /tmp/n.head /tmp/p.head && echo yes || echo no)"
+    fi
+else
+    fail "normal mode: $(tail -1 /tmp/n.log)"
+fi
+# Wrap with a small buffer: the last records survive, the others are counted as lost.
+if timeout 120 taskset 1 itrace record --backend kmod --mode wrap --buffer-size 64K -o /tmp/w.itr -- /t/syscalls 2> /tmp/w.log; then
+    arcs /tmp/w.itr | grep -v '^ *$' > /tmp/w.arc
+    n=$(wc -l < /tmp/w.arc) l=$(lost /tmp/w.log)
+    tail -n $((n - 2)) /tmp/w.arc > /tmp/w.tail
+    tail -n $((n - 2)) /tmp/syscalls.p.arc > /tmp/p.tail
+    if [ "$l" -gt 1000 ] && [ "$n" -gt 1000 ] && cmp -s /tmp/w.tail /tmp/p.tail; then
+        pass "wrap mode, 64K: $l records lost, the last $n arc lines end ptrace's trace"
+    else
+        fail "wrap mode: $(tail -1 /tmp/w.log), $n lines, suffix equal: $(cmp -s /tmp/w.tail /tmp/p.tail && echo yes || echo no)"
+    fi
+else
+    fail "wrap mode: $(tail -1 /tmp/w.log)"
+fi
+
+# 3. Forks: without --follow-forks the child must not keep a stray trap flag.
+if timeout 120 itrace record --backend kmod -o /tmp/f.itr -- /t/forker 2> /tmp/f.log && ! grep -q "exited with status\|killed" /tmp/f.log; then
+    pass "fork: the untraced child ran normally"
+else
+    fail "fork: $(tail -2 /tmp/f.log | tr '\n' ' ')"
+fi
+if timeout 120 itrace record --backend kmod --follow-forks -o /tmp/ff.itr -- /t/forker 2> /tmp/ff.log && ! grep -q "exited with status\|killed" /tmp/ff.log; then
+    np=$(arcs /tmp/ff.itr >/dev/null; itrace arc /tmp/ff.itr 2>/dev/null | awk '!/^#/ { split($8, a, "_"); print a[1] }' | sort -u | wc -l)
+    timeout 120 itrace record --backend ptrace --follow-forks -o /tmp/ffp.itr -- /t/forker 2> /tmp/ffp.log
+    ik=$(insns /tmp/ff.log) ip=$(insns /tmp/ffp.log)
+    if [ "$np" = 2 ] && [ "$ik" = "$ip" ]; then
+        pass "fork --follow-forks: 2 processes traced, $ik instructions as ptrace"
+    else
+        fail "fork --follow-forks: $np processes, kmod $ik instructions, ptrace $ip"
+    fi
+else
+    fail "fork --follow-forks: $(tail -2 /tmp/ff.log | tr '\n' ' ')"
+fi
+
+# Threads: four pthreads followed from their clone; their deterministic work is counted as
+# ptrace counts it (the interleaving, and glibc's locking, may differ).
+if timeout 120 itrace record --backend kmod -o /tmp/th.k.itr -- /t/threads > /dev/null 2> /tmp/th.k.log &&
+    timeout 120 itrace record --backend ptrace -o /tmp/th.p.itr -- /t/threads > /dev/null 2> /tmp/th.p.log; then
+    # self, inclusive, calls, function (the percentage depends on glibc's locking, which may differ)
+    itrace report /tmp/th.k.itr | grep -E " thr_compute | thr_main " | awk '{ print $1, $3, $4, $5 }' > /tmp/th.k.rep
+    itrace report /tmp/th.p.itr | grep -E " thr_compute | thr_main " | awk '{ print $1, $3, $4, $5 }' > /tmp/th.p.rep
+    # distinct tids (threads rename themselves worker0..3 as they go)
+    nt=$(itrace arc /tmp/th.k.itr 2>/dev/null | awk '!/^#/ { split($8, a, "_"); print a[2] }' | sort -u | wc -l)
+    if [ "$nt" = 5 ] && [ -s /tmp/th.k.rep ] && cmp -s /tmp/th.k.rep /tmp/th.p.rep; then
+        pass "threads: 5 threads traced, thr_main/thr_compute counts as ptrace's: $(tr -s ' ' < /tmp/th.k.rep | tr '\n' '|')"
+    else
+        fail "threads: $nt threads; kmod $(tr -s ' ' < /tmp/th.k.rep | tr '\n' '|') ptrace $(tr -s ' ' < /tmp/th.p.rep | tr '\n' '|')"
+    fi
+else
+    fail "threads: $(tail -1 /tmp/th.k.log) / $(tail -1 /tmp/th.p.log)"
+fi
+
+# 4. Attach to a running program (-p).
+/t/spinner 100 20000 > /tmp/sp.out &
+SP=$!
+sleep 0.3
+if timeout 120 itrace record --backend kmod -p $SP --duration 0.5 -o /tmp/a.itr 2> /tmp/a.log && [ "$(insns /tmp/a.log)" -gt 1000 ]; then
+    pass "attach -p: $(insns /tmp/a.log) instructions in 0.5 s"
+else
+    fail "attach -p: $(tail -1 /tmp/a.log)"
+fi
+wait $SP
+grep -q "result=" /tmp/sp.out && pass "attach -p: the program finished after the detach" || fail "attach: the program did not finish"
+
+# 5. Permissions: a user may not trace root's process.
+/t/spinner 50 20000 > /dev/null &
+SP=$!
+if su -s /bin/sh user -c "id -u > /tmp/perm.uid; itrace record --backend kmod -p $SP -o /tmp/perm.itr 2> /tmp/perm.log"; then
+    fail "permission: a user traced root's process"
+elif [ "$(cat /tmp/perm.uid)" = 1000 ] && grep -q "not permitted" /tmp/perm.log; then
+    pass "permission: uid 1000 refused root's process ($(cat /tmp/perm.log))"
+else
+    fail "permission: $(cat /tmp/perm.log)"
+fi
+wait $SP
+
+# 6. Unload with a thread still traced: itrace is killed, the module removed while the
+# program sleeps traced; the program must run to its end (no stray SIGTRAP).
+itrace record --backend kmod -o /tmp/u.itr -- /t/spinner 20 100000 > /tmp/u.out 2> /tmp/u.log &
+IT=$!
+sleep 0.5
+kill -9 $IT
+wait $IT 2>/dev/null
+if rmmod itrace; then
+    pass "unload: rmmod with a traced thread"
+else
+    fail "unload: rmmod failed"
+fi
+for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    grep -q "result=" /tmp/u.out && break
+    sleep 0.5
+done
+grep -q "result=" /tmp/u.out && pass "unload: the program ran to its end" || fail "unload: the program did not finish: $(cat /tmp/u.out)"
+dmesg | grep -iE "itrace|BUG|WARNING|Oops" | tail -5
+if timeout 120 itrace record --backend kmod -o /tmp/x.itr -- /t/count_loop 2> /tmp/x.log; then
+    fail "unloaded: --backend kmod still worked"
+elif grep -q "kernel module is not loaded" /tmp/x.log; then
+    pass "unloaded: $(cat /tmp/x.log)"
+else
+    fail "unloaded: $(cat /tmp/x.log)"
+fi
+if timeout 60 itrace record -o /tmp/y.itr -- /t/count_loop 2> /tmp/y.log && grep -q ptrace /tmp/y.log; then
+    pass "unloaded: --backend auto falls back to ptrace"
+else
+    fail "unloaded: auto: $(cat /tmp/y.log)"
+fi
+finish
