@@ -133,6 +133,14 @@ pub struct Branch {
     pub icount: u32,
 }
 
+impl Branch {
+    /// The kernel's return to user space at `to` after a system call or signal delivery
+    /// (`flags` says which, `aux` its number): a `K` IRET record with no instructions.
+    pub fn kernel_return(ts: u64, tid: u32, to: u64, flags: u8, aux: u16) -> Branch {
+        Branch { ts, kernel: true, kind: BranchKind::Iret, flags, aux, from: 0, to, tid, icount: 0 }
+    }
+}
+
 /// Why tracing of a thread starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TraceOnReason {

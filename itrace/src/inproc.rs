@@ -137,24 +137,14 @@ impl Drain<'_> {
         }
         let Ok(new) = procfs::exec_mappings(pid as i32) else { return };
         let old = self.maps.remove(&pid).unwrap_or_default();
-        for m in old.iter().filter(|m| !new.contains(m)) {
-            self.mte(Mte::Unmap { ts, pid, start: m.start, end: m.end });
+        let (records, added) = procfs::mapping_changes(ts, pid, &old, &new);
+        let vdso = added.into_iter().find(|m| m.path == "[vdso]").cloned();
+        for r in records {
+            self.mte(r);
         }
-        for m in new.iter().filter(|m| !old.contains(m)) {
-            let seg = Mte::Segment {
-                ts,
-                pid,
-                prot: m.prot,
-                start: m.start,
-                end: m.end,
-                offset: m.offset,
-                path: m.path.clone(),
-            };
-            self.mte(seg);
-            if m.path == "[vdso]" {
-                if let Ok(image) = read_own_vdso(pid as i32, m) {
-                    self.mte(Mte::VdsoImage { ts, pid, start: m.start, image });
-                }
+        if let Some(m) = vdso {
+            if let Ok(image) = read_own_vdso(pid as i32, &m) {
+                self.mte(Mte::VdsoImage { ts, pid, start: m.start, image });
             }
         }
         self.maps.insert(pid, new);

@@ -249,24 +249,14 @@ impl Drain<'_> {
     fn end_snapshot(&mut self) {
         let Some((pid, ts, new)) = self.snapshot.take() else { return };
         let old = self.maps.remove(&pid).unwrap_or_default();
-        for m in old.iter().filter(|m| !new.contains(m)) {
-            self.mte(Mte::Unmap { ts, pid, start: m.start, end: m.end });
+        let (records, added) = procfs::mapping_changes(ts, pid, &old, &new);
+        let vdso = added.iter().find(|m| m.path == "[vdso]").map(|m| m.start);
+        for r in records {
+            self.mte(r);
         }
-        for m in new.iter().filter(|m| !old.contains(m)) {
-            let seg = Mte::Segment {
-                ts,
-                pid,
-                prot: m.prot,
-                start: m.start,
-                end: m.end,
-                offset: m.offset,
-                path: m.path.clone(),
-            };
-            self.mte(seg);
-            if m.path == "[vdso]" {
-                if let Some(image) = self.vdso_image() {
-                    self.mte(Mte::VdsoImage { ts, pid, start: m.start, image });
-                }
+        if let Some(start) = vdso {
+            if let Some(image) = self.vdso_image() {
+                self.mte(Mte::VdsoImage { ts, pid, start, image });
             }
         }
         self.maps.insert(pid, new);

@@ -276,17 +276,7 @@ impl Vcpu {
 
     /// The kernel's return to user space at `to` (after a system call or signal delivery).
     fn kernel_return(&mut self, s: &State, to: u64, flags: u8, aux: i64) {
-        let b = Branch {
-            ts: self.ts(),
-            kernel: true,
-            kind: BranchKind::Iret,
-            flags,
-            aux: aux as u16,
-            from: 0,
-            to,
-            tid: self.tid,
-            icount: 0,
-        };
+        let b = Branch::kernel_return(self.ts(), self.tid, to, flags, aux as u16);
         self.push_branch(s, b);
     }
 

@@ -978,17 +978,7 @@ impl Session<'_> {
 
     /// The kernel's return to user space at `to` after a system call or signal delivery.
     fn kernel_return(&mut self, to: u64, flags: u8, aux: u64) {
-        let b = Branch {
-            ts: now_ns(),
-            kernel: true,
-            kind: BranchKind::Iret,
-            flags,
-            aux: aux as u16,
-            from: 0,
-            to,
-            tid: self.tid,
-            icount: 0,
-        };
+        let b = Branch::kernel_return(now_ns(), self.tid, to, flags, aux as u16);
         self.push_branch(b);
     }
 

@@ -19,6 +19,31 @@ impl Mapping {
     }
 }
 
+/// Module-table records for `pid`'s executable mappings going from `old` to `new`: an unmap for
+/// each mapping gone, a segment for each new one; the new ones are returned too (a `[vdso]`
+/// among them wants its image).
+pub fn mapping_changes<'a>(
+    ts: u64,
+    pid: u32,
+    old: &[Mapping],
+    new: &'a [Mapping],
+) -> (Vec<itrace_format::Mte>, Vec<&'a Mapping>) {
+    use itrace_format::Mte;
+    let mut records: Vec<Mte> =
+        old.iter().filter(|m| !new.contains(m)).map(|m| Mte::Unmap { ts, pid, start: m.start, end: m.end }).collect();
+    let added: Vec<&Mapping> = new.iter().filter(|m| !old.contains(m)).collect();
+    records.extend(added.iter().map(|m| Mte::Segment {
+        ts,
+        pid,
+        prot: m.prot,
+        start: m.start,
+        end: m.end,
+        offset: m.offset,
+        path: m.path.clone(),
+    }));
+    (records, added)
+}
+
 /// The executable mappings of `pid`, sorted by address.
 pub fn exec_mappings(pid: i32) -> std::io::Result<Vec<Mapping>> {
     let text = fs::read_to_string(format!("/proc/{pid}/maps"))?;
