@@ -716,7 +716,9 @@ impl Session<'_> {
             if calls.mmap_args_in_memory {
                 let base = arg(self, 0)?;
                 for (i, a) in args.iter_mut().enumerate() {
-                    *a = self.read_word(base + 8 * i as u64, 8)?;
+                    // An unreadable block makes the call fail (EFAULT): nothing to note.
+                    let Some(v) = self.read_word(base + 8 * i as u64, 8)? else { return Ok(None) };
+                    *a = v;
                 }
             } else {
                 for (i, a) in args.iter_mut().enumerate() {
@@ -811,20 +813,23 @@ impl Session<'_> {
             return Ok(()); // a query
         }
         let word = if self.opts.arch.trace_arch() == itrace_format::Arch::I386 { 4 } else { 8 };
-        let mut handler = self.read_word(act, word)?;
+        // A bad pointer makes the call fail (EFAULT): nothing to note.
+        let Some(mut handler) = self.read_word(act, word)? else { return Ok(()) };
         if self.info.function_descriptors && handler > 1 {
-            handler = self.read_word(handler, word)?;
+            let Some(code) = self.read_word(handler, word)? else { return Ok(()) };
+            handler = code;
         }
         self.handlers.insert(sig, handler);
         Ok(())
     }
 
-    fn read_word(&mut self, addr: u64, word: usize) -> Result<u64, GdbError> {
+    /// A word of the program's memory; `None` where it cannot be read.
+    fn read_word(&mut self, addr: u64, word: usize) -> Result<Option<u64>, GdbError> {
         let bytes = self.conn.read_memory(addr, word)?;
         if bytes.len() != word {
-            return Err(GdbError::Malformed(format!("cannot read {word} bytes at {addr:#x}")));
+            return Ok(None);
         }
-        registers::value(&bytes, self.info.big_endian)
+        registers::value(&bytes, self.info.big_endian).map(Some)
     }
 
     /// Run a system call instruction; a `U` INTRPT record, then a `K` IRET record to where it returned.
