@@ -751,8 +751,11 @@ impl Session<'_> {
             }
             MappingCall::Mmap { len, prot, fd, offset } => {
                 let fd = if word == 32 { fd as u32 as i32 as i64 } else { fd as i64 };
-                // A file mapping at a page address (PowerPC reports errors as small positive numbers).
-                let Some(path) = self.fds.get(&(fd as u64)).filter(|_| fd >= 0 && ret & 0xfff == 0 && ret > 0) else {
+                // An executable file mapping (as the ptrace recorder's module table has), at a page
+                // address (PowerPC reports errors as small positive numbers).
+                let Some(path) =
+                    self.fds.get(&(fd as u64)).filter(|_| prot & 4 != 0 && fd >= 0 && ret & 0xfff == 0 && ret > 0)
+                else {
                     return Ok(());
                 };
                 let host = match &self.opts.sysroot {
