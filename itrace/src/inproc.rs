@@ -353,15 +353,7 @@ pub fn record(
     }
     // Regions still open: the program died in them (or tracing stopped, or a buffer filled).
     let full = sh.header().full.load(Ordering::Relaxed) != 0;
-    let (reason, value) = match status {
-        _ if detached => (StopReason::Detached, 0),
-        _ if full => (StopReason::BufferFull, 0),
-        Some(st) => match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
-            (Some(sig), _) => (StopReason::Signaled, sig),
-            (None, code) => (StopReason::Exited, code.unwrap_or(0)),
-        },
-        None => (StopReason::Detached, 0),
-    };
+    let (reason, value) = crate::record::stop_reason(status, detached, full);
     let open: Vec<_> = d.open.drain().collect();
     for (tid, (pid, cpu, pc, _)) in open {
         let off = TraceOff { ts: now_ns(), reason, pid, tid, pc, icount: 0, value };
@@ -374,10 +366,7 @@ pub fn record(
         }
     }
     d.out.stop_reason = Some(if full { StopReason::BufferFull } else { reason });
-    d.out.exit_status = status.map(|st| match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
-        (Some(sig), _) => -sig,
-        (None, code) => code.unwrap_or(0),
-    });
+    d.out.exit_status = status.map(crate::record::exit_status);
     d.out.write_error = d.error.take();
     if d.pids.is_empty() && !detached {
         eprintln!("itrace: warning: {} ran no traced region (ITraceOn was never called)", program.display());

@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use itrace_arch::ptrace::procfs::{self, Mapping};
 use itrace_arch::ptrace::RecordOutcome;
-use itrace_format::{major, Buffers, Endian, Mode, Mte, Record, StopReason, TraceOnReason};
+use itrace_format::{major, Buffers, Endian, Mode, Mte, Record, TraceOnReason};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -547,21 +547,9 @@ pub fn record(
         d.buffers.add_lost(0, mte_lost);
     }
     let full = dev.ctl().full != 0;
-    let (reason, value) = match status {
-        _ if detached => (StopReason::Detached, 0),
-        _ if full => (StopReason::BufferFull, 0),
-        Some(st) => match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
-            (Some(sig), _) => (StopReason::Signaled, sig),
-            (None, code) => (StopReason::Exited, code.unwrap_or(0)),
-        },
-        None => (StopReason::Detached, 0),
-    };
-    let _ = value;
+    let (reason, _) = crate::record::stop_reason(status, detached, full);
     d.out.stop_reason = Some(reason);
-    d.out.exit_status = status.map(|st| match (std::os::unix::process::ExitStatusExt::signal(&st), st.code()) {
-        (Some(sig), _) => -sig,
-        (None, code) => code.unwrap_or(0),
-    });
+    d.out.exit_status = status.map(crate::record::exit_status);
     d.out.write_error = d.error.take();
     Ok(d.out)
 }
@@ -744,8 +732,15 @@ return 0; }
         assert_eq!(u32::from_ne_bytes(a[32..36].try_into().unwrap()), 7);
         assert_eq!(u32::from_ne_bytes(a[36..40].try_into().unwrap()), 9);
         let mut v = Vec::new();
-        let off =
-            itrace_format::TraceOff { ts: 1, reason: StopReason::Exited, pid: 1, tid: 2, pc: 3, icount: 4, value: 5 };
+        let off = itrace_format::TraceOff {
+            ts: 1,
+            reason: itrace_format::StopReason::Exited,
+            pid: 1,
+            tid: 2,
+            pc: 3,
+            icount: 4,
+            value: 5,
+        };
         Record::TraceOff(off).encode(&mut v).unwrap();
         assert_eq!(v.len(), 40);
         assert_eq!(u32::from_ne_bytes(v[32..36].try_into().unwrap()), 4);

@@ -257,6 +257,30 @@ fn resolve_triggers(
 }
 
 /// Create the trace file (header written) and the buffers that fill it.
+/// Why a launched program's trace ended, and the trace-off value (exit code or signal): a
+/// detach or a full buffer first, then how the program ended (`None`: it was not waited for).
+pub fn stop_reason(status: Option<std::process::ExitStatus>, detached: bool, full: bool) -> (StopReason, i32) {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        _ if detached => (StopReason::Detached, 0),
+        _ if full => (StopReason::BufferFull, 0),
+        Some(st) => match (st.signal(), st.code()) {
+            (Some(sig), _) => (StopReason::Signaled, sig),
+            (None, code) => (StopReason::Exited, code.unwrap_or(0)),
+        },
+        None => (StopReason::Detached, 0),
+    }
+}
+
+/// The summary's exit status: the code, or minus the signal that killed the program.
+pub fn exit_status(st: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.signal(), st.code()) {
+        (Some(sig), _) => -sig,
+        (None, code) => code.unwrap_or(0),
+    }
+}
+
 pub fn open_trace(
     args: &RecordArgs,
     arch: Arch,
