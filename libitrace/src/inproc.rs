@@ -72,10 +72,14 @@ thread_local! {
     };
 }
 
-// The entry points: clear TF, call the Rust body, set TF again if it returns non-zero.
+// The entry points: clear TF, call the Rust body, set TF again if it says so (`eax` non-zero;
+// for the counter entry points, which return (count, set trap flag) in rax:rdx, `rdx`).
 // Naked, so no compiler-made prologue runs before the trap flag is off.
 macro_rules! stub {
     ($body:path) => {
+        stub!($body, "testl %eax, %eax")
+    };
+    ($body:path, $test:literal) => {
         std::arch::naked_asm!(
             "pushfq",
             "andq $-257, (%rsp)",
@@ -83,7 +87,7 @@ macro_rules! stub {
             "subq $8, %rsp",
             "call {body}",
             "addq $8, %rsp",
-            "testl %eax, %eax",
+            $test,
             "jz 2f",
             "pushfq",
             "orq $256, (%rsp)",
@@ -118,29 +122,6 @@ pub extern "C" fn ITraceEnabled() -> i32 {
     stub!(itrace_enabled_body)
 }
 
-// The counter entry points: the body returns (count, set trap flag) in rax:rdx.
-macro_rules! count_stub {
-    ($body:path) => {
-        std::arch::naked_asm!(
-            "pushfq",
-            "andq $-257, (%rsp)",
-            "popfq",
-            "subq $8, %rsp",
-            "call {body}",
-            "addq $8, %rsp",
-            "testq %rdx, %rdx",
-            "jz 2f",
-            "pushfq",
-            "orq $256, (%rsp)",
-            "popfq",
-            "2: ret",
-            "int3",
-            body = sym $body,
-            options(att_syntax)
-        )
-    };
-}
-
 /// The virtual instruction counter of the calling thread (C: `ITraceInstructions()`).
 ///
 /// While the in-process recorder traces the thread: the number of its instructions since its
@@ -150,7 +131,7 @@ macro_rules! count_stub {
 #[unsafe(naked)]
 #[no_mangle]
 pub extern "C" fn ITraceInstructions() -> u64 {
-    count_stub!(itrace_count_body)
+    stub!(itrace_count_body, "testq %rdx, %rdx")
 }
 
 /// As [`ITraceInstructions`], then stop stepping the calling thread until
@@ -159,7 +140,7 @@ pub extern "C" fn ITraceInstructions() -> u64 {
 #[unsafe(naked)]
 #[no_mangle]
 pub extern "C" fn ITraceInstructionsPause() -> u64 {
-    count_stub!(itrace_pause_body)
+    stub!(itrace_pause_body, "testq %rdx, %rdx")
 }
 
 /// The counter (unchanged since the pause), and stepping resumes after this function returns
@@ -167,7 +148,7 @@ pub extern "C" fn ITraceInstructionsPause() -> u64 {
 #[unsafe(naked)]
 #[no_mangle]
 pub extern "C" fn ITraceInstructionsResume() -> u64 {
-    count_stub!(itrace_resume_body)
+    stub!(itrace_resume_body, "testq %rdx, %rdx")
 }
 
 /// Length of each counter stub (as [`STUB_LEN`], with `testq %rdx,%rdx` one byte longer).
