@@ -8,6 +8,7 @@
 mod buffers;
 mod error;
 mod header;
+pub mod kmod;
 mod reader;
 mod record;
 pub mod shm;

@@ -3,7 +3,8 @@
  * Bracket the code to trace with ITraceOn() and ITraceOff(); run the program
  * under `itrace record --region -- ./prog` (or attach with
  * `itrace record --region -p PID`). Outside itrace the calls do nothing and
- * cost a few nanoseconds.
+ * cost a few nanoseconds (where the kernel shim is loaded, an outermost
+ * ITraceOn also asks /dev/itrace whether the thread is traced).
  *
  * Semantics (PI's ITraceEnableCurrent): tracing applies to the calling
  * thread, from the return of ITraceOn() to the call of ITraceOff(); other

@@ -3,9 +3,9 @@
 //! with `itrace` (see [`crate::shm`]); no context switch to a tracer per
 //! instruction.
 //!
-//! The entry points are small assembly stubs that clear the trap flag first
-//! thing and set it again just before returning to the caller, so none of
-//! the library's own work is stepped or recorded. Classification follows the
+//! The entry points ([`crate::entry`]) clear the trap flag first thing and
+//! set it again just before returning to the caller, so none of the
+//! library's own work is stepped or recorded. Classification follows the
 //! ptrace recorder's rules (a taken branch wherever the next pc is not the
 //! fall-through, or the instruction always transfers control; a `rep`
 //! string instruction counts once); one x86 fact differs: when a thread
@@ -72,108 +72,8 @@ thread_local! {
     };
 }
 
-// The entry points: clear TF, call the Rust body, set TF again if it says so (`eax` non-zero;
-// for the counter entry points, which return (count, set trap flag) in rax:rdx, `rdx`).
-// Naked, so no compiler-made prologue runs before the trap flag is off.
-macro_rules! stub {
-    ($body:path) => {
-        stub!($body, "testl %eax, %eax")
-    };
-    ($body:path, $test:literal) => {
-        std::arch::naked_asm!(
-            "pushfq",
-            "andq $-257, (%rsp)",
-            "popfq",
-            "subq $8, %rsp",
-            "call {body}",
-            "addq $8, %rsp",
-            $test,
-            "jz 2f",
-            "pushfq",
-            "orq $256, (%rsp)",
-            "popfq",
-            "2: ret",
-            // One byte of padding marks the end of the stub for `in_stubs`.
-            "int3",
-            body = sym $body,
-            options(att_syntax)
-        )
-    };
-}
-
-/// Start tracing the calling thread; pairs nest (C: `ITraceOn()`).
-#[unsafe(naked)]
-#[no_mangle]
-pub extern "C" fn ITraceOn() {
-    stub!(itrace_on_body)
-}
-
-/// Stop tracing the calling thread once the outermost region ends (C: `ITraceOff()`).
-#[unsafe(naked)]
-#[no_mangle]
-pub extern "C" fn ITraceOff() {
-    stub!(itrace_off_body)
-}
-
-/// Whether the calling thread is traced now (C: `ITraceEnabled()`).
-#[unsafe(naked)]
-#[no_mangle]
-pub extern "C" fn ITraceEnabled() -> i32 {
-    stub!(itrace_enabled_body)
-}
-
-/// The virtual instruction counter of the calling thread (C: `ITraceInstructions()`).
-///
-/// While the in-process recorder traces the thread: the number of its instructions since its
-/// outermost `ITraceOn()` returned, counting the `call` of this function and none of this
-/// function's own instructions (its `ret` neither); 0 when the thread is not traced. Exact:
-/// the same count as the trace's. The thread stays traced.
-#[unsafe(naked)]
-#[no_mangle]
-pub extern "C" fn ITraceInstructions() -> u64 {
-    stub!(itrace_count_body, "testq %rdx, %rdx")
-}
-
-/// As [`ITraceInstructions`], then stop stepping the calling thread until
-/// [`ITraceInstructionsResume`]: what runs in between is neither traced nor counted (a
-/// profiler's Early Read; its work until the Late Read costs nothing to trace).
-#[unsafe(naked)]
-#[no_mangle]
-pub extern "C" fn ITraceInstructionsPause() -> u64 {
-    stub!(itrace_pause_body, "testq %rdx, %rdx")
-}
-
-/// The counter (unchanged since the pause), and stepping resumes after this function returns
-/// (a profiler's Late Read). The trace shows the pause as a gap closed by a resume record.
-#[unsafe(naked)]
-#[no_mangle]
-pub extern "C" fn ITraceInstructionsResume() -> u64 {
-    stub!(itrace_resume_body, "testq %rdx, %rdx")
-}
-
-/// Length of each counter stub (as [`STUB_LEN`], with `testq %rdx,%rdx` one byte longer).
-const COUNT_STUB_LEN: u64 = 40;
-
-/// Length of each stub (pushfq 1, andq 8, popfq 1, subq 4, call 5, addq 4, testl 2, jz 2,
-/// pushfq 1, orq 8, popfq 1, ret 1, int3 1): its bytes are library code, never recorded.
-const STUB_LEN: u64 = 39;
-
-/// Whether `pc` is inside one of the entry stubs (library code, never recorded).
-fn in_stubs(pc: u64) -> bool {
-    [ITraceOn as *const () as u64, ITraceOff as *const () as u64, ITraceEnabled as *const () as u64]
-        .iter()
-        .any(|&a| pc >= a && pc < a + STUB_LEN)
-        || [
-            ITraceInstructions as *const () as u64,
-            ITraceInstructionsPause as *const () as u64,
-            ITraceInstructionsResume as *const () as u64,
-        ]
-        .iter()
-        .any(|&a| pc >= a && pc < a + COUNT_STUB_LEN)
-}
-
 /// Map the shared memory named by $ITRACE_SHM and install the handler; once per process.
-fn ensure_init() -> bool {
+pub(crate) fn ensure_init() -> bool {
     match STATE.load(Ordering::Acquire) {
         STATE_ON => return true,
         STATE_OFF => return false,
@@ -221,10 +121,15 @@ fn init() -> bool {
     true
 }
 
+/// Whether the in-process recorder runs in this process (set up by an earlier ITraceOn).
+pub(crate) fn running() -> bool {
+    STATE.load(Ordering::Acquire) == STATE_ON
+}
+
 /// The program's SIGTRAP disposition the recorder chains to, once the recorder owns SIGTRAP.
 pub(crate) fn chained_sigtrap() -> Option<*mut libc::sigaction> {
     let p = PREVIOUS.load(Ordering::Acquire);
-    (STATE.load(Ordering::Acquire) == STATE_ON && !p.is_null()).then_some(p)
+    (running() && !p.is_null()).then_some(p)
 }
 
 fn header() -> Option<&'static Header> {
@@ -403,7 +308,7 @@ fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
             }
         }
     }
-    if in_stubs(rip) {
+    if crate::entry::in_stubs(rip) {
         // Library code: not recorded; the caller's code resumes at its return.
         return true;
     }
@@ -522,7 +427,8 @@ fn with_state<R>(f: impl FnOnce(&mut ThreadState) -> R) -> R {
     TS.with(|c| f(unsafe { &mut *c.get() }))
 }
 
-extern "C" fn itrace_on_body() -> u32 {
+/// ITraceOn: start (or nest) the calling thread's region; whether to step on after the return.
+pub(crate) fn on() -> u32 {
     if !ensure_init() {
         return 0;
     }
@@ -554,20 +460,17 @@ extern "C" fn itrace_on_body() -> u32 {
             ts.pending = None;
             ts.icount = 0;
             ts.total = 0;
-            ts.total = 0;
         }
         ts.active as u32
     })
 }
 
-extern "C" fn itrace_off_body() -> u32 {
-    if STATE.load(Ordering::Acquire) != STATE_ON {
-        return 0;
-    }
+/// ITraceOff: end (or unnest) the region; whether to step on after the return.
+pub(crate) fn off() -> u32 {
     with_state(|ts| {
         ts.depth = ts.depth.saturating_sub(1);
         if ts.depth == 0 && ts.active {
-            emit(shm::SLOT_TRACE_OFF, 7, ts.pid, ITraceOff as *const () as u64, 0, ts.tid, ts.icount);
+            emit(shm::SLOT_TRACE_OFF, 7, ts.pid, crate::entry::ITraceOff as *const () as u64, 0, ts.tid, ts.icount);
             ts.active = false;
             ts.pending = None;
             ts.icount = 0;
@@ -576,38 +479,22 @@ extern "C" fn itrace_off_body() -> u32 {
     })
 }
 
-extern "C" fn itrace_enabled_body() -> u32 {
-    if STATE.load(Ordering::Acquire) != STATE_ON {
-        return 0;
-    }
+/// ITraceEnabled: whether the thread is traced (and so steps on after the return).
+pub(crate) fn enabled() -> u32 {
     with_state(|ts| ts.active as u32)
 }
 
 /// (count, whether to step on after the return) for the counter stubs.
 #[repr(C)]
-struct CountRet {
-    count: u64,
-    step: u64,
+pub(crate) struct CountRet {
+    pub(crate) count: u64,
+    pub(crate) step: u64,
 }
 
-fn count_now(pause: bool) -> CountRet {
-    if STATE.load(Ordering::Acquire) != STATE_ON {
-        return CountRet { count: 0, step: 0 };
-    }
+/// The virtual counter; the thread steps on after the return unless `pause`.
+pub(crate) fn count_now(pause: bool) -> CountRet {
     with_state(|ts| {
         let step = ts.active && !pause;
         CountRet { count: if ts.active { ts.total } else { 0 }, step: step as u64 }
     })
-}
-
-extern "C" fn itrace_count_body() -> CountRet {
-    count_now(false)
-}
-
-extern "C" fn itrace_pause_body() -> CountRet {
-    count_now(true)
-}
-
-extern "C" fn itrace_resume_body() -> CountRet {
-    count_now(false)
 }

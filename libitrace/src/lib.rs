@@ -7,7 +7,9 @@
 //! [`ITraceOn`], [`ITraceOff`] and [`ITraceEnabled`] and carries out their
 //! effect itself (start or stop stepping the thread, answer whether it is
 //! traced) without running their bodies, so these functions must stay real,
-//! exported, side-effect-free functions when no in-process recorder runs.
+//! exported, side-effect-free functions when no recorder runs. Their bodies
+//! go to the in-process recorder ([`inproc`], `--backend inproc`) or to the
+//! kernel shim's device (`kmod`, `--backend kmod`); see `entry`.
 //!
 //! ```no_run
 //! let result = {
@@ -17,12 +19,13 @@
 //! # let _ = result;
 //! ```
 
+mod entry;
 pub mod inproc;
 mod interpose;
+mod kmod;
 
-// The C entry points are naked stubs in `inproc`: they must clear the trap flag before
-// anything else runs.
-pub use inproc::{
+// The C entry points are naked stubs: they must clear the trap flag before anything else runs.
+pub use entry::{
     ITraceEnabled, ITraceInstructions, ITraceInstructionsPause, ITraceInstructionsResume, ITraceOff, ITraceOn,
 };
 
