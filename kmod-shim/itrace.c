@@ -61,6 +61,7 @@ enum itr_state {
 	ITR_ACTIVE,		/* TF set, recording */
 	ITR_IDLE,		/* region mode: waiting for ITR_IOC_ON */
 	ITR_ATTACHING,		/* task work queued to set TF */
+	ITR_LIB,		/* region mode: in libitrace (not recorded) until resume_pc */
 };
 
 struct itr_thread {
@@ -75,6 +76,13 @@ struct itr_thread {
 	bool stopping;		/* stop at the next trap or system call exit */
 	bool fresh;		/* new thread: its first system call exit is not a return */
 	bool work_queued;
+	bool open;		/* a trace-on record without its trace-off */
+	bool region;		/* region mode (ITR_EN_REGION): ITR_IOC_ON/OFF start and end tracing */
+	u64 resume_pc;		/* ITR_LIB: where recording goes on (0: not yet known) */
+	u64 lib_pc;		/* ITR_LIB: the library entry point the thread stopped at */
+	u64 maps_seen;		/* itr_maps_changes at this thread's last mapping snapshot */
+	u32 nentries;
+	u64 entry[ITR_MAX_ENTRIES];	/* the library's entry points (ITR_IOC_ON) */
 	struct callback_head work;
 };
 
@@ -82,6 +90,8 @@ static DEFINE_SPINLOCK(itr_lock);
 static DEFINE_HASHTABLE(itr_threads, 8);
 static atomic_t itr_nthreads = ATOMIC_INIT(0);
 static u64 itr_traps;
+/* Mapping system calls seen of threads not recorded at the time (region mode). */
+static u64 itr_maps_changes;
 
 /* The session: one set of rings, owned by the file that installed it. */
 static void *itr_area;
@@ -192,6 +202,7 @@ static void itr_trace_on(struct itr_thread *t, u32 reason, u64 pc)
 	r.pid = t->pid;
 	r.tid = t->tid;
 	r.pc = pc;
+	t->open = true;
 	itr_put(itr_cpu(), &r, sizeof(r), true);
 }
 
@@ -208,6 +219,7 @@ static void itr_trace_off(struct itr_thread *t, u32 reason, u64 pc, s32 value)
 	r.icount = t->icount;
 	r.value = value;
 	t->icount = 0;
+	t->open = false;
 	itr_put(itr_cpu(), &r, sizeof(r), true);
 }
 
@@ -314,6 +326,7 @@ static void itr_mte_start(struct itr_thread *t, struct task_struct *task, bool p
 		get_task_comm(comm, leader);
 		itr_mte_name(t->gen, ITR_MTE_PROCESS_NAME, t->pid, task_ppid_nr(task), comm);
 		itr_mte_maps(t->gen, t->pid, task->mm);
+		t->maps_seen = itr_maps_changes;
 	}
 	get_task_comm(comm, task);
 	itr_mte_name(t->gen, ITR_MTE_THREAD_NAME, t->pid, t->tid, comm);
@@ -344,6 +357,7 @@ static struct itr_thread *itr_add(struct task_struct *task, enum itr_state state
 	t->state = state;
 	t->gen = itr_gen;
 	t->sys_nr = -1;
+	t->maps_seen = ~0ULL;	/* never snapshotted */
 	hash_add(itr_threads, &t->node, (unsigned long)task);
 	atomic_inc(&itr_nthreads);
 	if (itr_ctl)
@@ -364,8 +378,8 @@ static void itr_del(struct itr_thread *t)
 /* Stop tracing the current thread t (whose user registers are regs). */
 static void itr_stop_self(struct itr_thread *t, struct pt_regs *regs, u32 reason)
 {
-	if (t->state == ITR_ACTIVE)
-		itr_trace_off(t, reason, regs->ip, 0);
+	if (t->open)
+		itr_trace_off(t, reason, t->state == ITR_LIB ? t->lib_pc : regs->ip, 0);
 	regs->flags &= ~X86_EFLAGS_TF;
 	itr_del(t);
 }
@@ -446,6 +460,16 @@ static int itr_classify(u64 prev, u64 pc)
 	return ITR_SEQ;
 }
 
+static bool itr_is_entry(struct itr_thread *t, u64 pc)
+{
+	u32 i;
+
+	for (i = 0; i < t->nentries; i++)
+		if (t->entry[i] == pc)
+			return true;
+	return false;
+}
+
 /* One single-step trap of a traced thread. */
 static void itr_step(struct itr_thread *t, struct pt_regs *regs)
 {
@@ -456,18 +480,45 @@ static void itr_step(struct itr_thread *t, struct pt_regs *regs)
 		itr_stop_self(t, regs, itr_stop_reason(t));
 		return;
 	}
+	if (!user_64bit_mode(regs)) {
+		/* 32-bit code (a far jump to another code segment): not classified here */
+		itr_stop_self(t, regs, ITR_STOP_DETACHED);
+		return;
+	}
 	kind = itr_classify(prev, pc);
 	if (kind != ITR_SEQ || pc != prev)
 		t->icount++;	/* a rep string instruction counts once */
 	t->last_pc = pc;
-	if (kind == ITR_SEQ)
-		return;
-	if (!itr_branch(t, false, kind, 0, 0, prev, pc, t->icount) && itr_mode == ITR_MODE_NORMAL) {
-		itr_stop_self(t, regs, ITR_STOP_BUFFER_FULL);
+	if (kind != ITR_SEQ) {
+		if (!itr_branch(t, false, kind, 0, 0, prev, pc, t->icount) && itr_mode == ITR_MODE_NORMAL) {
+			itr_stop_self(t, regs, ITR_STOP_BUFFER_FULL);
+			return;
+		}
+		/* continuous mode, ring full: the record was dropped and counted as lost */
+		t->icount = 0;
+	}
+	if (itr_is_entry(t, pc)) {
+		/* into libitrace (ITraceOff, a nested ITraceOn...): none of it is recorded */
+		t->state = ITR_LIB;
+		t->lib_pc = pc;
+		t->resume_pc = 0;
+		regs->flags &= ~X86_EFLAGS_TF;
+	}
+}
+
+/* A trap of a thread in the library: TF was set again by ITR_IOC_ON; recording resumes at resume_pc. */
+static void itr_lib_step(struct itr_thread *t, struct pt_regs *regs)
+{
+	if (itr_must_stop(t)) {
+		itr_stop_self(t, regs, itr_stop_reason(t));
 		return;
 	}
-	/* continuous mode, ring full: the record was dropped and counted as lost */
+	if (regs->ip != t->resume_pc)
+		return;		/* the library's and libc's way back from the ioctl */
+	t->state = ITR_ACTIVE;
+	t->last_pc = regs->ip;
 	t->icount = 0;
+	itr_trace_on(t, t->open ? ITR_ON_RESUME : ITR_ON_START, regs->ip);
 }
 
 static int itr_die(struct notifier_block *nb, unsigned long val, void *data)
@@ -485,9 +536,12 @@ static int itr_die(struct notifier_block *nb, unsigned long val, void *data)
 		return NOTIFY_DONE;
 	spin_lock_irqsave(&itr_lock, flags);
 	t = itr_find(current);
-	if (t && t->state == ITR_ACTIVE) {
+	if (t && (t->state == ITR_ACTIVE || t->state == ITR_LIB)) {
 		itr_traps++;
-		itr_step(t, args->regs);
+		if (t->state == ITR_ACTIVE)
+			itr_step(t, args->regs);
+		else
+			itr_lib_step(t, args->regs);
 		*dr6 &= ~DR_STEP;
 		ret = NOTIFY_STOP;
 	}
@@ -544,7 +598,8 @@ static void itr_sys_exit(void *data, struct pt_regs *regs, long ret)
 	if (t->state == ITR_ARMED_EXEC) {
 		if (!exec)
 			goto out;
-		if (!itr_session_live(t->gen)) {
+		if (!itr_session_live(t->gen) || !user_64bit_mode(regs)) {
+			/* 64-bit programs only: itrace refuses the others before they start */
 			itr_del(t);
 			goto out;
 		}
@@ -557,6 +612,8 @@ static void itr_sys_exit(void *data, struct pt_regs *regs, long ret)
 		itr_trace_on(t, ITR_ON_START, regs->ip);
 		goto out;
 	}
+	if (itr_changes_mappings(t->sys_nr))
+		itr_maps_changes++;
 	if (t->state == ITR_IDLE && exec) {
 		itr_mte_start(t, current, true);
 		goto out;
@@ -565,6 +622,27 @@ static void itr_sys_exit(void *data, struct pt_regs *regs, long ret)
 		goto out;
 	if (itr_must_stop(t)) {
 		itr_stop_self(t, regs, itr_stop_reason(t));
+		goto out;
+	}
+	if (exec && !user_64bit_mode(regs)) {
+		/* a 32-bit program now: its instructions are not classified here */
+		itr_stop_self(t, regs, ITR_STOP_DETACHED);
+		goto out;
+	}
+	if (exec && t->region) {
+		/*
+		 * A region ends at exec (the library's entry points went with the old
+		 * image); the new image may start regions of its own.
+		 */
+		char comm[TASK_COMM_LEN];
+
+		get_task_comm(comm, current);
+		itr_mte_name(t->gen, ITR_MTE_EXEC, t->pid, t->tid, comm);
+		itr_mte_start(t, current, true);
+		itr_trace_off(t, ITR_STOP_REGION_END, regs->ip, 0);
+		t->state = ITR_IDLE;
+		t->nentries = 0;
+		regs->flags &= ~X86_EFLAGS_TF;
 		goto out;
 	}
 	if (t->fresh) {
@@ -583,6 +661,7 @@ static void itr_sys_exit(void *data, struct pt_regs *regs, long ret)
 		itr_mte_start(t, current, true);
 	} else if (itr_changes_mappings(t->sys_nr)) {
 		itr_mte_maps(t->gen, t->pid, current->mm);
+		t->maps_seen = itr_maps_changes;
 	} else if (t->sys_nr == NR_PRCTL) {
 		itr_mte_start(t, current, false);
 	}
@@ -606,13 +685,18 @@ static void itr_fork(void *data, struct task_struct *parent, struct task_struct 
 		goto out;
 	follow = itr_session_live(pt->gen) && !pt->stopping &&
 		(thread ? !(itr_cfg_flags & ITR_CFG_NO_FOLLOW_THREADS) : !!(itr_cfg_flags & ITR_CFG_FOLLOW_FORKS));
-	t = follow ? itr_add(child, pt->state) : NULL;
-	if (!t) {
-		/* not followed: never leave it a trap flag it cannot handle */
+	/* a child of a thread in the library starts outside any region */
+	t = follow ? itr_add(child, pt->state == ITR_LIB ? ITR_IDLE : pt->state) : NULL;
+	if (!t || t->state != ITR_ACTIVE) {
+		/* not recorded: never leave it a trap flag it cannot handle */
 		task_pt_regs(child)->flags &= ~X86_EFLAGS_TF;
-		goto out;
+		if (!t)
+			goto out;
 	}
 	t->gen = pt->gen;
+	t->region = pt->region;
+	t->nentries = pt->nentries;
+	memcpy(t->entry, pt->entry, sizeof(t->entry));
 	itr_mte_clone(t->gen, parent, child, thread);
 	if (!thread) {
 		char comm[TASK_COMM_LEN];
@@ -645,7 +729,7 @@ static void itr_exit(void *data, struct task_struct *p)
 	spin_lock_irqsave(&itr_lock, flags);
 	t = itr_find(p);
 	if (t) {
-		if (t->state == ITR_ACTIVE) {
+		if (t->open) {
 			int code = p->exit_code;
 			struct pt_regs *regs = task_pt_regs(p);
 
@@ -717,7 +801,7 @@ static void itr_attach_work(struct callback_head *cb)
 	t = itr_find(current);
 	if (t && &t->work == cb) {
 		t->work_queued = false;
-		if (t->state == ITR_ATTACHING && !itr_must_stop(t)) {
+		if (t->state == ITR_ATTACHING && !itr_must_stop(t) && user_64bit_mode(regs)) {
 			u64 pc = regs->ip;
 
 			/* in an interrupted system call that will restart: it runs again */
@@ -772,8 +856,9 @@ static void itr_stop_all(u32 gen)
 	hash_for_each_safe(itr_threads, bkt, tmp, t, node) {
 		if (t->gen != gen)
 			continue;
-		if (t->state == ITR_ACTIVE) {
-			t->stopping = true;	/* it turns TF off itself at its next trap */
+		if (t->state == ITR_ACTIVE || t->state == ITR_LIB) {
+			/* it turns TF off itself at its next trap (or ITR_IOC_ON/OFF) */
+			t->stopping = true;
 		} else if (!t->work_queued) {
 			itr_del(t);		/* no trap flag set: nothing to undo */
 		} else {
@@ -869,6 +954,7 @@ static long itr_enable(struct file *file, struct itr_target __user *arg)
 			/* region mode: idle until ITraceOn; names and mappings come at exec */
 			t = itr_find(current);
 			t->fresh = false;
+			t->region = true;
 		}
 		spin_unlock_irq(&itr_lock);
 		return ret;
@@ -897,6 +983,7 @@ static long itr_enable(struct file *file, struct itr_target __user *arg)
 			ret = -ENOMEM;
 			break;
 		}
+		t->region = tg.flags & ITR_EN_REGION;
 		if (t->state == ITR_IDLE)
 			continue;
 		init_task_work(&t->work, itr_attach_work);
@@ -913,27 +1000,54 @@ static long itr_enable(struct file *file, struct itr_target __user *arg)
 	return ret;
 }
 
-/* ITraceOn/ITraceOff of the calling thread (region mode). */
-static long itr_on_off(bool on)
+/*
+ * ITraceOn/ITraceOff of the calling thread (region mode; see struct itr_on).
+ * on: an idle thread's region starts at resume_pc, a thread stopped at a
+ * library entry point goes on at resume_pc. off: the region ends where the
+ * thread entered the library.
+ */
+static long itr_on_off(struct itr_on __user *arg)
 {
 	struct pt_regs *regs = task_pt_regs(current);
 	struct itr_thread *t;
+	struct itr_on on;
 	long ret = 0;
+	u32 i;
 
+	if (arg) {
+		if (copy_from_user(&on, arg, sizeof(on)))
+			return -EFAULT;
+		if (on.nentries > ITR_MAX_ENTRIES || on.pad || !on.resume_pc || on.resume_pc >= TASK_SIZE_MAX)
+			return -EINVAL;
+		for (i = 0; i < on.nentries; i++)
+			if (on.entry[i] >= TASK_SIZE_MAX)
+				return -EINVAL;
+	}
 	spin_lock_irq(&itr_lock);
 	t = itr_find(current);
 	if (!t || t->state == ITR_ARMED_EXEC || t->state == ITR_ATTACHING) {
 		ret = -ENOENT;
-	} else if (on && t->state == ITR_IDLE && !itr_must_stop(t)) {
-		t->state = ITR_ACTIVE;
-		t->fresh = true;	/* the ioctl's own return is not traced */
-		t->last_pc = regs->ip;
-		t->icount = 0;
+	} else if (itr_must_stop(t)) {
+		/* the session ended or a buffer filled: the thread is no longer traced */
+		itr_stop_self(t, regs, itr_stop_reason(t));
+		ret = -ENOENT;
+	} else if (arg && (t->state == ITR_IDLE || t->state == ITR_LIB)) {
+		if (t->state == ITR_IDLE) {
+			/* mappings made while untraced (libraries loaded...) are snapshotted now */
+			itr_mte_start(t, current, t->maps_seen != itr_maps_changes);
+			t->state = ITR_LIB;
+		}
+		t->resume_pc = on.resume_pc;
+		t->nentries = on.nentries;
+		memcpy(t->entry, on.entry, sizeof(t->entry));
 		regs->flags |= X86_EFLAGS_TF;
-		itr_mte_start(t, current, false);
-		itr_trace_on(t, ITR_ON_RESUME, regs->ip);
-	} else if (!on && t->state == ITR_ACTIVE) {
-		/* the ioctl's system call record was written at entry */
+	} else if (!arg && t->state == ITR_LIB) {
+		if (t->open)
+			itr_trace_off(t, ITR_STOP_REGION_END, t->lib_pc, 0);
+		t->state = ITR_IDLE;
+		regs->flags &= ~X86_EFLAGS_TF;
+	} else if (!arg && t->state == ITR_ACTIVE) {
+		/* a raw ioctl from traced code: its system call record was written at entry */
 		itr_trace_off(t, ITR_STOP_REGION_END, regs->ip, 0);
 		t->state = ITR_IDLE;
 		regs->flags &= ~X86_EFLAGS_TF;
@@ -965,8 +1079,9 @@ static long itr_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		return copy_to_user(uarg, &st, sizeof(st)) ? -EFAULT : 0;
 	}
 	case ITR_IOC_ON:
+		return itr_on_off(uarg);
 	case ITR_IOC_OFF:
-		return itr_on_off(cmd == ITR_IOC_ON);
+		return itr_on_off(NULL);
 	}
 	mutex_lock(&itr_session_mutex);
 	switch (cmd) {
@@ -1168,9 +1283,11 @@ static void __exit itr_exit_module(void)
 	for (i = 0; i < 100 && atomic_read(&itr_nthreads); i++) {
 		spin_lock_irq(&itr_lock);
 		hash_for_each_safe(itr_threads, bkt, tmp, t, node) {
-			if (t->state != ITR_ACTIVE && !t->work_queued)
+			bool tf = t->state == ITR_ACTIVE || t->state == ITR_LIB;
+
+			if (!tf && !t->work_queued)
 				itr_del(t);
-			else if (t->state == ITR_ACTIVE && i >= 10 && !READ_ONCE(t->task->on_cpu))
+			else if (tf && i >= 10 && !READ_ONCE(t->task->on_cpu))
 				task_pt_regs(t->task)->flags &= ~X86_EFLAGS_TF;
 		}
 		spin_unlock_irq(&itr_lock);

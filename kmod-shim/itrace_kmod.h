@@ -24,7 +24,7 @@ typedef int32_t __s32;
 #endif
 
 #define ITR_MAGIC 0x4b525449u	/* "ITRK" little-endian */
-#define ITR_VERSION 1
+#define ITR_VERSION 2
 
 /* Collection modes: the trace file's codes. */
 #define ITR_MODE_NORMAL 0
@@ -181,6 +181,23 @@ struct itr_target {
 #define ITR_EN_ON_EXEC 2	/* the caller: start at its next successful execve */
 #define ITR_EN_REGION 4		/* armed: tracing starts at ITR_IOC_ON */
 
+/*
+ * ITR_IOC_ON: the calling thread's region (ITR_EN_REGION) starts, or goes
+ * on, at resume_pc: the module sets TF on the way back from the ioctl and
+ * ignores the traps before resume_pc (the library's own return path), so
+ * the trace begins there. entry[] are the library's entry points
+ * (ITraceOn, ITraceOff, ...): a traced thread that reaches one stops being
+ * recorded there, until its next ITR_IOC_ON (resume at the return address)
+ * or ITR_IOC_OFF (the region ends at the entry point).
+ */
+#define ITR_MAX_ENTRIES 8
+struct itr_on {
+	__u64 resume_pc;
+	__u32 nentries;
+	__u32 pad;
+	__u64 entry[ITR_MAX_ENTRIES];
+};
+
 /* ITR_IOC_CONSUME: userspace has read stream up to tail. */
 struct itr_consume {
 	__u32 stream;
@@ -204,7 +221,7 @@ struct itr_status {
 #define ITR_IOC_INSTALL _IOW('i', 2, struct itr_config)
 #define ITR_IOC_REMOVE _IO('i', 3)
 #define ITR_IOC_ENABLE _IOW('i', 4, struct itr_target)
-#define ITR_IOC_ON _IO('i', 5)
+#define ITR_IOC_ON _IOW('i', 5, struct itr_on)
 #define ITR_IOC_OFF _IO('i', 6)
 #define ITR_IOC_STOP _IO('i', 7)
 #define ITR_IOC_CONSUME _IOW('i', 8, struct itr_consume)

@@ -7,6 +7,7 @@
 use anyhow::{bail, Context, Result};
 use itrace_arch::ptrace::procfs::{self, Mapping};
 use itrace_arch::ptrace::RecordOutcome;
+pub use itrace_format::kmod::*;
 use itrace_format::{major, Buffers, Endian, Mode, Mte, Record, TraceOnReason};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -14,105 +15,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// The device the module creates.
-pub const DEVICE: &str = "/dev/itrace";
-
-/// Environment variable telling libitrace's ITraceOn/ITraceOff to use the device.
-pub const ENV_KMOD: &str = "ITRACE_KMOD";
-
-pub const ITR_MAGIC: u32 = 0x4b52_5449;
-pub const ITR_VERSION: u32 = 1;
-pub const ITR_MAJOR_PAD: u16 = 0x7f00;
-pub const ITR_CFG_FOLLOW_FORKS: u32 = 1;
-pub const ITR_CFG_NO_FOLLOW_THREADS: u32 = 2;
-#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
-pub const ITR_EN_TID: u32 = 1;
-pub const ITR_EN_ON_EXEC: u32 = 2;
-pub const ITR_EN_REGION: u32 = 4;
-
-/// `struct itr_stream`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Stream {
-    pub head: u64,
-    pub tail: u64,
-    pub lost: u64,
-    pub records: u64,
-    pub offset: u64,
-    pub size: u64,
-    pub pad: [u64; 2],
-}
-
-/// `struct itr_ctl` without its stream array (which follows at offset 64).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Ctl {
-    pub magic: u32,
-    pub version: u32,
-    pub ncpu: u32,
-    pub mode: u32,
-    pub map_size: u64,
-    pub full: u32,
-    pub threads: u32,
-    pub pad: [u64; 4],
-}
-
-/// `struct itr_config`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Config {
-    pub mode: u32,
-    pub flags: u32,
-    pub buffer_size: u64,
-    pub mte_size: u64,
-}
-
-/// `struct itr_target`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TargetArg {
-    pub pid: i32,
-    pub flags: u32,
-}
-
-/// `struct itr_consume`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Consume {
-    pub stream: u32,
-    pub pad: u32,
-    pub tail: u64,
-}
-
-/// `struct itr_status`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Status {
-    pub version: u32,
-    pub installed: u32,
-    pub ncpu: u32,
-    pub mode: u32,
-    pub threads: u32,
-    pub full: u32,
-    pub map_size: u64,
-    pub traps: u64,
-}
-
-const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
-    (dir << 30) | ((size as u64) << 16) | ((b'i' as u64) << 8) | nr
-}
-pub const ITR_IOC_STATUS: u64 = ioc(2, 1, std::mem::size_of::<Status>());
-pub const ITR_IOC_INSTALL: u64 = ioc(1, 2, std::mem::size_of::<Config>());
-#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
-pub const ITR_IOC_REMOVE: u64 = ioc(0, 3, 0);
-pub const ITR_IOC_ENABLE: u64 = ioc(1, 4, std::mem::size_of::<TargetArg>());
-#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
-pub const ITR_IOC_ON: u64 = ioc(0, 5, 0);
-#[allow(dead_code)] // part of the device ABI (kmod-shim/itrace_kmod.h)
-pub const ITR_IOC_OFF: u64 = ioc(0, 6, 0);
-pub const ITR_IOC_STOP: u64 = ioc(0, 7, 0);
-pub const ITR_IOC_CONSUME: u64 = ioc(1, 8, std::mem::size_of::<Consume>());
 
 /// Whether the module is loaded.
 pub fn available() -> bool {
@@ -295,6 +197,11 @@ impl Drain<'_> {
             }
             m => {
                 self.end_snapshot();
+                if let Mte::Exec { pid, .. } = m {
+                    // A new address space (the reader starts the process's afresh): the
+                    // snapshot that follows is written whole, even where it equals the old one.
+                    self.maps.remove(&pid);
+                }
                 self.last_mte_ts = self.last_mte_ts.max(m.ts());
                 self.mte(m);
             }
@@ -369,20 +276,25 @@ impl Drain<'_> {
 }
 
 /// Whether `itrace record` uses the kernel module: always for `--backend kmod` (which refuses
-/// what the module cannot do), for `auto` when the module is loaded and no `--start`/`--stop`.
-pub fn chosen(backend: crate::cli::BackendArg, region: bool, start_stop: bool) -> Result<bool> {
+/// what the module cannot do), for `auto` when the module is loaded, the program is a 64-bit
+/// one and there is no `--start`/`--stop`.
+pub fn chosen(backend: crate::cli::BackendArg, start_stop: bool, arch: itrace_format::Arch) -> Result<bool> {
     use crate::cli::BackendArg;
+    let bits64 = arch == itrace_format::Arch::X86_64;
     match backend {
-        BackendArg::Kmod if start_stop || region => bail!(
-            "--backend kmod traces whole programs (launched or -p PID): --region, --start and --stop need \
+        BackendArg::Kmod if start_stop => bail!(
+            "--backend kmod traces whole programs or libitrace's regions (--region): --start and --stop need \
              --backend inproc or ptrace"
         ),
+        BackendArg::Kmod if !bits64 => {
+            bail!("--backend kmod traces 64-bit programs only: this is an {arch} one, use --backend ptrace")
+        }
         BackendArg::Kmod if !available() => bail!(
             "--backend kmod: the itrace kernel module is not loaded ({DEVICE} does not exist): build and load \
              kmod-shim/itrace.ko (see docs/kmod.md), or use --backend ptrace"
         ),
         BackendArg::Kmod => Ok(true),
-        BackendArg::Auto => Ok(available() && !start_stop && !region),
+        BackendArg::Auto => Ok(available() && !start_stop && bits64),
         _ => Ok(false),
     }
 }
@@ -648,6 +560,7 @@ P(sizeof(struct itr_rec_segment)); P(ITR_REC_CLONE_LEN); P(offsetof(struct itr_r
 P(sizeof(struct itr_ctl)); P(offsetof(struct itr_ctl, stream)); P(offsetof(struct itr_ctl, full));
 P(offsetof(struct itr_ctl, threads)); P(offsetof(struct itr_stream, size));
 P(sizeof(struct itr_config)); P(sizeof(struct itr_target)); P(sizeof(struct itr_consume)); P(sizeof(struct itr_status));
+P(sizeof(struct itr_on)); P(offsetof(struct itr_on, entry)); P(ITR_MAX_ENTRIES); P(ITR_VERSION);
 P(ITR_IOC_STATUS); P(ITR_IOC_INSTALL); P(ITR_IOC_REMOVE); P(ITR_IOC_ENABLE); P(ITR_IOC_ON); P(ITR_IOC_OFF);
 P(ITR_IOC_STOP); P(ITR_IOC_CONSUME); P(ITR_MAGIC); P(ITR_MAJOR_PAD); P(ITR_MAJOR_BRANCH_USER); P(ITR_MAJOR_TRACE_OFF);
 return 0; }
@@ -694,6 +607,10 @@ return 0; }
             size_of::<TargetArg>() as u64,
             size_of::<Consume>() as u64,
             size_of::<Status>() as u64,
+            size_of::<RegionOn>() as u64,
+            offset_of!(RegionOn, entry) as u64,
+            ITR_MAX_ENTRIES as u64,
+            ITR_VERSION as u64,
             ITR_IOC_STATUS,
             ITR_IOC_INSTALL,
             ITR_IOC_REMOVE,

@@ -87,7 +87,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         (BackendArg::Auto, Target::Launch { .. }) => args.region && args.start.is_empty() && args.stop.is_empty(),
         _ => false,
     };
-    if let (true, Target::Launch { program, .. }) = (inproc, &target) {
+    let arch = traced_arch(&target)?;
+    let kmod = crate::kmod::chosen(args.backend, !args.start.is_empty() || !args.stop.is_empty(), arch)?;
+    if let (true, Target::Launch { program, .. }) = (inproc || (kmod && args.region), &target) {
         if !crate::inproc::uses_libitrace(program) {
             bail!(
                 "--region: {} does not use libitrace (no ITraceOn in it or its libraries): link it with -litrace \
@@ -96,7 +98,6 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             );
         }
     }
-    let kmod = crate::kmod::chosen(args.backend, args.region, !args.start.is_empty() || !args.stop.is_empty())?;
     let step = if kmod {
         StepMethod::Kernel
     } else if inproc {
@@ -106,7 +107,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     };
     let ncpu = ncpu();
     let no_aslr = matches!(target, Target::Launch { aslr: false, .. });
-    let mut buffers = open_trace(&args, traced_arch(&target)?, mode, step, ncpu, no_aslr)?;
+    let mut buffers = open_trace(&args, arch, mode, step, ncpu, no_aslr)?;
     crate::signals::install(args.duration).context("cannot install signal handlers")?;
     let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
     if args.region {
