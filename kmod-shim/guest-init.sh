@@ -161,7 +161,89 @@ else
     fail "threads: $(tail -1 /tmp/th.k.log) / $(tail -1 /tmp/th.p.log)"
 fi
 
-# 4. Attach to a running program (-p).
+# 4. Regions (--region): ITraceOn/ITraceOff go through the device. Each thread's arc lines
+# (CPU and pid/tid aside) must equal ptrace's, which steps the same regions by breakpoints.
+thread_arcs() { # TRACE -> checksums of each thread's arc lines, sorted
+    rm -rf /tmp/ta && mkdir /tmp/ta
+    itrace arc "$1" 2>/dev/null | awk '!/^#/ && NF { f = "/tmp/ta/" $8; $1 = ""; $8 = ""; print > f }'
+    md5sum /tmp/ta/* 2>/dev/null | cut -d' ' -f1 | sort | tr '\n' ' '
+}
+# Exec in a traced process (forkexec, --follow-forks: the child execs itself): traced through
+# the exec; each process's arc lines as ptrace's (the processes interleave differently).
+timeout 120 itrace record --backend ptrace --follow-forks -o /tmp/fe.p.itr -- /t/forkexec > /tmp/fe.p.out 2> /tmp/fe.p.log
+if timeout 120 itrace record --backend kmod --follow-forks -o /tmp/fe.k.itr -- /t/forkexec > /tmp/fe.k.out 2> /tmp/fe.k.log; then
+    ik=$(insns /tmp/fe.k.log) ip=$(insns /tmp/fe.p.log) sk=$(thread_arcs /tmp/fe.k.itr) sp=$(thread_arcs /tmp/fe.p.itr)
+    if [ "$ik" = "$ip" ] && [ "$sk" = "$sp" ] && grep -q "exec'd child" /tmp/fe.k.out && [ "$(itrace arc /tmp/fe.k.itr | grep -c '^# end of trace')" = 2 ]; then
+        pass "exec: forkexec --follow-forks, $ik instructions, each process's arc as ptrace's, through the exec"
+    else
+        fail "exec: forkexec kmod $ik instructions, ptrace $ip, arcs equal: $([ "$sk" = "$sp" ] && echo yes || echo no)"
+    fi
+else
+    fail "exec: $(tail -1 /tmp/fe.k.log)"
+fi
+
+# A traced process execs a 32-bit program: the module stops tracing it there (it classifies
+# 64-bit code only) and the program runs normally.
+if timeout 120 itrace record --backend kmod --follow-forks -o /tmp/h32.itr -- /bin/busybox sh -c '/t/hello32; echo rc=$?' > /tmp/h32.out 2> /tmp/h32.log &&
+    grep -q hello32 /tmp/h32.out && grep -q rc=0 /tmp/h32.out && itrace arc /tmp/h32.itr 2>/dev/null | grep -q "end of trace.*detached at"; then
+    pass "exec of a 32-bit program: tracing of it stopped at the exec, it ran normally ($(tr '\n' ' ' < /tmp/h32.out))"
+else
+    fail "exec of a 32-bit program: $(tr '\n' ' ' < /tmp/h32.out) $(tail -1 /tmp/h32.log) $(itrace arc /tmp/h32.itr 2>/dev/null | grep 'end of trace' | tr '\n' '|')"
+fi
+
+region() { # NAME [lines of the arc left out at the end]
+    p=$1 cut=${2:-0}
+    timeout 120 itrace record --backend ptrace --region -o /tmp/$p.p.itr -- /t/$p > /tmp/$p.p.out 2> /tmp/$p.p.log
+    if ! timeout 120 itrace record --backend kmod --region -o /tmp/$p.k.itr -- /t/$p > /tmp/$p.k.out 2> /tmp/$p.k.log; then
+        fail "region $p: itrace record --backend kmod --region failed: $(tail -1 /tmp/$p.k.log)"
+        return
+    fi
+    ik=$(insns /tmp/$p.k.log) ip=$(insns /tmp/$p.p.log)
+    if [ "$cut" = 0 ]; then
+        sk=$(thread_arcs /tmp/$p.k.itr) sp=$(thread_arcs /tmp/$p.p.itr)
+    else
+        sk=$(arcs /tmp/$p.k.itr | grep -v '^ *$' | head -n -$cut | md5sum) sp=$(arcs /tmp/$p.p.itr | grep -v '^ *$' | head -n -$cut | md5sum)
+    fi
+    if [ -z "$ik" ] || [ "$ik" = 0 ] || [ "$ik" != "$ip" ]; then
+        fail "region $p: kmod counted $ik instructions, ptrace $ip"
+    elif [ "$sk" != "$sp" ]; then
+        fail "region $p: the arcs differ from ptrace's (kmod $(arcs /tmp/$p.k.itr | wc -l) lines, ptrace $(arcs /tmp/$p.p.itr | wc -l))"
+    elif ! cmp -s /tmp/$p.p.out /tmp/$p.k.out; then
+        fail "region $p: the program's output differs: $(diff /tmp/$p.p.out /tmp/$p.k.out | tr '\n' '|')"
+    else
+        pass "region $p: kmod $ik instructions in $(arcs /tmp/$p.k.itr | grep -c ' U ') user blocks, as ptrace, output $(tail -1 /tmp/$p.k.out | cut -c1-60)"
+    fi
+}
+region region
+grep -q "enabled before 0 inside 1 after 0" /tmp/region.k.out && pass "region: ITraceEnabled answers 0, 1, 0 through the device" ||
+    fail "region: ITraceEnabled through the device: $(cat /tmp/region.k.out)"
+region region_threads
+region region_fork
+# exec ends a region; ptrace writes the execve as the region's last block, kmod as a system call
+region region_exec 1
+grep -q "new image ok" /tmp/region_exec.k.out && arcs /tmp/region_exec.k.itr | grep -v '^ *$' | tail -1 | grep -q execve &&
+    pass "region_exec: the region ended at exec, the new image ran untraced" ||
+    fail "region_exec: $(cat /tmp/region_exec.k.out | tr '\n' '|')"
+# -p with --region: the program probes the device at each ITraceOn; regions run while attached are traced.
+/t/region_loop 60 0 | grep result= > /tmp/rl.want
+/t/region_loop 60 20000 > /tmp/rl.out &
+RL=$!
+sleep 0.3
+if timeout 120 itrace record --backend kmod --region -p $RL --duration 0.5 -o /tmp/rl.itr 2> /tmp/rl.log; then
+    wait $RL
+    whole=$(itrace arc /tmp/rl.itr 2>/dev/null | grep -c "region ended")
+    if [ "$whole" -ge 1 ] && ! arcs /tmp/rl.itr | grep -q rl_untraced && arcs /tmp/rl.itr | grep -q rl_work &&
+        grep -q "$(sed 's/.*result=//' /tmp/rl.want)" /tmp/rl.out; then
+        pass "region -p: $whole regions traced while attached, nothing outside them, the program's result unchanged"
+    else
+        fail "region -p: $whole regions, result $(grep result= /tmp/rl.out) want $(cat /tmp/rl.want), $(tail -1 /tmp/rl.log)"
+    fi
+else
+    fail "region -p: $(tail -1 /tmp/rl.log)"
+    wait $RL
+fi
+
+# 5. Attach to a running program (-p).
 /t/spinner 100 20000 > /tmp/sp.out &
 SP=$!
 sleep 0.3
@@ -173,7 +255,7 @@ fi
 wait $SP
 grep -q "result=" /tmp/sp.out && pass "attach -p: the program finished after the detach" || fail "attach: the program did not finish"
 
-# 5. Permissions: a user may not trace root's process.
+# 6. Permissions: a user may not trace root's process.
 /t/spinner 50 20000 > /dev/null &
 SP=$!
 if su -s /bin/sh user -c "id -u > /tmp/perm.uid; itrace record --backend kmod -p $SP -o /tmp/perm.itr 2> /tmp/perm.log"; then
@@ -185,7 +267,7 @@ else
 fi
 wait $SP
 
-# 6. Unload with a thread still traced: itrace is killed, the module removed while the
+# 7. Unload with a thread still traced: itrace is killed, the module removed while the
 # program sleeps traced; the program must run to its end (no stray SIGTRAP).
 itrace record --backend kmod -o /tmp/u.itr -- /t/spinner 20 100000 > /tmp/u.out 2> /tmp/u.log &
 IT=$!

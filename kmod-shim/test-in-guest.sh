@@ -23,7 +23,7 @@ ABI=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: lin
 log "kernel ABI $ABI"
 
 need=()
-for p in qemu-system-x86 busybox-static "linux-headers-$ABI" xz-utils; do
+for p in qemu-system-x86 busybox-static "linux-headers-$ABI" xz-utils gcc-i686-linux-gnu; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -79,6 +79,18 @@ for p in tests/programs/signal.c tests/programs/spinner.c kmod-shim/tests/syscal
     gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Ikmod-shim -o "$B/prog/$(basename "$p" .c)" "$p"
 done
 gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -pthread -o "$B/prog/threads" tests/programs/threads.c
+# forkexec execs itself; the callgrind client requests in it are no-ops outside valgrind.
+gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -o "$B/prog/forkexec" tests/programs/forkexec.c
+# A 32-bit program (the module stops tracing a thread that execs one).
+printf '.globl _start\n_start: movl $4, %%eax\n movl $1, %%ebx\n movl $msg, %%ecx\n movl $8, %%edx\n int $0x80\n movl $1, %%eax\n xorl %%ebx, %%ebx\n int $0x80\n.data\nmsg: .ascii "hello32\\n"\n' > "$B/prog/hello32.S"
+i686-linux-gnu-gcc -nostdlib -static -o "$B/prog/hello32" "$B/prog/hello32.S"
+rm "$B/prog/hello32.S"
+# Region programs, linked statically with libitrace.a (ITraceOn/ITraceOff through the device).
+cargo build -q -p libitrace </dev/null
+for p in region region_threads region_fork region_exec region_loop; do
+    gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -pthread -Ilibitrace/include -o "$B/prog/$p" \
+        "tests/programs/$p.c" target/debug/libitrace.a -ldl -lm 2>/dev/null
+done
 
 # long_loop's ptrace trace, recorded here (stepping it under TCG would take minutes); the
 # module path is the guest's, the CPU and pid fields are dropped as in the guest.

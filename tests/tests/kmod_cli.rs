@@ -25,8 +25,26 @@ fn kmod_backend_without_the_module_says_so() {
 }
 
 #[test]
-fn kmod_backend_refuses_regions() {
-    let out = itrace(["record", "--backend", "kmod", "--region", "--", "/bin/true"]);
+fn kmod_backend_refuses_start_and_stop() {
+    let out = itrace(["record", "--backend", "kmod", "--start", "main", "--", "/bin/true"]);
     let msg = out.assert_clean_error();
-    assert!(msg.contains("--backend kmod") && msg.contains("--region"), "{msg}");
+    assert!(msg.contains("--backend kmod") && msg.contains("--start"), "{msg}");
+}
+
+/// The module classifies 64-bit code only: an i386 program is refused before it starts.
+#[test]
+fn kmod_backend_refuses_32_bit_programs() {
+    require_tool("i686-linux-gnu-gcc");
+    let dir = test_dir("kmod_cli-i386");
+    let src = dir.join("exit.S");
+    std::fs::write(&src, ".globl _start\n_start: movl $1, %eax\n xorl %ebx, %ebx\n int $0x80\n").unwrap();
+    let exe = dir.join("exit32");
+    let o =
+        run(std::process::Command::new("i686-linux-gnu-gcc").args(["-nostdlib", "-static", "-o"]).arg(&exe).arg(&src));
+    assert!(o.success(), "{}", o.stderr);
+    let out =
+        itrace(["record", "--backend", "kmod", "-o", dir.join("t.itr").to_str().unwrap(), "--", exe.to_str().unwrap()]);
+    let msg = out.assert_clean_error();
+    assert!(msg.contains("64-bit programs only") && msg.contains("i386"), "{msg}");
+    assert!(!dir.join("t.itr").exists(), "no trace file is left behind");
 }
