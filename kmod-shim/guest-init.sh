@@ -94,6 +94,8 @@ compare forker "" ""
 # 2. Modes, on syscalls (8,659 blocks, 346 KB of records). Continuous through a 128K ring:
 # drained while tracing.
 compare syscalls "" "" --mode continuous --buffer-size 128K --segment-size 128K
+# long_loop's 8 MB of records through a 64K ring: threads that fill it wait for the drain.
+compare long_loop 406009 201501 --mode continuous --buffer-size 64K --segment-size 64K
 # Normal with a small buffer: tracing stops when it is full; the program runs on.
 # (pinned to one CPU: each CPU has its own ring, and these checks read one stream)
 if timeout 120 taskset 1 itrace record --backend kmod --mode normal --buffer-size 64K -o /tmp/n.itr -- /t/syscalls 2> /tmp/n.log; then

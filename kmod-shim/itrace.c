@@ -33,6 +33,8 @@
 #include <linux/capability.h>
 #include <linux/delay.h>
 #include <linux/signal.h>
+#include <linux/poll.h>
+#include <linux/wait.h>
 #include <linux/timekeeping.h>
 #include <asm/debugreg.h>
 #include <asm/processor-flags.h>
@@ -84,6 +86,9 @@ struct itr_thread {
 	u32 nentries;
 	u64 entry[ITR_MAX_ENTRIES];	/* the library's entry points (ITR_IOC_ON) */
 	struct callback_head work;
+	bool throttle_queued;	/* continuous mode: waits for the consumer on its way to user space */
+	unsigned int throttle_stream;
+	struct callback_head throttle;
 };
 
 static DEFINE_SPINLOCK(itr_lock);
@@ -102,6 +107,10 @@ static struct file *itr_owner;
 static DEFINE_MUTEX(itr_session_mutex);
 
 static bool (*itr_ptrace_may_access)(struct task_struct *task, unsigned int mode);
+
+/* Continuous mode: the consumer polls itr_data_wq; throttled threads wait on itr_drain_wq. */
+static DECLARE_WAIT_QUEUE_HEAD(itr_data_wq);
+static DECLARE_WAIT_QUEUE_HEAD(itr_drain_wq);
 
 /* ---- rings ---- */
 
@@ -158,9 +167,12 @@ static bool itr_put(unsigned int s, const void *rec, u32 len, bool control)
 	memcpy(ring + (head + pad) % size, rec, len);
 	st->records++;
 	smp_store_release(&st->head, head + need);
-	/* continuous mode, ring over half full: let the consumer run before it fills */
-	if (itr_mode == ITR_MODE_CONTINUOUS && (head + need - tail) * 2 > size)
+	/* continuous mode, ring over half full: wake the consumer and let it run before it fills */
+	if (itr_mode == ITR_MODE_CONTINUOUS && (head + need - tail) * 2 > size) {
+		if ((head - tail) * 2 <= size)
+			wake_up_interruptible(&itr_data_wq);
 		set_tsk_need_resched(current);
+	}
 	return true;
 }
 
@@ -177,9 +189,72 @@ static void itr_hdr(struct itr_rec_hdr *h, u16 len, u16 major, u32 minor)
 	h->ts = itr_now();
 }
 
+static struct itr_thread *itr_find(struct task_struct *task);
+
+/* Whether stream s of session gen is drained to half (or the session is gone). */
+static bool itr_drained(u32 gen, unsigned int s)
+{
+	unsigned long flags;
+	bool ok;
+
+	spin_lock_irqsave(&itr_lock, flags);
+	ok = !itr_session_live(gen) ||
+	     (itr_ctl->stream[s].head - itr_ctl->stream[s].tail) * 2 <= itr_ctl->stream[s].size;
+	spin_unlock_irqrestore(&itr_lock, flags);
+	return ok;
+}
+
+/*
+ * Continuous mode: a thread that filled its CPU's ring to three quarters
+ * waits, on its way back to user space (a task work, where it may sleep),
+ * until the consumer has drained the ring to half: no record is lost to a
+ * consumer that falls behind. A signal ends the wait early (the program
+ * stays responsive); only then can records be dropped, and they are counted.
+ */
+static void itr_throttle_work(struct callback_head *cb)
+{
+	struct itr_thread *t;
+	unsigned long flags;
+	unsigned int s = 0;
+	u32 gen = 0;
+	bool wait = false;
+
+	spin_lock_irqsave(&itr_lock, flags);
+	t = itr_find(current);
+	if (t && &t->throttle == cb) {
+		t->throttle_queued = false;
+		s = t->throttle_stream;
+		gen = t->gen;
+		wait = !t->stopping;
+	}
+	spin_unlock_irqrestore(&itr_lock, flags);
+	if (wait)
+		wait_event_interruptible(itr_drain_wq, itr_drained(gen, s));
+	module_put(THIS_MODULE);
+}
+
+/* Called with itr_lock held, after a record of the current thread t went to stream s. */
+static void itr_maybe_throttle(struct itr_thread *t, unsigned int s)
+{
+	struct itr_stream *st = &itr_ctl->stream[s];
+
+	if (itr_mode != ITR_MODE_CONTINUOUS || t->throttle_queued || t->task != current ||
+	    (st->head - st->tail) * 4 <= st->size * 3)
+		return;
+	init_task_work(&t->throttle, itr_throttle_work);
+	__module_get(THIS_MODULE);
+	if (task_work_add(current, &t->throttle, TWA_RESUME)) {
+		module_put(THIS_MODULE);
+		return;
+	}
+	t->throttle_queued = true;
+	t->throttle_stream = s;
+}
+
 static bool itr_branch(struct itr_thread *t, bool kernel, u8 kind, u8 flags, u16 aux, u64 from, u64 to, u32 icount)
 {
 	struct itr_rec_branch r;
+	bool ok;
 
 	if (!itr_session_live(t->gen))
 		return true;
@@ -189,7 +264,9 @@ static bool itr_branch(struct itr_thread *t, bool kernel, u8 kind, u8 flags, u16
 	r.to = to;
 	r.tid = t->tid;
 	r.icount = icount;
-	return itr_put(itr_cpu(), &r, sizeof(r), false);
+	ok = itr_put(itr_cpu(), &r, sizeof(r), false);
+	itr_maybe_throttle(t, itr_cpu());
+	return ok;
 }
 
 static void itr_trace_on(struct itr_thread *t, u32 reason, u64 pc)
@@ -876,6 +953,7 @@ static void itr_free_session(void)
 	itr_owner = NULL;
 	itr_gen++;
 	spin_unlock_irq(&itr_lock);
+	wake_up_interruptible_all(&itr_drain_wq);
 	vfree(itr_area);
 	itr_area = NULL;
 	itr_area_size = 0;
@@ -1121,6 +1199,7 @@ static long itr_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 			ret = 0;
 		}
 		spin_unlock_irq(&itr_lock);
+		wake_up_interruptible(&itr_drain_wq);
 		break;
 	}
 	default:
@@ -1151,6 +1230,22 @@ out:
 	return ret;
 }
 
+/* The session owner's poll: readable when a ring (continuous mode) is over half full. */
+static __poll_t itr_poll(struct file *file, poll_table *wait)
+{
+	__poll_t mask = 0;
+	unsigned int i;
+
+	poll_wait(file, &itr_data_wq, wait);
+	spin_lock_irq(&itr_lock);
+	if (itr_ctl && file == itr_owner && itr_mode == ITR_MODE_CONTINUOUS)
+		for (i = 0; i <= itr_ncpu; i++)
+			if ((itr_ctl->stream[i].head - itr_ctl->stream[i].tail) * 2 > itr_ctl->stream[i].size)
+				mask |= EPOLLIN | EPOLLRDNORM;
+	spin_unlock_irq(&itr_lock);
+	return mask;
+}
+
 static int itr_release(struct inode *inode, struct file *file)
 {
 	mutex_lock(&itr_session_mutex);
@@ -1165,6 +1260,7 @@ static const struct file_operations itr_fops = {
 	.unlocked_ioctl = itr_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = itr_mmap,
+	.poll = itr_poll,
 	.release = itr_release,
 	.llseek = noop_llseek,
 };

@@ -112,6 +112,14 @@ impl Device {
     fn stop(&self) {
         let _ = ioctl(self.fd.as_raw_fd(), ITR_IOC_STOP, std::ptr::null_mut::<u8>());
     }
+
+    /// Wait up to `ms` milliseconds, less when the module says a ring is half full
+    /// (continuous mode: threads that fill a ring to three quarters wait for the drain).
+    fn wait(&self, ms: i32) {
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+    }
 }
 
 impl Drop for Device {
@@ -425,7 +433,7 @@ pub fn record(
             detached = true;
             break None;
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        dev.wait(1);
     };
     // Threads still traced (followed children, an attached process) stop at their next trap.
     dev.stop();
