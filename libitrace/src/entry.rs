@@ -5,7 +5,7 @@
 //! Each is a small naked stub that clears the trap flag first thing, calls its body, and sets
 //! the flag again just before returning when the body says so: no instruction of the library
 //! is stepped by the in-process recorder. The kernel shim is told the stubs' addresses, and
-//! the return address, so that it neither records them.
+//! the return address, so that it records neither.
 
 use crate::{inproc, kmod};
 
