@@ -15,6 +15,18 @@ pub mod x86_64;
 
 use itrace_decoders::Insn;
 
+/// The implementation of the trace file's architecture `arch`.
+pub fn for_arch(arch: itrace_format::Arch) -> Box<dyn Arch + Send + Sync> {
+    use itrace_format::Arch as A;
+    match arch {
+        A::X86_64 => Box::new(x86_64::X86 { compat: false }),
+        A::I386 => Box::new(x86_64::X86 { compat: true }),
+        A::Ppc64le => Box::new(ppc64::Ppc64 { big_endian: false }),
+        A::Ppc64 => Box::new(ppc64::Ppc64 { big_endian: true }),
+        A::S390x => Box::new(s390x::S390x),
+    }
+}
+
 /// What a recorder needs to know about one instruction-set architecture.
 pub trait Arch {
     /// The architecture code written in the trace header.

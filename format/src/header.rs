@@ -134,6 +134,38 @@ pub struct FileHeader {
 }
 
 impl FileHeader {
+    /// The header of a trace that starts now: native byte order, this format version, both
+    /// clocks read now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn starting_now(
+        arch: Arch,
+        mode: Mode,
+        step_method: StepMethod,
+        ncpu: u16,
+        flags: u32,
+        buffer_size: u64,
+        segment_size: u64,
+    ) -> FileHeader {
+        let realtime = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        FileHeader {
+            endian: Endian::native(),
+            version_major: VERSION_MAJOR,
+            version_minor: VERSION_MINOR,
+            arch,
+            mode,
+            step_method,
+            ncpu,
+            flags,
+            buffer_size,
+            segment_size,
+            start_realtime_ns: realtime,
+            start_monotonic_ns: crate::now_ns(),
+        }
+    }
+
     /// Whether address-space randomisation was off for the traced program.
     pub fn aslr_disabled(&self) -> bool {
         self.flags & FLAG_NO_ASLR != 0

@@ -15,6 +15,15 @@ pub mod shm;
 mod writer;
 
 pub use buffers::{BufferConfig, Buffers, Push};
+
+/// The trace's clock: CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call; safe in a
+/// signal handler). Every recorder stamps its records with it.
+pub fn now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
 pub use error::FormatError;
 pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};

@@ -7,8 +7,8 @@ use itrace_arch::ptrace::breakpoints::{Trigger, TriggerKind};
 use itrace_arch::ptrace::procfs::Mapping;
 use itrace_arch::ptrace::{self, BlockStep, RecordOptions, Target};
 use itrace_format::{
-    Arch, BufferConfig, Buffers, Endian, FileHeader, Mode, StepMethod, StopReason, Summary, TraceWriter, FLAG_ICOUNT,
-    FLAG_NO_ASLR, VERSION_MAJOR, VERSION_MINOR,
+    Arch, BufferConfig, Buffers, FileHeader, Mode, StepMethod, StopReason, Summary, TraceWriter, FLAG_ICOUNT,
+    FLAG_NO_ASLR,
 };
 use itrace_post::symbols::SymbolCache;
 use std::ffi::OsString;
@@ -290,22 +290,9 @@ pub fn open_trace(
     ncpu: u16,
     no_aslr: bool,
 ) -> Result<Buffers> {
-    let real =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let header = FileHeader {
-        endian: Endian::native(),
-        version_major: VERSION_MAJOR,
-        version_minor: VERSION_MINOR,
-        arch,
-        mode,
-        step_method: step,
-        ncpu,
-        flags: FLAG_ICOUNT | if no_aslr { FLAG_NO_ASLR } else { 0 },
-        buffer_size: args.buffer_size as u64,
-        segment_size: args.segment_size as u64,
-        start_realtime_ns: real,
-        start_monotonic_ns: ptrace::now_ns(),
-    };
+    let flags = FLAG_ICOUNT | if no_aslr { FLAG_NO_ASLR } else { 0 };
+    let header =
+        FileHeader::starting_now(arch, mode, step, ncpu, flags, args.buffer_size as u64, args.segment_size as u64);
     let writer = TraceWriter::create(&args.output, &header)
         .with_context(|| format!("cannot create trace file {}", args.output.display()))?;
     let cfg = BufferConfig {

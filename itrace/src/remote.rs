@@ -6,9 +6,6 @@ use crate::cli::RecordArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use itrace_arch::elf::Program;
 use itrace_arch::gdb::{self, Connection, Qemu, RemoteOptions};
-use itrace_arch::ppc64::Ppc64;
-use itrace_arch::s390x::S390x;
-use itrace_arch::x86_64::X86;
 use itrace_format::{Arch, StepMethod, StopReason, Summary};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -20,16 +17,6 @@ fn parse_arch(name: &str) -> Result<Arch> {
         let known: Vec<&str> = ARCHES.iter().map(|a| a.name()).collect();
         anyhow!("unknown architecture '{name}' for --qemu (known: {})", known.join(", "))
     })
-}
-
-fn arch_impl(arch: Arch) -> Box<dyn itrace_arch::Arch> {
-    match arch {
-        Arch::X86_64 => Box::new(X86 { compat: false }),
-        Arch::I386 => Box::new(X86 { compat: true }),
-        Arch::Ppc64le => Box::new(Ppc64 { big_endian: false }),
-        Arch::Ppc64 => Box::new(Ppc64 { big_endian: true }),
-        Arch::S390x => Box::new(S390x),
-    }
 }
 
 /// A program path as given (with a slash) or found along $PATH.
@@ -82,7 +69,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
 
     let mut buffers = crate::record::open_trace(&args, arch, mode, StepMethod::GdbStep, 1, false)?;
     crate::signals::install(args.duration).context("cannot install signal handlers")?;
-    let arch_impl = arch_impl(arch);
+    let arch_impl = itrace_arch::for_arch(arch);
     let process_name = program_path
         .as_deref()
         .and_then(|p| p.file_name())
@@ -161,9 +148,4 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn now_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: t is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
+use itrace_format::now_ns;

@@ -138,13 +138,6 @@ fn header() -> Option<&'static Header> {
     (!p.is_null()).then(|| unsafe { &*(p as *const Header) })
 }
 
-fn now() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: t is valid for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
-
 /// Write one slot into this CPU's ring. Async-signal-safe: atomics and the vDSO only.
 #[allow(clippy::too_many_arguments)]
 fn emit(kind: u16, code: u16, aux: u32, from: u64, to: u64, tid: u32, icount: u32) {
@@ -180,7 +173,7 @@ fn emit(kind: u16, code: u16, aux: u32, from: u64, to: u64, tid: u32, icount: u3
     let at = slots_at + (cpu * slots as usize + (idx % slots) as usize) * std::mem::size_of::<Slot>();
     // SAFETY: `at` is inside this CPU's ring, and this thread reserved slot `idx` alone.
     let slot = unsafe { &mut *(base.add(at) as *mut Slot) };
-    slot.ts = now();
+    slot.ts = itrace_format::now_ns();
     slot.from = from;
     slot.to = to;
     slot.tid = tid;

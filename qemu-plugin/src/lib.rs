@@ -100,17 +100,6 @@ fn syscalls(arch: Arch) -> Syscalls {
     }
 }
 
-fn arch_impl(arch: Arch) -> Box<dyn itrace_arch::Arch + Send + Sync> {
-    use itrace_arch::{ppc64::Ppc64, s390x::S390x, x86_64::X86};
-    match arch {
-        Arch::X86_64 => Box::new(X86 { compat: false }),
-        Arch::I386 => Box::new(X86 { compat: true }),
-        Arch::Ppc64le => Box::new(Ppc64 { big_endian: false }),
-        Arch::Ppc64 => Box::new(Ppc64 { big_endian: true }),
-        Arch::S390x => Box::new(S390x),
-    }
-}
-
 struct State {
     cfg: Config,
     arch: Box<dyn itrace_arch::Arch + Send + Sync>,
@@ -707,7 +696,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
     };
     let name = cfg.name.chars().take(15).collect();
     let st = State {
-        arch: arch_impl(cfg.arch),
+        arch: itrace_arch::for_arch(cfg.arch),
         nr: syscalls(cfg.arch),
         cfg,
         tx,

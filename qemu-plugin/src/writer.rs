@@ -5,7 +5,7 @@
 use crate::config::Config;
 use itrace_format::{
     major, BufferConfig, Buffers, Endian, FileHeader, Push, Record, StepMethod, StopReason, Summary, TraceOff,
-    TraceWriter, BRANCH_RECORD_LEN, FLAG_ICOUNT, VERSION_MAJOR, VERSION_MINOR,
+    TraceWriter, BRANCH_RECORD_LEN, FLAG_ICOUNT,
 };
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
@@ -36,32 +36,19 @@ pub struct Totals {
     pub error: Option<String>,
 }
 
-/// CLOCK_MONOTONIC in nanoseconds.
-pub fn now_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: t is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
+pub use itrace_format::now_ns;
 
 /// Create the trace file and start the writer thread.
 pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), String> {
-    let real =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let header = FileHeader {
-        endian: Endian::native(),
-        version_major: VERSION_MAJOR,
-        version_minor: VERSION_MINOR,
-        arch: cfg.arch,
-        mode: cfg.mode,
-        step_method: StepMethod::Emulated,
-        ncpu: cfg.streams as u16,
-        flags: FLAG_ICOUNT,
-        buffer_size: cfg.buffer_size as u64,
-        segment_size: cfg.segment_size as u64,
-        start_realtime_ns: real,
-        start_monotonic_ns: now_ns(),
-    };
+    let header = FileHeader::starting_now(
+        cfg.arch,
+        cfg.mode,
+        StepMethod::Emulated,
+        cfg.streams as u16,
+        FLAG_ICOUNT,
+        cfg.buffer_size as u64,
+        cfg.segment_size as u64,
+    );
     let writer = TraceWriter::create(&cfg.out, &header)
         .map_err(|e| format!("cannot create trace file {}: {e}", cfg.out.display()))?;
     let bcfg = BufferConfig {

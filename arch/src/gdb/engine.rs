@@ -86,13 +86,7 @@ pub struct RemoteOutcome {
     pub error: Option<GdbError>,
 }
 
-/// CLOCK_MONOTONIC in nanoseconds.
-fn now_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: t is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
+use itrace_format::now_ns;
 
 /// A decoded instruction and its bytes.
 #[derive(Clone, Copy, Debug)]

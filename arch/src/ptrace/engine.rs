@@ -215,13 +215,7 @@ pub(super) struct Session<'a> {
     last_ts: Vec<u64>,
 }
 
-/// CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call).
-pub fn now_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: t is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
+pub use itrace_format::now_ns;
 
 fn ptrace_options(o: &RecordOptions) -> Options {
     let mut opts = Options::PTRACE_O_TRACEEXEC | Options::PTRACE_O_TRACEEXIT | Options::PTRACE_O_EXITKILL;
