@@ -2,11 +2,13 @@
 # Tests the itrace kernel shim in a booted guest (never on this machine's kernel):
 #   kmod-shim/test-in-guest.sh [test|bench]
 #
-# 1. finds Debian's current kernel ABI (apt-cache depends linux-image-amd64), installs what is
-#    missing (qemu-system-x86, busybox-static, linux-headers-ABI);
-# 2. downloads linux-image-ABI with apt-get download, unpacks it with dpkg -x into
-#    target/kmod-guest/ABI (cached; never installed) and extracts the uncompressed vmlinux
-#    from vmlinuz's XZ payload (boots in about 2 s through QEMU's PVH entry);
+# 1. refreshes the package lists and finds Debian's current kernel ABI and the version of its
+#    headers (scripts/kernel-abi.sh, as scripts/install-test-deps.sh does), installs what is
+#    missing (linux-headers-ABI at that version, qemu-system-x86, busybox-static, ...);
+# 2. downloads linux-image-ABI at the installed headers' version with apt-get download,
+#    unpacks it with dpkg -x into target/kmod-guest/ABI_VERSION (cached; never installed) and
+#    extracts the uncompressed vmlinux from vmlinuz's XZ payload (boots in about 2 s through
+#    QEMU's PVH entry);
 # 3. builds the module (no warnings allowed), a statically linked itrace and the test programs;
 # 4. boots qemu-system-x86_64 -accel tcg with a busybox initramfs whose /init runs
 #    kmod-shim/guest-init.sh; the guest prints "KMOD: PASS|FAIL name detail" lines and
@@ -18,37 +20,59 @@ WHAT=${1:-test}
 log() { echo "kmod-guest: $*" >&2; }
 t0=$(date +%s)
 
-ABI=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\(.*\)$/\1/p' | head -1)
-[ -n "$ABI" ] || { log "cannot find the kernel ABI (apt-cache depends linux-image-amd64)"; exit 1; }
-log "kernel ABI $ABI"
+# Debian's kernel: its ABI and the version of the installed headers, decided in one place
+# (scripts/kernel-abi.sh, shared with scripts/install-test-deps.sh): the package lists are
+# refreshed first (unless ITRACE_APT_LISTS_FRESH=1), linux-headers-ABI is installed at the
+# lists' version, and the guest boots linux-image-ABI at exactly the installed headers' version.
+KABI_LOG_PREFIX=kmod-guest
+# shellcheck source=scripts/kernel-abi.sh
+source "$ROOT/scripts/kernel-abi.sh"
+kabi_ensure_headers
+ABI=$KABI VERSION=$KABI_VERSION
+log "kernel ABI $ABI, version $VERSION"
 
 need=()
-for p in qemu-system-x86 busybox-static "linux-headers-$ABI" xz-utils gcc-i686-linux-gnu; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+for p in qemu-system-x86 busybox-static xz-utils gcc-i686-linux-gnu; do
+    kabi_installed_version "$p" >/dev/null || need+=("$p")
 done
 if [ "${#need[@]}" -gt 0 ]; then
-    SUDO=(); [ "$(id -u)" -eq 0 ] || SUDO=(sudo)
+    kabi_sudo || { log "not root and no sudo: install these packages yourself: ${need[*]}"; exit 1; }
     log "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    "${SUDO[@]}" apt-get install -y --no-install-recommends "${need[@]}" >/dev/null ||
-        { "${SUDO[@]}" apt-get update >/dev/null && "${SUDO[@]}" apt-get install -y --no-install-recommends "${need[@]}" >/dev/null; }
+    "${KABI_SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# The kernel image, cached per ABI and version (an upgrade of the headers within one ABI gets
+# its matching image); caches of other kernels are removed.
 CACHE=$ROOT/target/kmod-guest
-KDIR=$CACHE/$ABI
+KDIR=$CACHE/${ABI}_${VERSION//:/%3a}
 mkdir -p "$KDIR"
+for d in "$CACHE"/[0-9]*-amd64*; do
+    [ "$d" = "$KDIR" ] || [ ! -d "$d" ] || { log "removing the cached kernel $(basename "$d")"; rm -rf "$d"; }
+done
 if [ ! -s "$KDIR/vmlinux" ]; then
-    log "downloading linux-image-$ABI (unpacked here, never installed)"
-    (cd "$KDIR" && rm -f ./*.deb && apt-get download "linux-image-$ABI" >/dev/null 2>&1)
+    log "downloading linux-image-$ABI=$VERSION (unpacked here, never installed)"
+    rm -f "$KDIR"/*.deb
+    (cd "$KDIR" && apt-get download "linux-image-$ABI=$VERSION") > "$KDIR/download.log" 2>&1 || {
+        cat "$KDIR/download.log" >&2
+        log "cannot download linux-image-$ABI=$VERSION, the image matching the installed headers"
+        log "(refresh the package lists and upgrade the headers: scripts/install-test-deps.sh)"
+        exit 1
+    }
     rm -rf "$KDIR/root"
     dpkg -x "$KDIR"/linux-image-"$ABI"_*.deb "$KDIR/root"
-    VMLINUZ=$(ls "$KDIR"/root/boot/vmlinuz-*)
+    VMLINUZ=("$KDIR"/root/boot/vmlinuz-*)
     # The XZ stream starts with FD 37 7A 58 5A 00; xz stops at its end (trailing data ignored).
-    OFF=$(LC_ALL=C grep -obUaP '\xFD7zXZ\x00' "$VMLINUZ" | head -1 | cut -d: -f1)
-    tail -c +$((OFF + 1)) "$VMLINUZ" | xz -dc --single-stream > "$KDIR/vmlinux.tmp" 2>/dev/null || true
-    [ -s "$KDIR/vmlinux.tmp" ] || { log "cannot extract vmlinux from $VMLINUZ"; exit 1; }
+    # Captured and read from files, not piped (no SIGPIPE under pipefail).
+    HIT=$(LC_ALL=C grep -m1 -obUaP '\xFD7zXZ(?=\x00)' "${VMLINUZ[0]}") || HIT=""
+    OFF=${HIT%%:*}
+    [ -n "$OFF" ] || { log "no XZ stream in ${VMLINUZ[0]}"; exit 1; }
+    tail -c +$((OFF + 1)) "${VMLINUZ[0]}" > "$KDIR/payload.xz"
+    xz -dc --single-stream "$KDIR/payload.xz" > "$KDIR/vmlinux.tmp" ||
+        { log "cannot extract vmlinux from ${VMLINUZ[0]}"; exit 1; }
+    [ -s "$KDIR/vmlinux.tmp" ] || { log "cannot extract vmlinux from ${VMLINUZ[0]}"; exit 1; }
     mv "$KDIR/vmlinux.tmp" "$KDIR/vmlinux"
-    rm -f "$KDIR"/*.deb
+    # only vmlinux is used: drop the package, the payload and the unpacked modules
+    rm -rf "$KDIR"/*.deb "$KDIR/payload.xz" "$KDIR/root"
 fi
 
 # The module, built out of the source tree.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the test suite needs. Idempotent: packages
-# already installed are left alone, and apt-get runs only when something is
-# missing. Works as root (CI) or through sudo.
+# Installs the Debian packages the test suite needs. Refreshes the package
+# lists first (apt-get update), then installs what is missing; packages
+# already installed are left alone, except the kernel headers, which follow
+# Debian's current kernel ABI and version (scripts/kernel-abi.sh). Works as
+# root (CI) or through sudo.
 set -euo pipefail
 
 # package                 used for
@@ -32,27 +34,19 @@ PACKAGES=(
     busybox-static        # the guest's initramfs
     xz-utils              # extracting vmlinux from vmlinuz
 )
-# The kernel module builds against the headers of Debian's current kernel ABI (what
-# linux-image-amd64 depends on today; the kernel image itself is only downloaded and unpacked
-# by kmod-shim/test-in-guest.sh, never installed).
-KABI=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\(.*\)$/\1/p' | head -1)
-if [ -n "$KABI" ]; then
-    PACKAGES+=("linux-headers-$KABI")
-fi
-
 log() { echo "install-test-deps: $*"; }
 
-if [ "$(id -u)" -eq 0 ]; then
-    SUDO=()
-elif command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo)
-else
-    SUDO=()
-fi
+# Debian's package lists first: everything below reads them, and stale lists name packages the
+# archive no longer has (kernel headers of an old ABI). Root or sudo only; a failed refresh is
+# one line, and the lists are used as they are.
+KABI_LOG_PREFIX=install-test-deps
+# shellcheck source=scripts/kernel-abi.sh
+source "$(dirname "${BASH_SOURCE[0]}")/kernel-abi.sh"
+kabi_refresh_lists
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-    if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    if kabi_installed_version "$p" >/dev/null; then
         log "$p: installed"
     else
         log "$p: missing"
@@ -63,21 +57,26 @@ done
 if [ "${#missing[@]}" -eq 0 ]; then
     log "all ${#PACKAGES[@]} packages are installed"
 else
-    if [ "$(id -u)" -ne 0 ] && [ "${#SUDO[@]}" -eq 0 ]; then
+    if ! kabi_sudo; then
         log "not root and no sudo: install these packages yourself: ${missing[*]}" >&2
         exit 1
     fi
-    export DEBIAN_FRONTEND=noninteractive
-    log "running: ${SUDO[*]} apt-get update"
-    "${SUDO[@]}" apt-get update
-    log "running: ${SUDO[*]} apt-get install -y --no-install-recommends ${missing[*]}"
-    "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+    log "running: ${KABI_SUDO[*]}${KABI_SUDO:+ }apt-get install -y --no-install-recommends ${missing[*]}"
+    "${KABI_SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+
+# The kernel module builds against the headers of Debian's current kernel ABI (what
+# linux-image-amd64 depends on in the refreshed lists), at the lists' version;
+# kmod-shim/test-in-guest.sh boots the kernel image of that ABI and exactly that version
+# (downloaded and unpacked, never installed). scripts/kernel-abi.sh decides both.
+kabi_ensure_headers
+log "linux-headers-$KABI: installed, version $KABI_VERSION (the kmod guest boots linux-image-$KABI $KABI_VERSION)"
 
 # cargo fmt and cargo clippy (rustup components) for scripts/test.sh
 if command -v rustup >/dev/null 2>&1; then
+    installed=$(rustup component list --installed 2>/dev/null) || installed=""
     for c in rustfmt clippy; do
-        if rustup component list --installed 2>/dev/null | grep -q "^$c"; then
+        if grep -q "^$c" <<<"$installed"; then
             log "rust component $c: installed"
         else
             log "running: rustup component add $c"

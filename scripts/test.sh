@@ -7,6 +7,8 @@ step() { echo; echo "=== test.sh: $*"; }
 
 step "scripts/install-test-deps.sh"
 scripts/install-test-deps.sh
+# it refreshed the package lists: kmod-shim/test-in-guest.sh need not do it again
+export ITRACE_APT_LISTS_FRESH=1
 
 # the CI machines have 2 cores
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
