@@ -4,8 +4,10 @@
 //! Inclusive counts come from a shadow call stack per thread: a CALL pushes
 //! a frame, a RETURN pops to the frame whose call it returns after (so
 //! longjmp and unmatched returns resynchronise), a signal handler is a frame
-//! that ends when the kernel returns to the interrupted pc. A function
-//! already on the stack (recursion) is counted once.
+//! that ends when the kernel returns to the interrupted pc. The function a
+//! thread is in when its trace starts (or after that one returns) is a root
+//! frame, as if called there. A function already on the stack (recursion)
+//! is counted once.
 
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
@@ -72,6 +74,9 @@ struct FuncStats {
 
 struct Frame {
     func: u32,
+    /// The function a thread was in when its tracing started (no call seen): it stays on the
+    /// stack until it returns, so its inclusive count covers what it called.
+    root: bool,
     /// Address of the call instruction (u64::MAX for a signal handler frame).
     call_from: u64,
     /// For a signal handler: where the interrupted code resumes.
@@ -110,7 +115,17 @@ impl ReportSink {
         let f = self.func(func);
         f.active += 1;
         let th = self.threads.entry(tid).or_default();
-        th.stack.push(Frame { func, call_from, resume_pc, entry_total: th.instructions });
+        th.stack.push(Frame { func, root: false, call_from, resume_pc, entry_total: th.instructions });
+    }
+
+    /// A thread with nothing on its stack is in a function it was not seen to call: the
+    /// start of its trace, or after that function returned. Open a root frame for it.
+    fn ensure_root(&mut self, tid: u32, func: u32) {
+        let th = self.threads.entry(tid).or_default();
+        if th.stack.is_empty() {
+            th.stack.push(Frame { func, root: true, call_from: 0, resume_pc: 0, entry_total: th.instructions });
+            self.func(func).active += 1;
+        }
     }
 
     /// Close the frames of `tid` from index `i` up.
@@ -142,6 +157,7 @@ impl Sink for ReportSink {
         self.threads.entry(br.tid).or_default().branches += 1;
         match &b.loc {
             Where::User(l) => {
+                self.ensure_root(br.tid, l.func);
                 self.add_self(br.tid, b.pid, l.func, br.icount);
                 match br.kind {
                     BranchKind::Call => {
@@ -152,10 +168,16 @@ impl Sink for ReportSink {
                     BranchKind::Return => {
                         let th = self.threads.entry(br.tid).or_default();
                         let hit = th.stack.iter().rposition(|f| {
-                            f.call_from != u64::MAX && br.to > f.call_from && br.to - f.call_from <= MAX_CALL_LEN
+                            !f.root
+                                && f.call_from != u64::MAX
+                                && br.to > f.call_from
+                                && br.to - f.call_from <= MAX_CALL_LEN
                         });
                         if let Some(i) = hit {
                             self.pop_to(br.tid, i);
+                        } else if th.stack.len() == 1 && th.stack[0].root {
+                            // The root function returns to a caller the trace never saw call it.
+                            self.pop_to(br.tid, 0);
                         }
                     }
                     BranchKind::Intrpt if br.flags & branch_flags::SIGNAL != 0 => {
@@ -189,6 +211,7 @@ impl Sink for ReportSink {
         _names: &mut Names,
     ) -> Result<(), PostError> {
         if let Some(l) = partial {
+            self.ensure_root(off.tid, l.func);
             self.add_self(off.tid, off.pid, l.func, off.icount);
         }
         self.pop_to(off.tid, 0);
@@ -271,9 +294,10 @@ impl Report {
         Ok(())
     }
 
-    /// Text tables, `top` rows each (0: all).
-    pub fn write_text(&self, out: &mut dyn Write, top: usize) -> Result<(), PostError> {
-        let take = |n: usize| if top == 0 { n } else { n.min(top) };
+    /// Text tables, fitted to `opts.width` columns, `opts.top` rows each (0: all). A cut
+    /// table says how many rows it left out; names too long for their column end in `…`
+    /// (the JSON report has them whole).
+    pub fn write_text(&self, out: &mut dyn Write, opts: &TextOptions) -> Result<(), PostError> {
         writeln!(
             out,
             "{} instructions, {} taken branches, {} records lost ({} trace, {} mode, {})",
@@ -281,30 +305,102 @@ impl Report {
         )?;
         let pct =
             |n: u64| if self.total_instructions == 0 { 0.0 } else { 100.0 * n as f64 / self.total_instructions as f64 };
+        let shown = |n: usize| if opts.top == 0 { n } else { n.min(opts.top) };
+        let more = |out: &mut dyn Write, total: usize, what: &str| -> std::io::Result<()> {
+            let left = total - shown(total);
+            let plural = if left == 1 { "" } else { "s" };
+            if left > 0 {
+                writeln!(out, "{:>12} ... {left} more {what}{plural} (--top 0 for all)", "")?;
+            }
+            Ok(())
+        };
+
+        // self(12) %(6) inclusive(12) calls(9), single spaces, then two before each name column.
+        const NUMBERS: usize = 12 + 1 + 6 + 1 + 12 + 1 + 9;
+        let rows = &self.functions[..shown(self.functions.len())];
+        // The columns share what the numbers leave; a name gets at least 12, a module 6.
+        let room = opts.width.saturating_sub(NUMBERS + 2 + 2).max(18);
+        let longest_module = rows.iter().map(|f| basename(&f.module).chars().count()).max().unwrap_or(0);
+        let longest_name = rows.iter().map(|f| f.name.chars().count()).max().unwrap_or(0).max(8);
+        let module_w = longest_module.clamp(6, 20).min(room - 12);
+        let name_w = longest_name.min(room - module_w);
         writeln!(out, "\nFunctions (by self instructions)")?;
-        writeln!(out, "{:>12} {:>6} {:>12} {:>9}  function  module", "self", "%", "inclusive", "calls")?;
-        for f in &self.functions[..take(self.functions.len())] {
+        writeln!(out, "{:>12} {:>6} {:>12} {:>9}  {:<name_w$}  module", "self", "%", "inclusive", "calls", "function")?;
+        for f in rows {
             writeln!(
                 out,
-                "{:>12} {:>6.2} {:>12} {:>9}  {}  {}",
+                "{:>12} {:>6.2} {:>12} {:>9}  {:<name_w$}  {}",
                 f.self_instructions,
                 pct(f.self_instructions),
                 f.inclusive,
                 f.calls,
-                f.name,
-                f.module
+                fit(&f.name, name_w),
+                fit(basename(&f.module), module_w)
             )?;
         }
+        more(out, self.functions.len(), "function")?;
+
+        let path_w = opts.width.saturating_sub(12 + 1 + 6 + 2).max(24);
         writeln!(out, "\nModules")?;
         writeln!(out, "{:>12} {:>6}  module", "self", "%")?;
-        for m in &self.modules[..take(self.modules.len())] {
-            writeln!(out, "{:>12} {:>6.2}  {}", m.self_instructions, pct(m.self_instructions), m.module)?;
+        for m in &self.modules[..shown(self.modules.len())] {
+            writeln!(
+                out,
+                "{:>12} {:>6.2}  {}",
+                m.self_instructions,
+                pct(m.self_instructions),
+                fit_tail(&m.module, path_w)
+            )?;
         }
+        more(out, self.modules.len(), "module")?;
+
         writeln!(out, "\nThreads")?;
         writeln!(out, "{:>8} {:>8} {:>12} {:>10}  name", "pid", "tid", "instructions", "branches")?;
-        for t in &self.threads[..take(self.threads.len())] {
+        for t in &self.threads[..shown(self.threads.len())] {
             writeln!(out, "{:>8} {:>8} {:>12} {:>10}  {}", t.pid, t.tid, t.instructions, t.branches, t.name)?;
         }
+        more(out, self.threads.len(), "thread")?;
         Ok(())
     }
+}
+
+/// How the text report is laid out.
+#[derive(Clone, Copy, Debug)]
+pub struct TextOptions {
+    /// Rows per table (0: all).
+    pub top: usize,
+    /// Columns to fit in.
+    pub width: usize,
+}
+
+impl Default for TextOptions {
+    fn default() -> Self {
+        TextOptions { top: 40, width: 120 }
+    }
+}
+
+/// A module's file name (the Modules table and the JSON keep the path).
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// `s` cut to `width` characters, ending in `…` when cut.
+fn fit(s: &str, width: usize) -> std::borrow::Cow<'_, str> {
+    if s.chars().count() <= width {
+        return s.into();
+    }
+    let mut cut: String = s.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut.into()
+}
+
+/// `s` cut to `width` characters from the left, starting with `…` when cut (a path's end
+/// says the most).
+fn fit_tail(s: &str, width: usize) -> std::borrow::Cow<'_, str> {
+    let n = s.chars().count();
+    if n <= width {
+        return s.into();
+    }
+    let tail: String = s.chars().skip(n - width.saturating_sub(1)).collect();
+    format!("…{tail}").into()
 }
