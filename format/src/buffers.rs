@@ -14,6 +14,20 @@ use crate::record::{major, record_len, Lost, Record, Summary, TraceOn, TraceOnRe
 use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
 use crate::{Endian, FormatError, Mode};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What a recording has stored so far, for a status line drawn by another thread. The
+/// buffers' owner is the only writer; readers see each value as of a recent push.
+#[derive(Debug, Default)]
+pub struct LiveCounts {
+    /// Branch records stored (wrap mode: including those overwritten since).
+    pub branches: AtomicU64,
+    /// Instructions those branch records count.
+    pub instructions: AtomicU64,
+    /// Bytes written to the trace file.
+    pub bytes: AtomicU64,
+}
 
 /// Sizes and mode of the buffers.
 #[derive(Clone, Debug)]
@@ -55,6 +69,9 @@ pub struct Buffers {
     /// Wrap mode, per CPU: where each thread's next block starts, as of the newest evicted record,
     /// so the oldest surviving block of each thread still has a known start.
     evicted_start: Vec<std::collections::HashMap<u32, u64>>,
+    live: Arc<LiveCounts>,
+    branches: u64,
+    instructions: u64,
 }
 
 impl Buffers {
@@ -81,7 +98,35 @@ impl Buffers {
             mte_records: 0,
             scratch: Vec::with_capacity(256),
             evicted_start: vec![Default::default(); cfg_ncpu],
+            live: Arc::default(),
+            branches: 0,
+            instructions: 0,
         }
+    }
+
+    /// The running totals, shared with whoever shows progress.
+    pub fn live(&self) -> Arc<LiveCounts> {
+        Arc::clone(&self.live)
+    }
+
+    /// Count the branch records among `data` (whole records) in the live totals.
+    fn count_live(&mut self, data: &[u8]) {
+        let e = Endian::native();
+        let mut at = 0;
+        while at + 4 <= data.len() {
+            let len = record_len(e, &data[at..]).unwrap_or(0);
+            if len == 0 || at + len > data.len() {
+                break;
+            }
+            let maj = e.u16(&data[at + 2..]);
+            if (maj == major::BRANCH_USER || maj == major::BRANCH_KERNEL) && len >= 40 {
+                self.branches += 1;
+                self.instructions += e.u32(&data[at + 36..]) as u64;
+            }
+            at += len;
+        }
+        self.live.branches.store(self.branches, Ordering::Relaxed);
+        self.live.instructions.store(self.instructions, Ordering::Relaxed);
     }
 
     /// Store a branch record for `cpu`. In normal mode a full buffer refuses it.
@@ -102,6 +147,7 @@ impl Buffers {
             if v.len() + data.len() <= seg {
                 v.extend_from_slice(data);
                 self.records[cpu] += n;
+                self.count_live(data);
                 return Ok(Push::Stored);
             }
         }
@@ -125,6 +171,7 @@ impl Buffers {
                 if n > 0 {
                     v.extend_from_slice(&data[at..end]);
                     self.records[cpu] += n;
+                    self.count_live(&data[at..end]);
                     at = end;
                     continue;
                 }
@@ -169,7 +216,11 @@ impl Buffers {
                 Ok(if v.len() > self.cfg.mte_size { Push::Full } else { Push::Stored })
             }
             Store::Segment(v) => {
-                let r = if v.len() + s.len() > seg { flush(&mut self.writer, STREAM_MTE, 0, v) } else { Ok(()) };
+                let r = if v.len() + s.len() > seg {
+                    flush(&mut self.writer, &self.live, STREAM_MTE, 0, v)
+                } else {
+                    Ok(())
+                };
                 v.extend_from_slice(&s);
                 r.map(|_| Push::Stored)
             }
@@ -213,14 +264,17 @@ impl Buffers {
                     // MTE records first, so any trace chunk on disk can be symbolised even if
                     // the recording never finishes.
                     if let Store::Segment(m) = &mut self.mte {
-                        flush(&mut self.writer, STREAM_MTE, 0, m)?;
+                        flush(&mut self.writer, &self.live, STREAM_MTE, 0, m)?;
                     }
-                    flush(&mut self.writer, cpu as u16, 0, v)?;
+                    flush(&mut self.writer, &self.live, cpu as u16, 0, v)?;
                 }
                 v.extend_from_slice(rec);
             }
         }
         self.records[cpu] += 1;
+        if !control {
+            self.count_live(rec);
+        }
         Ok(Push::Stored)
     }
 
@@ -252,12 +306,14 @@ impl Buffers {
         summary.mte_records = self.mte_records;
         // MTE first: readers apply module changes before the branches that need them.
         match std::mem::replace(&mut self.mte, Store::Linear(Vec::new())) {
-            Store::Linear(mut v) | Store::Segment(mut v) => flush(&mut self.writer, STREAM_MTE, 0, &mut v)?,
+            Store::Linear(mut v) | Store::Segment(mut v) => flush(&mut self.writer, &self.live, STREAM_MTE, 0, &mut v)?,
             Store::Ring(_) => unreachable!(),
         }
         for cpu in 0..self.cpus.len() {
             match std::mem::replace(&mut self.cpus[cpu], Store::Linear(Vec::new())) {
-                Store::Linear(mut v) | Store::Segment(mut v) => flush(&mut self.writer, cpu as u16, 0, &mut v)?,
+                Store::Linear(mut v) | Store::Segment(mut v) => {
+                    flush(&mut self.writer, &self.live, cpu as u16, 0, &mut v)?
+                }
                 Store::Ring(mut ring) => {
                     let lost = self.lost[cpu];
                     let data = ring.make_contiguous();
@@ -276,13 +332,13 @@ impl Buffers {
                     }
                     out.extend_from_slice(data);
                     let flags = if lost > 0 { CHUNK_FLAG_WRAPPED } else { 0 };
-                    flush(&mut self.writer, cpu as u16, flags, &mut out)?;
+                    flush(&mut self.writer, &self.live, cpu as u16, flags, &mut out)?;
                 }
             }
         }
         let mut end = Vec::new();
         Record::Summary(summary).encode(&mut end)?;
-        flush(&mut self.writer, STREAM_END, 0, &mut end)?;
+        flush(&mut self.writer, &self.live, STREAM_END, 0, &mut end)?;
         self.writer.sync()?;
         Ok(self.writer.len())
     }
@@ -313,8 +369,9 @@ fn note_evicted(starts: &mut std::collections::HashMap<u32, u64>, r: &[u8]) {
     }
 }
 
-fn flush(w: &mut TraceWriter, stream: u16, flags: u16, v: &mut Vec<u8>) -> Result<(), FormatError> {
+fn flush(w: &mut TraceWriter, live: &LiveCounts, stream: u16, flags: u16, v: &mut Vec<u8>) -> Result<(), FormatError> {
     let r = w.write_chunk_atomic(stream, flags, v);
     v.clear();
+    live.bytes.store(w.len(), Ordering::Relaxed);
     r
 }

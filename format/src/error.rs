@@ -9,7 +9,7 @@ pub enum FormatError {
     Write(std::io::Error),
     #[error("{path} is empty: not a trace file")]
     Empty { path: PathBuf },
-    #[error("{path} is not an itrace trace file (magic {found:02x?}, expected \"ITRC\")")]
+    #[error("{path} is not an itrace trace file (its first bytes are {}, not \"ITRC\")", hex_bytes(found))]
     NotATrace { path: PathBuf, found: Vec<u8> },
     #[error(
         "{path}: trace format version {major}.{minor} is not supported (this itrace reads {}.x)",
@@ -20,4 +20,9 @@ pub enum FormatError {
     Corrupt { offset: u64, what: String },
     #[error("record of {len} bytes is too large for the trace format (limit 65532)")]
     RecordTooLarge { len: usize },
+}
+
+/// `0x72 0x6f 0x6f 0x74`: bytes as people read them in a message.
+fn hex_bytes(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:#04x}")).collect::<Vec<_>>().join(" ")
 }

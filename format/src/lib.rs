@@ -14,7 +14,7 @@ mod record;
 pub mod shm;
 mod writer;
 
-pub use buffers::{BufferConfig, Buffers, Push};
+pub use buffers::{BufferConfig, Buffers, LiveCounts, Push};
 
 /// The trace's clock: CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call; safe in a
 /// signal handler). Every recorder stamps its records with it.
