@@ -97,6 +97,70 @@ impl Program {
     }
 }
 
+/// The program, its dynamic loader and every shared library it links, directly or not, found as the dynamic
+/// loader finds them (DT_RUNPATH/DT_RPATH with $ORIGIN, LD_LIBRARY_PATH, /etc/ld.so.conf.d, the
+/// system directories). `None` when the program is not a readable ELF file or a library
+/// cannot be found here (the loader may still find it, through its cache or a preload).
+pub fn linked_objects(program: &Path) -> Option<Vec<PathBuf>> {
+    let arch = arch_of(program)?;
+    let mut dirs_conf: Vec<PathBuf> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/etc/ld.so.conf.d") {
+        let mut confs: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        confs.sort();
+        for c in confs {
+            let text = std::fs::read_to_string(&c).unwrap_or_default();
+            dirs_conf.extend(text.lines().map(str::trim).filter(|l| l.starts_with('/')).map(PathBuf::from));
+        }
+    }
+    let system: &[&str] = match arch {
+        Arch::I386 => &["/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu", "/lib32", "/usr/lib32", "/lib", "/usr/lib"],
+        _ => &["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"],
+    };
+    let env_dirs: Vec<PathBuf> =
+        std::env::var_os("LD_LIBRARY_PATH").map(|v| std::env::split_paths(&v).collect()).unwrap_or_default();
+    let mut found = vec![program.to_path_buf()];
+    let mut next = 0;
+    while next < found.len() {
+        let object = found[next].clone();
+        next += 1;
+        let bytes = std::fs::read(&object).ok()?;
+        let elf = goblin::elf::Elf::parse(&bytes).ok()?;
+        let origin = object.parent().unwrap_or(Path::new("/")).to_string_lossy().into_owned();
+        let own: Vec<PathBuf> = elf
+            .runpaths
+            .iter()
+            .chain(&elf.rpaths)
+            .flat_map(|p| p.split(':'))
+            .map(|d| PathBuf::from(d.replace("$ORIGIN", &origin).replace("${ORIGIN}", &origin)))
+            .collect();
+        if let Some(interp) = elf.interpreter {
+            let path = std::fs::canonicalize(interp).ok()?;
+            if !found.contains(&path) {
+                found.push(path);
+            }
+        }
+        for lib in &elf.libraries {
+            let candidates: Vec<PathBuf> = if lib.contains('/') {
+                vec![PathBuf::from(lib)]
+            } else {
+                own.iter()
+                    .chain(&env_dirs)
+                    .chain(&dirs_conf)
+                    .cloned()
+                    .chain(system.iter().map(PathBuf::from))
+                    .map(|d| d.join(lib))
+                    .collect()
+            };
+            let path = candidates.into_iter().find(|p| p.is_file() && arch_of(p) == Some(arch))?;
+            let path = std::fs::canonicalize(&path).unwrap_or(path);
+            if !found.contains(&path) {
+                found.push(path);
+            }
+        }
+    }
+    Some(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +188,23 @@ mod tests {
         set(&mut h, 1, 2, 20); // 32-bit PowerPC: not traced
         assert_eq!(arch_of_bytes(&h), None);
         assert_eq!(arch_of_bytes(b"#!/bin/sh\n"), None);
+    }
+
+    /// The libraries of /bin/ls and its loader as `ldd` lists them (glibc's loader is the truth).
+    #[test]
+    fn linked_objects_match_ldd() {
+        let ls = Path::new("/bin/ls");
+        let ldd = std::process::Command::new("ldd").arg(ls).output().expect("ldd (package libc-bin) runs");
+        let mut want: Vec<PathBuf> = String::from_utf8_lossy(&ldd.stdout)
+            .lines()
+            .filter_map(|l| l.split("=> ").nth(1).or_else(|| Some(l.trim()).filter(|l| l.starts_with('/'))))
+            .filter_map(|r| r.split_whitespace().next())
+            .map(|p| std::fs::canonicalize(p).unwrap())
+            .collect();
+        want.sort();
+        let mut got = linked_objects(ls).expect("all of ls's libraries found");
+        assert_eq!(got.remove(0), ls);
+        got.sort();
+        assert_eq!(got, want);
     }
 }
