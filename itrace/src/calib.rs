@@ -142,7 +142,10 @@ fn profile(command: &[OsString], dir: &Path, trace_path: &Path) -> Result<Run> {
     argv.extend(command.iter().cloned());
     let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).context("internal: record arguments")?;
     let crate::cli::Command::Record(rargs) = cli.command else { bail!("internal: not a record command") };
-    crate::record::run(*rargs)?;
+    // The summary, without the temporary trace's name (it is deleted unless --trace keeps it).
+    let mut summary = crate::record::run(&rargs)?;
+    summary.output = None;
+    summary.print();
     for v in ["ITRACE_HOOKIT_OUT", "ITRACE_HOOKIT_METRIC", "LD_BIND_NOW"] {
         std::env::remove_var(v);
     }

@@ -1,24 +1,35 @@
 //! Command-line definitions.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
     name = "itrace",
     version,
-    about = "Instruction and branch tracer for Linux: records every taken branch of a program (or a region of it) and writes PI-style arc files and reports."
+    about = "Instruction and branch tracer for Linux: records every taken branch of a program (or a region of it) and writes PI-style arc files and reports.",
+    after_help = ENVIRONMENT_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The environment variables itrace reads, for `--help` and the man page.
+pub const ENVIRONMENT_HELP: &str = "\
+Environment:
+  ITRACE_QEMU_PLUGIN  the TCG plugin of --backend qemu (default: next to itrace)
+  PATH                where `record` finds a program named without a slash
+  COLUMNS             report width when stdout is not a terminal (default 120)
+  LD_PRELOAD          `record --region` accepts a preloaded libitrace.so
+  QEMU_*              not passed to a program run by --backend qemu";
+
 #[derive(Subcommand)]
 pub enum Command {
-    /// Trace a program: launch it (`-- CMD ARGS`) or attach to a running one (`-p PID`).
+    /// Trace a program: launch it (`itrace record CMD ARGS`) or attach to a running one (`-p PID`).
     Record(Box<RecordArgs>),
     /// Write the arc file: one line per taken branch (PI's `post -arc`).
     Arc(ArcArgs),
@@ -28,6 +39,10 @@ pub enum Command {
     Dump(DumpArgs),
     /// Calibrate the hookit entry/exit profiler and validate it against the trace.
     Calib(crate::calib::CalibArgs),
+    /// Print a shell completion script: `itrace completions bash > /etc/bash_completion.d/itrace`.
+    Completions(CompletionsArgs),
+    /// Write man pages (itrace.1 and one per command) into a directory, or itrace.1 to stdout.
+    Man(ManArgs),
 }
 
 /// Recording backends.
@@ -153,8 +168,9 @@ pub struct RecordArgs {
     /// Environment variable for a program run with --qemu (repeatable); its environment is empty otherwise.
     #[arg(long = "env", value_name = "VAR=VALUE", requires = "qemu")]
     pub qemu_env: Vec<std::ffi::OsString>,
-    /// Program to launch and its arguments (after `--`).
-    #[arg(last = true, value_name = "CMD")]
+    /// Program to launch and its arguments. Everything after the program's name is its own
+    /// (`itrace record -o t.itr ./prog -v`); a `--` before it is allowed.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
 }
 
@@ -165,10 +181,30 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The trace file a reading command reads: `itrace report t.itr`, `itrace report -i t.itr`, or
+/// `itrace.itr` (what `record` writes by default), as perf does with perf.data.
+#[derive(Args)]
+pub struct TraceInput {
+    /// Trace file to read (default: itrace.itr).
+    #[arg(value_name = "TRACE")]
+    pub trace: Option<PathBuf>,
+    /// Trace file to read, as an option (perf's -i).
+    #[arg(short = 'i', long = "input", value_name = "TRACE", conflicts_with = "trace")]
+    pub input: Option<PathBuf>,
+}
+
+impl TraceInput {
+    pub const DEFAULT: &'static str = "itrace.itr";
+
+    pub fn path(&self) -> PathBuf {
+        self.trace.clone().or_else(|| self.input.clone()).unwrap_or_else(|| PathBuf::from(Self::DEFAULT))
+    }
+}
+
 #[derive(Args)]
 pub struct ArcArgs {
-    /// Trace file to read.
-    pub trace: PathBuf,
+    #[command(flatten)]
+    pub input: TraceInput,
     /// Where to write the arc file (default: standard output).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -176,20 +212,37 @@ pub struct ArcArgs {
 
 #[derive(Args)]
 pub struct ReportArgs {
-    /// Trace file to read.
-    pub trace: PathBuf,
+    #[command(flatten)]
+    pub input: TraceInput,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
     /// Rows per table in the text report (0: all).
     #[arg(long, default_value_t = 40)]
     pub top: usize,
+    /// Width the text tables fit to (default: the terminal's, else $COLUMNS, else 120).
+    #[arg(long, value_name = "COLUMNS")]
+    pub width: Option<usize>,
 }
 
 #[derive(Args)]
 pub struct DumpArgs {
-    /// Trace file to read.
-    pub trace: PathBuf,
+    #[command(flatten)]
+    pub input: TraceInput,
+}
+
+#[derive(Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args)]
+pub struct ManArgs {
+    /// Write itrace.1 and itrace-COMMAND.1 here (default: itrace.1 to standard output).
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
 }
 
 /// A progress bar on a terminal for reads of large traces; hidden otherwise.
@@ -208,28 +261,35 @@ pub fn progress(total: u64) -> indicatif::ProgressBar {
 }
 
 pub fn arc(args: ArcArgs) -> Result<ExitCode> {
-    let trace = itrace_post::open(&args.trace).with_context(|| format!("cannot read {}", args.trace.display()))?;
+    write_arc(&args.input.path(), args.output.as_deref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The arc file of `trace`, into `output` (with a line saying so) or onto stdout.
+pub fn write_arc(trace_path: &Path, output: Option<&Path>) -> Result<()> {
+    let trace = open_trace(trace_path)?;
     let pb = progress(trace.trace_bytes());
-    let out: Box<dyn std::io::Write> = match &args.output {
+    let out: Box<dyn std::io::Write> = match output {
         Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
         None => Box::new(std::io::stdout().lock()),
     };
     let out = std::io::BufWriter::with_capacity(1 << 16, out);
     let stats = itrace_post::arc::write_arc(&trace, out, &mut |done| pb.set_position(done))
-        .with_context(|| format!("cannot write the arc of {}", args.trace.display()))?;
+        .with_context(|| format!("cannot write the arc of {}", trace_path.display()))?;
     pb.finish_and_clear();
     warn_truncated(&trace);
-    if let Some(p) = &args.output {
+    if let Some(p) = output {
         eprintln!("itrace: wrote {} ({} lines)", p.display(), stats.lines);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 pub fn report(args: ReportArgs) -> Result<ExitCode> {
-    let trace = itrace_post::open(&args.trace).with_context(|| format!("cannot read {}", args.trace.display()))?;
+    let path = args.input.path();
+    let trace = open_trace(&path)?;
     let pb = progress(trace.trace_bytes());
     let report = itrace_post::report::build(&trace, &mut |done| pb.set_position(done))
-        .with_context(|| format!("cannot read {}", args.trace.display()))?;
+        .with_context(|| format!("cannot read {}", path.display()))?;
     pb.finish_and_clear();
     warn_truncated(&trace);
     let stdout = std::io::stdout().lock();
@@ -237,7 +297,64 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
     if args.json {
         report.write_json(&mut out)?;
     } else {
-        report.write_text(&mut out, args.top)?;
+        let width = args.width.unwrap_or_else(terminal_width);
+        report.write_text(&mut out, &itrace_post::report::TextOptions { top: args.top, width })?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Open a trace for reading; a missing default file gets a hint.
+pub fn open_trace(path: &Path) -> Result<itrace_post::Trace> {
+    if path == Path::new(TraceInput::DEFAULT) && !path.exists() {
+        bail!("no trace file {} here: name one, or record one with `itrace record`", path.display());
+    }
+    itrace_post::open(path).map_err(|e| naming(e, path))
+}
+
+/// An error about reading `path`, named once: errors that already name the file keep their
+/// own words.
+pub fn naming<E: std::error::Error + Send + Sync + 'static>(e: E, path: &Path) -> anyhow::Error {
+    if e.to_string().contains(&path.display().to_string()) {
+        anyhow::Error::new(e)
+    } else {
+        anyhow::Error::new(e).context(format!("cannot read {}", path.display()))
+    }
+}
+
+/// The width text tables fit to: the terminal's, else $COLUMNS, else 120.
+fn terminal_width() -> usize {
+    let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCGWINSZ writes a winsize into ws, a valid and exclusively borrowed struct.
+    let on_tty = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0;
+    if on_tty {
+        return ws.ws_col as usize;
+    }
+    std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()).filter(|&c: &usize| c > 0).unwrap_or(120)
+}
+
+pub fn completions(args: CompletionsArgs) -> Result<ExitCode> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut out = std::io::stdout().lock();
+    clap_complete::generate(args.shell, &mut cmd, "itrace", &mut out);
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn man(args: ManArgs) -> Result<ExitCode> {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    match &args.output {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            clap_mangen::generate_to(cmd, dir)
+                .with_context(|| format!("cannot write man pages into {}", dir.display()))?;
+            eprintln!("itrace: wrote man pages into {}", dir.display());
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            clap_mangen::Man::new(cmd).render(&mut out)?;
+            out.flush()?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,13 +1,14 @@
 //! `itrace dump`: the header and every record, one per line.
 
 use crate::cli::DumpArgs;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use itrace_format::{Record, TraceFile};
 use std::io::Write;
 use std::process::ExitCode;
 
 pub fn run(args: DumpArgs) -> Result<ExitCode> {
-    let t = TraceFile::open(&args.trace).with_context(|| format!("cannot read {}", args.trace.display()))?;
+    let path = args.input.path();
+    let t = TraceFile::open(&path).map_err(|e| crate::cli::naming(e, &path))?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let h = t.header();
     writeln!(

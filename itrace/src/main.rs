@@ -11,6 +11,8 @@ mod record;
 mod remote;
 mod signals;
 mod size;
+mod status;
+mod summary;
 
 use clap::error::ErrorKind;
 use clap::Parser;
@@ -22,30 +24,63 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e),
     };
     let result = match cli.command {
-        cli::Command::Record(args) => record::run(*args),
+        cli::Command::Record(args) => record::command(*args),
         cli::Command::Arc(args) => cli::arc(args),
         cli::Command::Report(args) => cli::report(args),
         cli::Command::Dump(args) => dump::run(args),
         cli::Command::Calib(args) => calib::run(args),
+        cli::Command::Completions(args) => cli::completions(args),
+        cli::Command::Man(args) => cli::man(args),
     };
     match result {
         Ok(code) => code,
+        // A reader that went away (`itrace arc t.itr | head`) ends the output, as with cat.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the context chain joined, as `itrace: what: why`.
-            eprintln!("itrace: {e:#}");
+            eprintln!("itrace: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
 }
 
-/// Help and version go to stdout as clap prints them; a usage error is one line on stderr.
+/// The error and its causes on one line, `what: why: why`, leaving out a cause whose text
+/// the message before it already says (typed errors often print their source themselves).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.to_string().contains("Broken pipe (os error 32)")
+    })
+}
+
+/// Help and version go to stdout as clap prints them, and exit 0; `itrace` with no command
+/// prints the help on stderr and exits 2 (a usage error); any other usage error is one line on
+/// stderr, exit 2.
 fn usage_error(e: clap::Error) -> ExitCode {
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        let _ = e.print();
-        return ExitCode::SUCCESS;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+        _ => {}
     }
     let text = e.render().to_string();
     let parts: Vec<&str> = text

@@ -5,12 +5,15 @@
 //! reports what the plugin wrote.
 
 use crate::cli::RecordArgs;
+use crate::size::human_size;
+use crate::status::{Source, StatusLine};
+use crate::summary::{self, ProgramEnd, RecordSummary};
 use anyhow::{anyhow, bail, Context, Result};
 use itrace_arch::gdb::{cross_sysroot, qemu_binary};
 use itrace_format::{Arch, StepMethod, StopReason};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, Stdio};
 
 /// File name of the plugin, looked for next to the itrace executable.
 const PLUGIN_FILE: &str = "libitrace_qemu.so";
@@ -169,7 +172,7 @@ fn parse_done(status: &str) -> Option<Done> {
     Some(d)
 }
 
-pub fn run(args: RecordArgs) -> Result<ExitCode> {
+pub fn run(args: &RecordArgs) -> Result<RecordSummary> {
     if args.pid.is_some() {
         bail!("--backend qemu launches the program under qemu-user: it cannot attach to a running process (-p)");
     }
@@ -187,7 +190,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             bail!("{} is not an ELF program itrace can trace: give its architecture with --arch", program.display())
         }
     };
-    let mode = crate::record::checked_mode(&args)?;
+    let mode = crate::record::checked_mode(args)?;
     let qemu = find_qemu(arch)?;
     let plugin = find_plugin()?;
     probe(&qemu, &plugin, arch, &program)?;
@@ -223,7 +226,10 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         qcmd.arg("-L").arg(root);
     }
     qcmd.arg("-plugin").arg(spec).arg(&program).args(args.command.iter().skip(1));
-    let exit = qcmd.status().with_context(|| format!("cannot run {}", qemu.display()))?;
+    let status_line = StatusLine::start(Source::File(out.clone()), None);
+    let exit = qcmd.status().with_context(|| format!("cannot run {}", qemu.display()));
+    status_line.finish();
+    let exit = exit?;
     let said = status.read();
     let qemu_name = qemu.file_name().unwrap_or_default().to_string_lossy().into_owned();
     let Some(done) = parse_done(&said) else {
@@ -245,39 +251,29 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     };
     if let Some(e) = &done.error {
         bail!(
-            "{e}; tracing stopped, the trace up to the failure is in {} ({} bytes)",
+            "{e}; tracing stopped, the trace up to the failure is in {} ({})",
             args.output.display(),
-            done.bytes
+            human_size(done.bytes)
         );
     }
     let why = match StopReason::from_code(done.stop) {
-        Some(StopReason::BufferFull) => "a buffer filled (normal mode); the program ran on untraced",
-        Some(StopReason::WriteError) => "the trace file could not be written",
         Some(StopReason::Detached) => "the program called exec (qemu-user runs the new program untraced)",
-        _ => "the program ended",
+        Some(r) => summary::why(r),
+        None => "the program ended",
     };
-    eprintln!(
-        "itrace: {} records ({} instructions, {} taken branches), {} lost, mode {mode}, {} (qemu plugin), {arch}, {} \
-         bytes in {}; tracing ended: {why}",
-        done.records,
-        done.instructions,
-        done.branches,
-        done.lost,
-        StepMethod::Emulated,
-        done.bytes,
-        args.output.display()
-    );
-    use std::os::unix::process::ExitStatusExt;
-    match (exit.code(), exit.signal()) {
-        (Some(c), _) if c != 0 => eprintln!("itrace: the program exited with status {c}"),
-        (None, Some(s)) => eprintln!("itrace: the program was killed by signal {s}"),
-        _ => {}
-    }
-    if args.arc {
-        let arc_path = args.output.with_extension("arc");
-        crate::cli::arc(crate::cli::ArcArgs { trace: args.output.clone(), output: Some(arc_path) })?;
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(RecordSummary {
+        records: done.records,
+        instructions: done.instructions,
+        branches: done.branches,
+        lost: done.lost,
+        mode,
+        step: format!("{} (qemu plugin)", StepMethod::Emulated),
+        arch: Some(arch),
+        bytes: done.bytes,
+        output: Some(args.output.clone()),
+        why: why.into(),
+        program: ProgramEnd::from_exit(exit),
+    })
 }
 
 #[cfg(test)]

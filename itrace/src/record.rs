@@ -2,6 +2,9 @@
 //! write the summary.
 
 use crate::cli::{BackendArg, ModeArg, RecordArgs};
+use crate::size::human_size;
+use crate::status::{Source, StatusLine};
+use crate::summary::{self, ProgramEnd, RecordSummary};
 use anyhow::{bail, Context, Result};
 use itrace_arch::ptrace::breakpoints::{Trigger, TriggerKind};
 use itrace_arch::ptrace::procfs::Mapping;
@@ -49,7 +52,20 @@ fn ncpu() -> u16 {
     n.clamp(1, u16::MAX as libc::c_long) as u16
 }
 
-pub fn run(args: RecordArgs) -> Result<ExitCode> {
+/// `itrace record`: record, print the summary, write the arc when asked, and exit with the
+/// program's status.
+pub fn command(args: RecordArgs) -> Result<ExitCode> {
+    let summary = run(&args)?;
+    summary.print();
+    if args.arc {
+        let arc_path = args.output.with_extension("arc");
+        crate::cli::write_arc(&args.output, Some(&arc_path))?;
+    }
+    Ok(summary.program.exit_code())
+}
+
+/// Record as `args` say; the trace is complete in `args.output` when this returns Ok.
+pub fn run(args: &RecordArgs) -> Result<RecordSummary> {
     if args.backend == BackendArg::Qemu {
         return crate::plugin::run(args);
     }
@@ -61,14 +77,17 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         (None, Some(cmd)) => {
             Target::Launch { program: resolve_program(cmd)?, args: args.command.clone(), aslr: args.aslr }
         }
-        (None, None) => bail!("nothing to trace: give a command after `--`, or `-p PID`"),
+        (None, None) => bail!("nothing to trace: give a command to run, or `-p PID`"),
     };
     if let Target::Attach { pid } = target {
         if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
             bail!("no process with pid {pid}");
         }
     }
-    let mode = checked_mode(&args)?;
+    let mode = checked_mode(args)?;
+    if let Target::Launch { program, .. } = &target {
+        check_functions_exist(program, args.start.iter().chain(&args.stop))?;
+    }
 
     // Block stepping only where the probe saw it stop at a branch target; the trace is the same either way.
     let block_step = args.emulate_block_step || ptrace::probe_singleblock() == BlockStep::Works;
@@ -107,7 +126,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     };
     let ncpu = ncpu();
     let no_aslr = matches!(target, Target::Launch { aslr: false, .. });
-    let mut buffers = open_trace(&args, arch, mode, step, ncpu, no_aslr)?;
+    let mut buffers = open_trace(args, arch, mode, step, ncpu, no_aslr)?;
     crate::signals::install(args.duration).context("cannot install signal handlers")?;
     let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
     if args.region {
@@ -130,8 +149,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         emulate_block_step: args.emulate_block_step,
         triggers: if wanted.is_empty() { None } else { Some(&resolve) },
     };
+    let status = StatusLine::start(Source::Buffers(buffers.live()), args.duration);
     let recorded = if kmod {
-        crate::kmod::record_args(&args, &target, mode, &mut buffers)
+        crate::kmod::record_args(args, &target, mode, &mut buffers)
     } else if let (true, Target::Launch { program, args: argv, aslr }) = (inproc, &target) {
         let ring = match mode {
             Mode::Continuous => args.segment_size.max(args.buffer_size.min(16 << 20)),
@@ -141,6 +161,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     } else {
         ptrace::record(&opts, &mut buffers).map_err(anyhow::Error::from)
     };
+    status.finish();
     let outcome = match recorded {
         Ok(o) => o,
         Err(e) => {
@@ -160,44 +181,51 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     };
     let finished = buffers.finish(summary);
     let size = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
-    let why = match stop_reason {
-        StopReason::Exited | StopReason::Signaled => "the program ended",
-        StopReason::Detached => "detached",
-        StopReason::BufferFull => "a buffer filled (normal mode); the program ran on untraced",
-        StopReason::WriteError => "the trace file could not be written",
-        StopReason::Vanished | StopReason::TracerError => "tracer error",
-        StopReason::RegionEnd => "the program ended",
-    };
     if let Some(e) = outcome.trigger_error {
         bail!("{e}");
     }
     if let Some(e) = outcome.write_error {
         // One line: what failed and what is kept.
-        bail!("{e}; tracing stopped, the trace up to the failure is in {} ({size} bytes)", args.output.display());
-    }
-    eprintln!(
-        "itrace: {} records ({} instructions, {} taken branches), {} lost, mode {}, {}, {} bytes in {}; tracing ended: {}",
-        records,
-        outcome.instructions,
-        outcome.branches,
-        lost,
-        mode,
-        step,
-        size,
-        args.output.display(),
-        why
-    );
-    match outcome.exit_status {
-        Some(code) if code < 0 => eprintln!("itrace: the program was killed by signal {}", signal_name(-code)),
-        Some(code) if code != 0 => eprintln!("itrace: the program exited with status {code}"),
-        _ => {}
+        bail!(
+            "{e}; tracing stopped, the trace up to the failure is in {} ({})",
+            args.output.display(),
+            human_size(size)
+        );
     }
     finished.with_context(|| format!("cannot finish writing {}", args.output.display()))?;
-    if args.arc {
-        let arc_path = args.output.with_extension("arc");
-        crate::cli::arc(crate::cli::ArcArgs { trace: args.output.clone(), output: Some(arc_path) })?;
+    Ok(RecordSummary {
+        records,
+        instructions: outcome.instructions,
+        branches: outcome.branches,
+        lost,
+        mode,
+        step: step.to_string(),
+        arch: None,
+        bytes: size,
+        output: Some(args.output.clone()),
+        why: summary::why(stop_reason).into(),
+        program: ProgramEnd::from_status(outcome.exit_status),
+    })
+}
+
+/// Fail before the program runs when a `--start`/`--stop` function is in neither the program
+/// nor the libraries it links (found as the dynamic loader would). When a library cannot be
+/// found here, the check is left to the run, which sees what is really mapped.
+fn check_functions_exist<'a>(program: &Path, names: impl Iterator<Item = &'a String>) -> Result<()> {
+    let names: Vec<&String> = names.collect();
+    if names.is_empty() {
+        return Ok(());
     }
-    Ok(ExitCode::SUCCESS)
+    let Some(objects) = itrace_arch::elf::linked_objects(program) else { return Ok(()) };
+    let mut symbols = SymbolCache::new();
+    for name in names {
+        let found =
+            objects.iter().any(|o| symbols.get(&o.to_string_lossy()).is_some_and(|m| m.find_function(name).is_some()));
+        if !found {
+            bail!("no function named {name} in {} or its libraries", program.display());
+        }
+    }
+    Ok(())
 }
 
 /// The architecture of the program to trace, from its ELF header (x86_64 when it is not ELF,
@@ -212,10 +240,6 @@ fn traced_arch(target: &Target) -> Result<Arch> {
         Some(a) => bail!("{} is a {a} program: trace it with --qemu {a}", exe.display()),
         None => Ok(Arch::X86_64),
     }
-}
-
-fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| sig.to_string())
 }
 
 /// Where the wanted functions are in process `pid`, given its executable mappings.

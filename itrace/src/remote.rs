@@ -3,12 +3,14 @@
 //! architectures under qemu-user, or any stub), into the same trace format.
 
 use crate::cli::RecordArgs;
+use crate::size::human_size;
+use crate::status::{Source, StatusLine};
+use crate::summary::{self, ProgramEnd, RecordSummary};
 use anyhow::{anyhow, bail, Context, Result};
 use itrace_arch::elf::Program;
 use itrace_arch::gdb::{self, Connection, Qemu, RemoteOptions};
 use itrace_format::{Arch, StepMethod, StopReason, Summary};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 const ARCHES: [Arch; 5] = [Arch::Ppc64le, Arch::Ppc64, Arch::S390x, Arch::I386, Arch::X86_64];
 
@@ -31,7 +33,7 @@ fn find_program(cmd: &Path) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("cannot run {}: command not found in PATH", cmd.display()))
 }
 
-pub fn run(args: RecordArgs) -> Result<ExitCode> {
+pub fn run(args: &RecordArgs) -> Result<RecordSummary> {
     let qemu_arch = args.qemu.as_deref().map(parse_arch).transpose()?;
     let program_path = match (&args.gdb_program, args.command.first()) {
         (Some(p), _) => Some(p.clone()),
@@ -54,7 +56,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             bail!("--gdb: cannot tell the target's architecture: give its program with --gdb-program PATH (or -- PATH)")
         }
     };
-    let mode = crate::record::checked_mode(&args)?;
+    let mode = crate::record::checked_mode(args)?;
 
     // Start the program (or reach the stub) before creating the trace file.
     let (qemu, mut conn): (Option<Qemu>, Connection) = match (qemu_arch, &args.gdb) {
@@ -67,7 +69,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         (None, None) => unreachable!("remote::run is only called with --qemu or --gdb"),
     };
 
-    let mut buffers = crate::record::open_trace(&args, arch, mode, StepMethod::GdbStep, 1, false)?;
+    let mut buffers = crate::record::open_trace(args, arch, mode, StepMethod::GdbStep, 1, false)?;
     crate::signals::install(args.duration).context("cannot install signal handlers")?;
     let arch_impl = itrace_arch::for_arch(arch);
     let process_name = program_path
@@ -85,7 +87,10 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         stub_steps_over_breakpoints: qemu.is_some(),
         stop: &crate::signals::STOP,
     };
-    let result = match gdb::record(&mut conn, &opts, &mut buffers) {
+    let status = StatusLine::start(Source::Buffers(buffers.live()), args.duration);
+    let recorded = gdb::record(&mut conn, &opts, &mut buffers);
+    status.finish();
+    let result = match recorded {
         Ok(r) => r,
         Err(e) => {
             drop(buffers);
@@ -116,36 +121,28 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     }
     finished.with_context(|| format!("cannot finish writing {}", args.output.display()))?;
     if let Some(e) = result.error {
-        bail!("{e}; tracing stopped, the trace up to there is in {} ({size} bytes)", args.output.display());
+        bail!("{e}; tracing stopped, the trace up to there is in {} ({})", args.output.display(), human_size(size));
     }
     if let Some(e) = outcome.write_error {
-        bail!("{e}; tracing stopped, the trace up to the failure is in {} ({size} bytes)", args.output.display());
+        bail!(
+            "{e}; tracing stopped, the trace up to the failure is in {} ({})",
+            args.output.display(),
+            human_size(size)
+        );
     }
-    let why = match stop_reason {
-        StopReason::Exited | StopReason::Signaled => "the program ended",
-        StopReason::Detached => "detached",
-        StopReason::BufferFull => "a buffer filled (normal mode); the program ran on untraced",
-        StopReason::WriteError => "the trace file could not be written",
-        _ => "tracer error",
-    };
-    eprintln!(
-        "itrace: {records} records ({} instructions, {} taken branches), {lost} lost, mode {mode}, {}, {arch}, {size} \
-         bytes in {}; tracing ended: {why}",
-        outcome.instructions,
-        outcome.branches,
-        StepMethod::GdbStep,
-        args.output.display(),
-    );
-    match outcome.exit_status {
-        Some(code) if code < 0 => eprintln!("itrace: the program was killed by signal {}", -code),
-        Some(code) if code != 0 => eprintln!("itrace: the program exited with status {code}"),
-        _ => {}
-    }
-    if args.arc {
-        let arc_path = args.output.with_extension("arc");
-        crate::cli::arc(crate::cli::ArcArgs { trace: args.output.clone(), output: Some(arc_path) })?;
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(RecordSummary {
+        records,
+        instructions: outcome.instructions,
+        branches: outcome.branches,
+        lost,
+        mode,
+        step: StepMethod::GdbStep.to_string(),
+        arch: Some(arch),
+        bytes: size,
+        output: Some(args.output.clone()),
+        why: summary::why(stop_reason).into(),
+        program: ProgramEnd::from_status(outcome.exit_status),
+    })
 }
 
 use itrace_format::now_ns;

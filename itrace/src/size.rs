@@ -1,4 +1,4 @@
-//! Sizes on the command line: `65536`, `64K`, `8M`, `1G` (powers of 1024).
+//! Sizes on the command line (`65536`, `64K`, `8M`, `1G`: powers of 1024) and in messages.
 
 /// Parse a byte size with an optional K, M or G suffix.
 pub fn parse_size(s: &str) -> Result<usize, String> {
@@ -19,9 +19,33 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("size '{s}' is out of range"))
 }
 
+/// A byte count for people: `512 bytes`, `64.0 KiB`, `974.5 MiB`, `2.3 GiB`.
+pub fn human_size(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} bytes");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{human_size, parse_size};
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_size(0), "0 bytes");
+        assert_eq!(human_size(1023), "1023 bytes");
+        assert_eq!(human_size(65536), "64.0 KiB");
+        assert_eq!(human_size(1_021_852_956), "974.5 MiB");
+        assert_eq!(human_size(3 << 30), "3.0 GiB");
+    }
 
     #[test]
     fn units() {
