@@ -468,13 +468,13 @@ fn check_dynamic(arch: &str) {
     let trace = record_qemu(arch, &bin, &dir);
     let report = report_json(&trace);
     assert_eq!(report["total_instructions"].as_u64(), Some(pcs.len() as u64), "{arch}: instructions");
-    let text = itrace(["report".as_ref(), trace.as_os_str()]).stdout;
     let libc = format!("{sysroot}/lib/libc.so.6");
-    let malloc = text.lines().find(|l| l.contains(" malloc ") && l.trim_end().ends_with(&libc));
-    assert!(malloc.is_some(), "{arch}: malloc not resolved in {libc}:\n{text}");
-    let unknown: Vec<&str> =
-        text.lines().filter(|l| l.trim_end().rsplit(' ').next().unwrap().starts_with("0x")).collect();
-    assert!(unknown.is_empty(), "{arch}: blocks outside any known module:\n{}", unknown.join("\n"));
+    let functions = report["functions"].as_array().unwrap();
+    let malloc = functions.iter().find(|f| f["name"] == "malloc" && f["module"] == libc.as_str());
+    assert!(malloc.is_some(), "{arch}: malloc not resolved in {libc}:\n{report:#}");
+    let unknown: Vec<&serde_json::Value> =
+        functions.iter().filter(|f| f["module"].as_str().unwrap_or("").starts_with("0x")).collect();
+    assert!(unknown.is_empty(), "{arch}: blocks outside any known module: {unknown:?}");
 }
 
 #[test]
