@@ -85,9 +85,6 @@ pub fn run(args: &RecordArgs) -> Result<RecordSummary> {
         }
     }
     let mode = checked_mode(args)?;
-    if let Target::Launch { program, .. } = &target {
-        check_functions_exist(program, args.start.iter().chain(&args.stop))?;
-    }
 
     // Block stepping only where the probe saw it stop at a branch target; the trace is the same either way.
     let block_step = args.emulate_block_step || ptrace::probe_singleblock() == BlockStep::Works;
@@ -108,6 +105,9 @@ pub fn run(args: &RecordArgs) -> Result<RecordSummary> {
     };
     let arch = traced_arch(&target)?;
     let kmod = crate::kmod::chosen(args.backend, !args.start.is_empty() || !args.stop.is_empty(), arch)?;
+    if let Target::Launch { program, .. } = &target {
+        check_functions_exist(program, args.start.iter().chain(&args.stop))?;
+    }
     if let (true, Target::Launch { program, .. }) = (inproc || (kmod && args.region), &target) {
         if !crate::inproc::uses_libitrace(program) {
             bail!(
