@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# itrace benchmark: recording rate vs. a raw ptrace single-step loop, and
-# post-processing throughput of `itrace arc` / `itrace report`.
+# itrace benchmark: recording rate vs. a raw ptrace single-step loop (pinned
+# to one CPU as itrace pins itself, and unpinned), and post-processing
+# throughput of `itrace arc` / `itrace report`.
 # A benchmark, not a test: it exits non-zero only if something failed to run.
 # See bench/README.md.  Knobs (environment):
-#   BENCH_REPS=3            repetitions of each timed command (median is used)
+#   BENCH_REPS=5            repetitions of each timed command (recording: the best run of
+#                           each is compared, medians shown too; post-processing: median)
 #   BENCH_RAW_SECONDS=2.5   size the recording workload for this long a raw run
 #   BENCH_N=                workload iterations (overrides BENCH_RAW_SECONDS)
 #   BENCH_BIG_BRANCHES=1200000  taken branches wanted in the post-processing trace
@@ -18,7 +20,7 @@ export LC_ALL=C
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 OUT=${BENCH_OUT:-$HERE/build}
-REPS=${BENCH_REPS:-3}
+REPS=${BENCH_REPS:-5}
 RAW_SECONDS=${BENCH_RAW_SECONDS:-2.5}
 BIG_BRANCHES=${BENCH_BIG_BRANCHES:-1200000}
 BIG_BUDGET=${BENCH_BIG_BUDGET:-70}
@@ -33,6 +35,8 @@ now() { date +%s.%N; }
 # calc EXPR: floating-point arithmetic with awk.
 calc() { awk "BEGIN { x = ($1); printf \"%.6g\n\", x }"; }
 calci() { awk "BEGIN { x = ($1); printf \"%d\n\", x }"; }
+# best (largest) of the numbers on stdin (one per line)
+best() { grep . | sort -g | awk '{ x = $1 } END { if (NR == 0) exit 1; print x }'; }
 # median of the numbers on stdin (one per line)
 median() {
     grep . | sort -g | awk '{ a[++n] = $1 } END { if (n == 0) exit 1;
@@ -83,24 +87,33 @@ cd "$OUT" || exit 1
 
 # ---------------------------------------------------------------- machine
 NPROC=$(nproc)
-CPU_MODEL=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n1)
+# (filters that stop early read files, never a pipe: no SIGPIPE under pipefail)
+CPU_MODEL=$(sed -n '/^model name[[:space:]]*:[[:space:]]*/{s///p;q;}' /proc/cpuinfo)
 [ -n "$CPU_MODEL" ] || CPU_MODEL=$(uname -m)
 VIRT=""
 grep -qw hypervisor /proc/cpuinfo && VIRT=" (virtual machine)"
 KERNEL=$(uname -r)
+# The baseline pinned the way itrace pins itself (arch/src/ptrace/engine.rs): the traced
+# thread on the first CPU itrace may run on, and the tracer on the traced thread's CPU, so a
+# step is a ping-pong on one CPU. `taskset -c CPU raw_step` puts raw_step and its tracee
+# (affinity is inherited through fork and exec) on that same first allowed CPU.
+PIN_CPU=$(awk '/^Cpus_allowed_list:/ { split($2, a, /[-,]/); print a[1]; exit }' /proc/self/status)
+[ -n "$PIN_CPU" ] || PIN_CPU=0
+command -v taskset >/dev/null || { fail "taskset (util-linux) is needed for the pinned baseline"; exit 1; }
 
-# raw_run LOG ARGS...: raw_step on ./workload; sets RR_STEPS, RR_WALL (seconds,
-# measured outside, like itrace's) and RR_SECS (raw_step's own timing).
+# raw_run LOG pinned|unpinned ARGS...: raw_step on ./workload; sets RR_STEPS, RR_WALL
+# (seconds, measured outside, like itrace's) and RR_SECS (raw_step's own timing).
 raw_run() {
-    local log=$1; shift
-    local t0 t1 rc
+    local log=$1 how=$2; shift 2
+    local t0 t1 rc pin=()
+    [ "$how" = pinned ] && pin=(taskset -c "$PIN_CPU")
     t0=$(now)
-    ./raw_step ./workload "$@" >"$log.out" 2>"$log.err"
+    "${pin[@]}" ./raw_step ./workload "$@" >"$log.out" 2>"$log.err"
     rc=$?
     t1=$(now)
     RR_STEPS=$(field steps "$log.err")
     if [ $rc -ne 0 ] || [ -z "$RR_STEPS" ]; then
-        fail "raw_step ./workload $* (exit $rc): $(tail -n3 "$log.err")"
+        fail "raw_step ($how) ./workload $* (exit $rc): $(tail -n3 "$log.err")"
         return 1
     fi
     RR_WALL=$(calc "$t1 - $t0")
@@ -110,12 +123,12 @@ raw_run() {
 exit_desc() { if [ "$1" -eq 124 ]; then echo "timed out after ${2}s"; else echo "exit $1"; fi; }
 
 # ---------------------------------------------------------------- calibrate
-say "calibrating the workload size"
-raw_run "$SCRATCH/cal0" 0 || exit 1
+say "calibrating the workload size (raw_step pinned to CPU $PIN_CPU)"
+raw_run "$SCRATCH/cal0" pinned 0 || exit 1
 BASE_STEPS=$RR_STEPS
-raw_run "$SCRATCH/cal1" 400 || exit 1
+raw_run "$SCRATCH/cal1" pinned 400 || exit 1
 CAL_STEPS=$RR_STEPS CAL_SECS=$RR_SECS
-raw_run "$SCRATCH/cal2" 2000 branchy || exit 1
+raw_run "$SCRATCH/cal2" pinned 2000 branchy || exit 1
 BR_STEPS=$RR_STEPS
 PER_ITER=$(calc "($CAL_STEPS - $BASE_STEPS) / 400")
 BR_PER_ITER=$(calc "($BR_STEPS - $BASE_STEPS) / 2000")
@@ -127,21 +140,25 @@ else
     [ "$N" -ge 500 ] || N=500
 fi
 say "start-up $BASE_STEPS instructions, mix $PER_ITER/iteration, branchy $BR_PER_ITER/iteration;" \
-    "raw rate ~$(fmt "$CAL_RATE")/s -> N=$N"
+    "pinned raw rate ~$(fmt "$CAL_RATE")/s -> N=$N"
 
 # ---------------------------------------------------------------- recording
-RAW_RATES=() IT_RATES=() RAW_WALLS=()
+RAW_RATES=() RAWU_RATES=() IT_RATES=() RAW_WALLS=()
 RAW_STEPS="" IT_INSNS="" IT_BRANCHES="" IT_TRACE_BYTES=""
 CHECKSUM=""
 SMALL_TRACE=$SCRATCH/x.itr
 it_ok=$have_itrace
 for ((r = 1; r <= REPS; r++)); do
-    say "recording, repetition $r/$REPS: raw_step"
-    if raw_run "$SCRATCH/raw$r" "$N"; then
+    say "recording, repetition $r/$REPS: raw_step pinned to CPU $PIN_CPU"
+    if raw_run "$SCRATCH/raw$r" pinned "$N"; then
         RAW_STEPS=$RR_STEPS
         RAW_WALLS+=("$RR_WALL")
         RAW_RATES+=("$(calc "$RR_STEPS / $RR_WALL")")
         CHECKSUM=$(cat "$SCRATCH/raw$r.out")
+    fi
+    say "recording, repetition $r/$REPS: raw_step unpinned"
+    if raw_run "$SCRATCH/rawu$r" unpinned "$N"; then
+        RAWU_RATES+=("$(calc "$RR_STEPS / $RR_WALL")")
     fi
     [ "$it_ok" = 1 ] || continue
     say "recording, repetition $r/$REPS: itrace record"
@@ -174,13 +191,17 @@ for ((r = 1; r <= REPS; r++)); do
     IT_TRACE_BYTES=$(stat -c %s "$SMALL_TRACE")
     IT_RATES+=("$(calc "$insns / ($t1 - $t0)")")
 done
-RAW_RATE=$(printf '%s\n' "${RAW_RATES[@]}" | median || echo n/a)
-IT_RATE=$(printf '%s\n' "${IT_RATES[@]}" | median || echo n/a)
-if [ "$it_ok" = 1 ] && [ "$RAW_RATE" != n/a ] && [ "$IT_RATE" != n/a ]; then
-    REC_RATIO=$(calc "$IT_RATE / $RAW_RATE")
-else
-    REC_RATIO=n/a
-fi
+# best_of / median_of NAME: of the array NAME (n/a if empty)
+best_of() { local -n a=$1; if [ ${#a[@]} -gt 0 ]; then printf '%s\n' "${a[@]}" | best || echo n/a; else echo n/a; fi; }
+median_of() { local -n a=$1; if [ ${#a[@]} -gt 0 ]; then printf '%s\n' "${a[@]}" | median || echo n/a; else echo n/a; fi; }
+RAW_RATE=$(best_of RAW_RATES) RAW_MED=$(median_of RAW_RATES)
+RAWU_RATE=$(best_of RAWU_RATES) RAWU_MED=$(median_of RAWU_RATES)
+IT_MED=$(median_of IT_RATES)
+IT_RATE=$(best_of IT_RATES)
+[ "$it_ok" = 1 ] || IT_RATE=n/a
+# ratio A B: A / B with two decimals, or n/a
+ratio2() { case "$1$2" in *n/a*|'') echo n/a ;; *) printf '%.2f' "$(calc "$1 / $2")" ;; esac; }
+REC_RATIO=$(ratio2 "$IT_RATE" "$RAW_RATE")
 
 # ---------------------------------------------------------------- big trace
 BIG_TRACE=$SCRATCH/big.itr
@@ -189,7 +210,8 @@ BIG_REC_RATE=n/a
 POST_TRACE=""
 if [ "$it_ok" = 1 ] && [ "$IT_RATE" != n/a ]; then
     mode_args=()
-    if "$ITRACE" record --help 2>&1 | grep -q continuous; then
+    help=$("$ITRACE" record --help 2>&1) || true
+    if grep -q continuous <<<"$help"; then
         mode_args=(--mode continuous)
     fi
     iters=$(calci "($BIG_BRANCHES + 2) / 3")            # call, ret, jne per iteration
@@ -284,11 +306,17 @@ echo "== itrace benchmark =="
 echo "machine:  $CPU_MODEL$VIRT, nproc $NPROC, Linux $KERNEL"
 echo "itrace:   $ITRACE"
 echo
-echo "recording: ./workload $N (mix), median of $REPS alternating runs, wall clock"
-printf '  %-30s %14s %10s\n' "" "instr/s" "vs raw"
-printf '  %-30s %14s %10s\n' "raw ptrace single-step loop" "$(fmt "$RAW_RATE")" "1.00"
-printf '  %-30s %14s %10s   (target >= %s)\n' "itrace record" "$(fmt "$IT_RATE")" \
-    "$(case $REC_RATIO in n/a) echo n/a ;; *) printf '%.2f' "$REC_RATIO" ;; esac)" "$RECORD_TARGET"
+echo "recording: ./workload $N (mix), $REPS alternating runs of each, wall clock;"
+echo "  the baseline is the raw loop pinned as itrace pins itself (tracer and tracee on CPU $PIN_CPU)"
+printf '  %-44s %14s %14s %20s\n' "" "instr/s, best" "median" "best vs pinned raw"
+printf '  %-44s %14s %14s %20s\n' "raw ptrace single-step loop, pinned (CPU $PIN_CPU)" "$(fmt "$RAW_RATE")" \
+    "$(fmt "$RAW_MED")" "$(ratio2 "$RAW_RATE" "$RAW_RATE")"
+printf '  %-44s %14s %14s %20s\n' "raw ptrace single-step loop, unpinned" "$(fmt "$RAWU_RATE")" \
+    "$(fmt "$RAWU_MED")" "$(ratio2 "$RAWU_RATE" "$RAW_RATE")"
+printf '  %-44s %14s %14s %20s   (target >= %s)\n' "itrace record" "$(fmt "$IT_RATE")" "$(fmt "$IT_MED")" \
+    "$REC_RATIO" "$RECORD_TARGET"
+echo "  itrace record is $REC_RATIO of the pinned raw loop (the baseline)," \
+    "and $(ratio2 "$IT_RATE" "$RAWU_RATE")x the unpinned one (not a fair baseline: its tracer and tracee wake each other across CPUs)"
 echo "  instructions: raw_step ${RAW_STEPS:-n/a} steps, itrace total_instructions ${IT_INSNS:-n/a}" \
     "(difference $( [ -n "$RAW_STEPS" ] && [ -n "$IT_INSNS" ] && echo $((IT_INSNS - RAW_STEPS)) || echo n/a))"
 echo "  trace: ${IT_BRANCHES:-n/a} branch records, ${IT_TRACE_BYTES:-n/a} bytes"
