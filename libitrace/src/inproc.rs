@@ -17,6 +17,7 @@
 //! processes created inside a region (their inherited trap flag is cleared
 //! at their first step), code after an exec.
 
+use crate::sigchain;
 use itrace_decoders::{x86, Flow, Insn};
 use itrace_format::shm::{self, CpuCtl, Header, Slot};
 use std::cell::UnsafeCell;
@@ -32,8 +33,6 @@ const STATE_ON: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(STATE_UNKNOWN);
 static SHARED: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
-/// The program's own SIGTRAP disposition when the recorder took over (chained to).
-static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 
 const CACHE: usize = 1024;
 
@@ -105,31 +104,12 @@ fn init() -> bool {
         return false;
     }
     SHARED.store(base.cast(), Ordering::Release);
-    // SAFETY: installing a handler with a fully initialised sigaction; the old one is kept
-    // (leaked on purpose: the handler may chain to it for the life of the process).
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_trap as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
-        if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
-            return false;
-        }
-        PREVIOUS.store(old, Ordering::Release);
-    }
-    true
+    sigchain::take_over(on_trap)
 }
 
 /// Whether the in-process recorder runs in this process (set up by an earlier ITraceOn).
 pub(crate) fn running() -> bool {
     STATE.load(Ordering::Acquire) == STATE_ON
-}
-
-/// The program's SIGTRAP disposition the recorder chains to, once the recorder owns SIGTRAP.
-pub(crate) fn chained_sigtrap() -> Option<*mut libc::sigaction> {
-    let p = PREVIOUS.load(Ordering::Acquire);
-    (running() && !p.is_null()).then_some(p)
 }
 
 fn header() -> Option<&'static Header> {
@@ -324,7 +304,7 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     // SAFETY: the kernel passes valid siginfo and ucontext pointers to an SA_SIGINFO handler.
     let (code, uc) = unsafe { ((*info).si_code, &mut *(ctx as *mut libc::ucontext_t)) };
     if code != TRAP_TRACE {
-        chain(sig, info, ctx);
+        sigchain::forward(sig, info, ctx);
         return;
     }
     let gregs = &mut uc.uc_mcontext.gregs;
@@ -379,40 +359,6 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             }
         }
     });
-}
-
-/// Pass a SIGTRAP that is not a step of ours to the disposition the program had.
-fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let prev = PREVIOUS.load(Ordering::Acquire);
-    if prev.is_null() {
-        return;
-    }
-    // SAFETY: PREVIOUS points to the sigaction saved at install time, never freed.
-    let prev = unsafe { &*prev };
-    match prev.sa_sigaction {
-        libc::SIG_IGN => {}
-        libc::SIG_DFL => {
-            // Default action: die of SIGTRAP as the program would have (libc's sigaction: ours
-            // would only record the request).
-            // SAFETY: a zeroed sigaction is SIG_DFL with no flags; raise has no preconditions.
-            unsafe {
-                let dfl: libc::sigaction = std::mem::zeroed();
-                crate::interpose::real_sigaction(sig, &dfl);
-                libc::raise(sig);
-            }
-        }
-        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
-            // SAFETY: the program installed this handler with SA_SIGINFO for these arguments.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(h) };
-            f(sig, info, ctx);
-        }
-        h => {
-            // SAFETY: a plain handler taking the signal number.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
-            f(sig);
-        }
-    }
 }
 
 fn with_state<R>(f: impl FnOnce(&mut ThreadState) -> R) -> R {

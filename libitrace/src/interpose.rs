@@ -3,31 +3,17 @@
 //! `signal`, `sigprocmask` and `pthread_sigmask` take precedence over
 //! libc's for the program (it links libitrace, or preloads it) and
 //! - keep the recorder's handler installed, recording the program's handler
-//!   as the one SIGTRAPs that are not steps are passed to;
+//!   as the one SIGTRAPs that are not steps are passed to (in
+//!   [`crate::sigchain`]);
 //! - keep SIGTRAP unblocked (a blocked synchronous SIGTRAP would kill the
 //!   thread), remembering nothing: the program simply never has it blocked
 //!   while a region can run.
 //!
 //! Before the recorder is installed (no region yet, or not under itrace),
-//! every call goes straight to libc's function (found with
-//! `dlsym(RTLD_NEXT)`). Programs that make the system calls directly are
+//! every call goes straight to libc's function ([`crate::real`]). Programs that make the system calls directly are
 //! not covered.
 
-use crate::inproc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// libc's definition of `name`, cached in `slot`.
-fn real(slot: &AtomicUsize, name: &std::ffi::CStr) -> usize {
-    let f = slot.load(Ordering::Acquire);
-    if f != 0 {
-        return f;
-    }
-    // SAFETY: dlsym with a valid NUL-terminated name; RTLD_NEXT finds the next definition
-    // after this library (libc's).
-    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-    slot.store(f, Ordering::Release);
-    f
-}
+use crate::{real, sigchain};
 
 /// `sigaction(2)`: SIGTRAP goes to the recorder's chain while it is installed.
 ///
@@ -40,43 +26,27 @@ pub unsafe extern "C" fn sigaction(
     old: *mut libc::sigaction,
 ) -> libc::c_int {
     if sig == libc::SIGTRAP {
-        if let Some(prev) = inproc::chained_sigtrap() {
-            // SAFETY: `prev` is the recorder's saved disposition; act/old are the caller's.
-            unsafe {
-                if !old.is_null() {
-                    *old = *prev;
-                }
-                if !act.is_null() {
-                    *prev = *act;
-                }
+        let chained = sigchain::with_program_disposition(|prev| {
+            if !old.is_null() {
+                // SAFETY: the caller's `old`, not null, so valid for writes (this function's contract).
+                unsafe { *old = *prev };
             }
+            if !act.is_null() {
+                // SAFETY: the caller's `act`, not null, so valid for reads (this function's contract).
+                *prev = unsafe { *act };
+            }
+        });
+        if chained.is_some() {
             return 0;
         }
     }
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    let f = real(&REAL, c"sigaction");
-    if f == 0 {
-        // SAFETY: setting errno for our caller.
+    let Some(f) = real::SIGACTION.get() else {
+        // SAFETY: __errno_location points to this thread's errno; set for our caller.
         unsafe { *libc::__errno_location() = libc::ENOSYS };
         return -1;
-    }
-    // SAFETY: libc's sigaction, with the caller's arguments.
-    let f: unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int =
-        unsafe { std::mem::transmute(f) };
+    };
+    // SAFETY: libc's sigaction, with the caller's arguments (valid by this function's contract).
     unsafe { f(sig, act, old) }
-}
-
-/// libc's own `sigaction`, bypassing the recorder (to restore a default disposition).
-pub(crate) fn real_sigaction(sig: libc::c_int, act: &libc::sigaction) -> bool {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    let f = real(&REAL, c"sigaction");
-    if f == 0 {
-        return false;
-    }
-    // SAFETY: libc's sigaction with a valid action and no old-action pointer.
-    let f: unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int =
-        unsafe { std::mem::transmute(f) };
-    unsafe { f(sig, act, std::ptr::null_mut()) == 0 }
 }
 
 /// `signal(3)`: as `sigaction` for SIGTRAP while the recorder is installed.
@@ -86,63 +56,46 @@ pub(crate) fn real_sigaction(sig: libc::c_int, act: &libc::sigaction) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     if sig == libc::SIGTRAP {
-        if let Some(prev) = inproc::chained_sigtrap() {
-            // SAFETY: `prev` is the recorder's saved disposition.
-            let old = unsafe { (*prev).sa_sigaction };
-            unsafe {
-                (*prev).sa_sigaction = handler;
-                (*prev).sa_flags = libc::SA_RESTART;
-            }
+        let chained = sigchain::with_program_disposition(|prev| {
+            let old = prev.sa_sigaction;
+            prev.sa_sigaction = handler;
+            prev.sa_flags = libc::SA_RESTART;
+            old
+        });
+        if let Some(old) = chained {
             return old;
         }
     }
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    let f = real(&REAL, c"signal");
-    if f == 0 {
-        return libc::SIG_ERR;
-    }
+    let Some(f) = real::SIGNAL.get() else { return libc::SIG_ERR };
     // SAFETY: libc's signal, with the caller's arguments.
-    let f: unsafe extern "C" fn(libc::c_int, libc::sighandler_t) -> libc::sighandler_t =
-        unsafe { std::mem::transmute(f) };
     unsafe { f(sig, handler) }
 }
 
-/// A copy of `set` without SIGTRAP when the recorder is installed and `how` would block it.
-unsafe fn without_sigtrap(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    copy: &mut libc::sigset_t,
-) -> *const libc::sigset_t {
-    if set.is_null() || how == libc::SIG_UNBLOCK || inproc::chained_sigtrap().is_none() {
-        return set;
-    }
-    // SAFETY: `set` is the caller's valid set; `copy` is ours.
-    unsafe {
-        *copy = *set;
-        libc::sigdelset(copy, libc::SIGTRAP);
-    }
-    copy
-}
-
-/// Call libc's mask function `name` (sigprocmask or pthread_sigmask, same signature) with the
-/// caller's arguments, SIGTRAP taken out of `set`; `missing` is returned if libc lacks it.
+/// Call libc's mask function `real` (sigprocmask or pthread_sigmask) with the caller's
+/// arguments, SIGTRAP taken out of `set` when the recorder is installed and `how` would block
+/// it; `missing` is returned if libc lacks the function.
+///
+/// # Safety
+/// As libc's `sigprocmask`: `set` and `old` are null or valid.
 unsafe fn forward_mask(
-    slot: &AtomicUsize,
-    name: &std::ffi::CStr,
+    real: &real::Next<real::SigmaskFn>,
     missing: libc::c_int,
     how: libc::c_int,
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    let mut copy: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let set = unsafe { without_sigtrap(how, set, &mut copy) };
-    let f = real(slot, name);
-    if f == 0 {
-        return missing;
-    }
-    // SAFETY: libc's function of this signature, with the caller's (possibly filtered) arguments.
-    let f: unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int =
-        unsafe { std::mem::transmute(f) };
+    let mut copy: libc::sigset_t;
+    let set = if set.is_null() || how == libc::SIG_UNBLOCK || !sigchain::owned() {
+        set
+    } else {
+        // SAFETY: the caller's `set`, not null, so valid for reads (this function's contract).
+        copy = unsafe { *set };
+        // SAFETY: `copy` is a valid set of ours.
+        unsafe { libc::sigdelset(&mut copy, libc::SIGTRAP) };
+        &copy
+    };
+    let Some(f) = real.get() else { return missing };
+    // SAFETY: libc's function of this prototype, with the caller's (possibly filtered) arguments.
     unsafe { f(how, set, old) }
 }
 
@@ -156,9 +109,8 @@ pub unsafe extern "C" fn sigprocmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    // SAFETY: the caller's arguments, as for libc's sigprocmask.
-    unsafe { forward_mask(&REAL, c"sigprocmask", -1, how, set, old) }
+    // SAFETY: the caller's arguments, valid as for libc's sigprocmask.
+    unsafe { forward_mask(&real::SIGPROCMASK, -1, how, set, old) }
 }
 
 /// `pthread_sigmask(3)`: never blocks SIGTRAP while the recorder is installed.
@@ -171,7 +123,6 @@ pub unsafe extern "C" fn pthread_sigmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    // SAFETY: the caller's arguments, as for libc's pthread_sigmask.
-    unsafe { forward_mask(&REAL, c"pthread_sigmask", libc::ENOSYS, how, set, old) }
+    // SAFETY: the caller's arguments, valid as for libc's pthread_sigmask.
+    unsafe { forward_mask(&real::PTHREAD_SIGMASK, libc::ENOSYS, how, set, old) }
 }

@@ -23,6 +23,8 @@ mod entry;
 pub mod inproc;
 mod interpose;
 mod kmod;
+mod real;
+mod sigchain;
 
 // The C entry points are naked stubs: they must clear the trap flag before anything else runs.
 pub use entry::{
