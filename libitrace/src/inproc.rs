@@ -20,13 +20,12 @@
 use crate::sigchain;
 use itrace_decoders::{x86, Flow, Insn};
 use itrace_format::shm::{self, CpuCtl, Header, Slot};
+use itrace_format::{branch_flags, BranchKind, StopReason, TraceOnReason};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 /// Trap flag in RFLAGS.
 const TF: i64 = 0x100;
-/// si_code of a single-step trap.
-const TRAP_TRACE: i32 = 2;
 const STATE_UNKNOWN: u8 = 0;
 const STATE_OFF: u8 = 1;
 const STATE_ON: u8 = 2;
@@ -128,7 +127,7 @@ fn emit(kind: u16, code: u16, aux: u32, from: u64, to: u64, tid: u32, icount: u3
     let cpu = (unsafe { libc::sched_getcpu() }.max(0) as usize).min(ncpu - 1);
     let (ctl_at, slots_at, _) = shm::layout(ncpu, hdr.slots as usize);
     // SAFETY: the layout matches the one itrace created the file with (same ncpu and slots).
-    let ctl = unsafe { &*(base.add(ctl_at + cpu * 64) as *const CpuCtl) };
+    let ctl = unsafe { &*(base.add(ctl_at + cpu * std::mem::size_of::<CpuCtl>()) as *const CpuCtl) };
     let slots = hdr.slots;
     let idx = ctl.head.fetch_add(1, Ordering::AcqRel);
     match hdr.mode {
@@ -202,17 +201,18 @@ fn decode(ts: &mut ThreadState, pc: u64) -> Insn {
     insn
 }
 
-const NR_MMAP: u64 = 9;
-const NR_MPROTECT: u64 = 10;
-const NR_MUNMAP: u64 = 11;
-const NR_MREMAP: u64 = 25;
-const NR_CLONE: u64 = 56;
-const NR_FORK: u64 = 57;
-const NR_VFORK: u64 = 58;
-const NR_EXIT: u64 = 60;
-const NR_EXIT_GROUP: u64 = 231;
-const NR_CLONE3: u64 = 435;
-const NR_RT_SIGPROCMASK: u64 = 14;
+// The system calls the recorder looks at (numbers as in rax).
+const NR_MMAP: u64 = libc::SYS_mmap as u64;
+const NR_MPROTECT: u64 = libc::SYS_mprotect as u64;
+const NR_MUNMAP: u64 = libc::SYS_munmap as u64;
+const NR_MREMAP: u64 = libc::SYS_mremap as u64;
+const NR_CLONE: u64 = libc::SYS_clone as u64;
+const NR_FORK: u64 = libc::SYS_fork as u64;
+const NR_VFORK: u64 = libc::SYS_vfork as u64;
+const NR_EXIT: u64 = libc::SYS_exit as u64;
+const NR_EXIT_GROUP: u64 = libc::SYS_exit_group as u64;
+const NR_CLONE3: u64 = libc::SYS_clone3 as u64;
+const NR_RT_SIGPROCMASK: u64 = libc::SYS_rt_sigprocmask as u64;
 
 /// Whether the rt_sigprocmask about to run (arguments in `gregs`) blocks SIGTRAP.
 fn blocks_sigtrap(gregs: &[i64; 23]) -> bool {
@@ -225,7 +225,12 @@ fn blocks_sigtrap(gregs: &[i64; 23]) -> bool {
     let bits = unsafe { std::ptr::read_unaligned(set as *const u64) };
     bits & (1 << (libc::SIGTRAP - 1)) != 0
 }
-const CLONE_VM: u64 = 0x100;
+const CLONE_VM: u64 = libc::CLONE_VM as u64;
+
+/// A branch slot's code: the trace file's minor code (kind | flags << 8), low 16 bits.
+fn branch_code(kind: BranchKind, flags: u8) -> u16 {
+    kind as u16 | u16::from(flags) << 8
+}
 
 fn branch(kind: u16, code: u16, aux: u32, from: u64, to: u64, ts: &mut ThreadState) {
     emit(kind, code, aux, from, to, ts.tid, ts.icount);
@@ -234,7 +239,6 @@ fn branch(kind: u16, code: u16, aux: u32, from: u64, to: u64, ts: &mut ThreadSta
 
 /// Classify what ran since the last step of `ts`, now at `rip`; returns false to stop stepping.
 fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
-    let syscall = (itrace_format_flags::SYSCALL as u16) << 8;
     let had_pending = ts.pending.is_some();
     if let Some((pc, insn)) = ts.pending.take() {
         let next = pc.wrapping_add(insn.len as u64);
@@ -253,8 +257,15 @@ fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
             }
             ts.icount += 1;
             ts.total += 1;
-            branch(shm::SLOT_BRANCH_USER, syscall, nr as u32, pc, 0, ts); // INTRPT (0) with the flag
-            branch(shm::SLOT_BRANCH_KERNEL, 4 | syscall, nr as u32, 0, next, ts);
+            branch(shm::SLOT_BRANCH_USER, branch_code(BranchKind::Intrpt, branch_flags::SYSCALL), nr as u32, pc, 0, ts);
+            branch(
+                shm::SLOT_BRANCH_KERNEL,
+                branch_code(BranchKind::Iret, branch_flags::SYSCALL),
+                nr as u32,
+                0,
+                next,
+                ts,
+            );
             if matches!(nr, NR_MMAP | NR_MPROTECT | NR_MUNMAP | NR_MREMAP) {
                 emit(shm::SLOT_MAPS_CHANGED, 0, ts.pid, 0, 0, ts.tid, 0);
             }
@@ -272,11 +283,8 @@ fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
                 ts.icount += 1;
                 ts.total += 1;
                 if flow.always_branches() || rip != next {
-                    let kind = match flow {
-                        Flow::Next | Flow::RepString => 5,
-                        f => f.branch_kind() as u16,
-                    };
-                    branch(shm::SLOT_BRANCH_USER, kind, 0, pc, rip, ts);
+                    // Next and RepString (landing elsewhere) are Other.
+                    branch(shm::SLOT_BRANCH_USER, branch_code(flow.branch_kind(), 0), 0, pc, rip, ts);
                 }
             }
         }
@@ -286,8 +294,8 @@ fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
         return true;
     }
     if !ts.started || !had_pending {
-        let code = if ts.started { 2 } else { 0 };
-        emit(shm::SLOT_TRACE_ON, code, ts.pid, 0, rip, ts.tid, 0);
+        let reason = if ts.started { TraceOnReason::Resume } else { TraceOnReason::Start };
+        emit(shm::SLOT_TRACE_ON, reason as u16, ts.pid, 0, rip, ts.tid, 0);
         ts.started = true;
     }
     let insn = decode(ts, rip);
@@ -295,15 +303,10 @@ fn step(ts: &mut ThreadState, rip: u64, rax: u64) -> bool {
     true
 }
 
-/// Flag bits of branch records (the trace file's).
-mod itrace_format_flags {
-    pub const SYSCALL: u8 = 1;
-}
-
 extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes valid siginfo and ucontext pointers to an SA_SIGINFO handler.
     let (code, uc) = unsafe { ((*info).si_code, &mut *(ctx as *mut libc::ucontext_t)) };
-    if code != TRAP_TRACE {
+    if code != libc::TRAP_TRACE {
         sigchain::forward(sig, info, ctx);
         return;
     }
@@ -316,9 +319,13 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         if !ts.active || stop != Some(false) {
             if ts.active {
                 // itrace asked to stop, or normal mode filled a buffer.
-                let reason = if header().is_some_and(|h| h.full.load(Ordering::Relaxed) != 0) { 3 } else { 2 };
+                let reason = if header().is_some_and(|h| h.full.load(Ordering::Relaxed) != 0) {
+                    StopReason::BufferFull
+                } else {
+                    StopReason::Detached
+                };
                 let pc = gregs[libc::REG_RIP as usize] as u64;
-                emit(shm::SLOT_TRACE_OFF, reason, ts.pid, pc, 0, ts.tid, ts.icount);
+                emit(shm::SLOT_TRACE_OFF, reason as u16, ts.pid, pc, 0, ts.tid, ts.icount);
                 ts.active = false;
             }
             // A trap flag we did not set for this thread (inherited by a new thread or child): off.
@@ -339,7 +346,7 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                     // A raw system call is about to block SIGTRAP (glibc does it as a thread exits,
                     // unseen by the interposed functions); a step trap while it is blocked would
                     // kill the process. The region ends here.
-                    emit(shm::SLOT_TRACE_OFF, 7, ts.pid, pc, 0, ts.tid, ts.icount);
+                    emit(shm::SLOT_TRACE_OFF, StopReason::RegionEnd as u16, ts.pid, pc, 0, ts.tid, ts.icount);
                     ts.icount = 0;
                     ts.pending = None;
                     ts.active = false;
@@ -350,9 +357,24 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                     // It never returns: account for it now.
                     ts.icount += 1;
                     ts.total += 1;
-                    branch(shm::SLOT_BRANCH_USER, (itrace_format_flags::SYSCALL as u16) << 8, rax as u32, pc, 0, ts);
+                    branch(
+                        shm::SLOT_BRANCH_USER,
+                        branch_code(BranchKind::Intrpt, branch_flags::SYSCALL),
+                        rax as u32,
+                        pc,
+                        0,
+                        ts,
+                    );
                     let status = gregs[libc::REG_RDI as usize] as u64;
-                    emit(shm::SLOT_TRACE_OFF, 0, ts.pid, pc + insn.len as u64, status, ts.tid, 0);
+                    emit(
+                        shm::SLOT_TRACE_OFF,
+                        StopReason::Exited as u16,
+                        ts.pid,
+                        pc + insn.len as u64,
+                        status,
+                        ts.tid,
+                        0,
+                    );
                     ts.pending = None;
                     ts.active = false;
                 }
@@ -409,7 +431,15 @@ pub(crate) fn off() -> u32 {
     with_state(|ts| {
         ts.depth = ts.depth.saturating_sub(1);
         if ts.depth == 0 && ts.active {
-            emit(shm::SLOT_TRACE_OFF, 7, ts.pid, crate::entry::ITraceOff as *const () as u64, 0, ts.tid, ts.icount);
+            emit(
+                shm::SLOT_TRACE_OFF,
+                StopReason::RegionEnd as u16,
+                ts.pid,
+                crate::entry::ITraceOff as *const () as u64,
+                0,
+                ts.tid,
+                ts.icount,
+            );
             ts.active = false;
             ts.pending = None;
             ts.icount = 0;
