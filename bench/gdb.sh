@@ -23,7 +23,9 @@ trap 'rm -rf "$TMP"' EXIT
 t0=$(date +%s.%N)
 target/release/itrace record --qemu "$ARCH" -o "$TMP/t.itr" -- "$PROG" >/dev/null 2>"$TMP/itrace.err"
 t1=$(date +%s.%N)
-insns=$(grep -o '([0-9]* instructions' "$TMP/itrace.err" | tr -dc 0-9)
+# counts from the report's JSON, not from the wording of itrace's summary line
+insns=$(target/release/itrace report --json "$TMP/t.itr" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["total_instructions"])')
 itrace_rate=$(echo "$insns / ($t1 - $t0)" | bc)
 # The same instructions over the stepping alone (first to last trace record, from the trace's
 # own timestamps), which is what the minimal client's rate measures.

@@ -57,7 +57,6 @@ for r in $(seq "$REPS"); do
     read -r w c < <(time_of "$ITRACE" record --backend qemu -o "$SCRATCH/p.itr" -- "$W" "$N") ||
         die "itrace record: $(cat "$SCRATCH/err")"
     T_PLUGIN+=("$w"); C_PLUGIN+=("$c")
-    REC_LINE=$(grep 'records (' "$SCRATCH/err")
     if [ -n "$SHM" ]; then
         read -r w c < <(time_of "$ITRACE" record --backend qemu -o "$SHM/itrace-bench-$$.itr" -- "$W" "$N") ||
             die "itrace record to $SHM: $(cat "$SCRATCH/err")"
@@ -68,8 +67,10 @@ for r in $(seq "$REPS"); do
         die "callgrind run"
     T_CG+=("$w"); C_CG+=("$c")
 done
-INSNS=$(sed -n 's/.*records (\([0-9]*\) instructions, \([0-9]*\) taken branches.*/\1/p' <<<"$REC_LINE")
-BRANCHES=$(sed -n 's/.*records (\([0-9]*\) instructions, \([0-9]*\) taken branches.*/\2/p' <<<"$REC_LINE")
+# counts from the report's JSON, not from the wording of itrace's summary line
+read -r INSNS BRANCHES < <("$ITRACE" report --json "$SCRATCH/p.itr" | python3 -c \
+    'import json,sys; d = json.load(sys.stdin); print(d["total_instructions"], d["total_branches"])') ||
+    die "itrace report --json $SCRATCH/p.itr"
 BYTES=$(stat -c %s "$SCRATCH/p.itr")
 CG_INSNS=$(awk '/^(summary|totals):/ { print $2; exit }' "$SCRATCH/cg.out")
 [ -n "$INSNS" ] && [ -n "$CG_INSNS" ] || die "could not read instruction counts"
