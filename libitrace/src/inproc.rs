@@ -1,6 +1,6 @@
 //! The in-process recorder: a traced thread sets the trap flag on itself
 //! and records each step in its own SIGTRAP handler, into memory shared
-//! with `itrace` (see [`crate::shm`]); no context switch to a tracer per
+//! with `itrace` (see [`crate::ring`]); no context switch to a tracer per
 //! instruction.
 //!
 //! The entry points ([`crate::entry`]) clear the trap flag first thing and
@@ -17,12 +17,13 @@
 //! processes created inside a region (their inherited trap flag is cleared
 //! at their first step), code after an exec.
 
+use crate::ring::{self, emit};
 use crate::sigchain;
 use itrace_decoders::{x86, Flow, Insn};
-use itrace_format::shm::{self, CpuCtl, Header, Slot};
+use itrace_format::shm;
 use itrace_format::{branch_flags, BranchKind, StopReason, TraceOnReason};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Trap flag in RFLAGS.
 const TF: i64 = 0x100;
@@ -31,7 +32,6 @@ const STATE_OFF: u8 = 1;
 const STATE_ON: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(STATE_UNKNOWN);
-static SHARED: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 
 const CACHE: usize = 1024;
 
@@ -77,90 +77,14 @@ pub(crate) fn ensure_init() -> bool {
         STATE_OFF => return false,
         _ => {}
     }
-    let on = init();
+    let on = ring::map() && sigchain::take_over(on_trap);
     STATE.store(if on { STATE_ON } else { STATE_OFF }, Ordering::Release);
     on
-}
-
-fn init() -> bool {
-    let Some(path) = std::env::var_os(shm::ENV_SHM) else { return false };
-    let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(&path) else { return false };
-    let Ok(len) = file.metadata().map(|m| m.len() as usize) else { return false };
-    if len < 4096 {
-        return false;
-    }
-    use std::os::fd::AsRawFd;
-    // SAFETY: mapping a file we opened, shared, for its whole length; the pointer is checked.
-    let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-    };
-    if base == libc::MAP_FAILED {
-        return false;
-    }
-    let hdr = base as *const Header;
-    // SAFETY: the mapping is at least a header long.
-    if unsafe { (*hdr).magic } != shm::MAGIC {
-        return false;
-    }
-    SHARED.store(base.cast(), Ordering::Release);
-    sigchain::take_over(on_trap)
 }
 
 /// Whether the in-process recorder runs in this process (set up by an earlier ITraceOn).
 pub(crate) fn running() -> bool {
     STATE.load(Ordering::Acquire) == STATE_ON
-}
-
-fn header() -> Option<&'static Header> {
-    let p = SHARED.load(Ordering::Acquire);
-    // SAFETY: set once to a live mapping that is never unmapped.
-    (!p.is_null()).then(|| unsafe { &*(p as *const Header) })
-}
-
-/// Write one slot into this CPU's ring. Async-signal-safe: atomics and the vDSO only.
-#[allow(clippy::too_many_arguments)]
-fn emit(kind: u16, code: u16, aux: u32, from: u64, to: u64, tid: u32, icount: u32) {
-    let base = SHARED.load(Ordering::Acquire);
-    let Some(hdr) = header() else { return };
-    let ncpu = hdr.ncpu as usize;
-    // SAFETY: sched_getcpu has no preconditions.
-    let cpu = (unsafe { libc::sched_getcpu() }.max(0) as usize).min(ncpu - 1);
-    let (ctl_at, slots_at, _) = shm::layout(ncpu, hdr.slots as usize);
-    // SAFETY: the layout matches the one itrace created the file with (same ncpu and slots).
-    let ctl = unsafe { &*(base.add(ctl_at + cpu * std::mem::size_of::<CpuCtl>()) as *const CpuCtl) };
-    let slots = hdr.slots;
-    let idx = ctl.head.fetch_add(1, Ordering::AcqRel);
-    match hdr.mode {
-        shm::MODE_NORMAL if idx >= slots => {
-            hdr.full.store(1, Ordering::Release);
-            ctl.lost.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        shm::MODE_CONTINUOUS => {
-            // Wait for itrace to drain; give up only if it asks everyone to stop.
-            while idx - ctl.tail.load(Ordering::Acquire) >= slots {
-                if hdr.stop.load(Ordering::Acquire) != 0 {
-                    ctl.lost.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            }
-        }
-        _ => {}
-    }
-    let at = slots_at + (cpu * slots as usize + (idx % slots) as usize) * std::mem::size_of::<Slot>();
-    // SAFETY: `at` is inside this CPU's ring, and this thread reserved slot `idx` alone.
-    let slot = unsafe { &mut *(base.add(at) as *mut Slot) };
-    slot.ts = itrace_format::now_ns();
-    slot.from = from;
-    slot.to = to;
-    slot.tid = tid;
-    slot.icount = icount;
-    slot.kind = kind;
-    slot.code = code;
-    slot.aux = aux;
-    slot.seq.store(idx + 1, Ordering::Release);
 }
 
 /// Decode the instruction at `pc` of this process (through the thread's small cache).
@@ -311,19 +235,11 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         return;
     }
     let gregs = &mut uc.uc_mcontext.gregs;
-    TS.with(|cell| {
-        // SAFETY: the thread's own state; the handler does not nest (SIGTRAP is blocked in it)
-        // and the entry stubs never run with the trap flag set while touching it.
-        let ts = unsafe { &mut *cell.get() };
-        let stop = header().map(|h| h.stop.load(Ordering::Relaxed) != 0 || h.full.load(Ordering::Relaxed) != 0);
-        if !ts.active || stop != Some(false) {
+    with_state(|ts| {
+        if !ts.active || ring::stopped() != Some(false) {
             if ts.active {
                 // itrace asked to stop, or normal mode filled a buffer.
-                let reason = if header().is_some_and(|h| h.full.load(Ordering::Relaxed) != 0) {
-                    StopReason::BufferFull
-                } else {
-                    StopReason::Detached
-                };
+                let reason = if ring::full() { StopReason::BufferFull } else { StopReason::Detached };
                 let pc = gregs[libc::REG_RIP as usize] as u64;
                 emit(shm::SLOT_TRACE_OFF, reason as u16, ts.pid, pc, 0, ts.tid, ts.icount);
                 ts.active = false;
@@ -383,8 +299,11 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     });
 }
 
+/// `f` on the calling thread's state, from the entry bodies or the SIGTRAP handler.
 fn with_state<R>(f: impl FnOnce(&mut ThreadState) -> R) -> R {
-    // SAFETY: the thread's own state; the trap flag is off while the entry bodies run.
+    // SAFETY: the thread's own state, and no other reference to it is live: the entry bodies
+    // run with the trap flag off (no step trap comes in), the handler touches the state only for
+    // a step trap, and it does not nest (SIGTRAP is blocked while it runs).
     TS.with(|c| f(unsafe { &mut *c.get() }))
 }
 
@@ -393,29 +312,18 @@ pub(crate) fn on() -> u32 {
     if !ensure_init() {
         return 0;
     }
-    let stopped = header().is_some_and(|h| h.stop.load(Ordering::Relaxed) != 0 || h.full.load(Ordering::Relaxed) != 0);
+    let stopped = ring::stopped() == Some(true);
     with_state(|ts| {
         ts.depth += 1;
         if ts.depth == 1 && !stopped {
             if ts.cache.is_null() {
                 ts.cache = Box::into_raw(Box::new([(u64::MAX, x86::decode(64, 0, &[0x90])); CACHE]));
             }
-            // SAFETY: plain system calls.
+            // SAFETY: gettid has no preconditions.
             ts.tid = unsafe { libc::gettid() } as u32;
+            // SAFETY: getpid has no preconditions.
             ts.pid = unsafe { libc::getpid() } as u32;
-            if let Some(h) = header() {
-                if h.maps_ack.load(Ordering::Acquire) != ts.pid {
-                    // First region of this process: let itrace read its mappings first (bounded
-                    // wait: a second at most).
-                    h.pid.store(ts.pid, Ordering::Release);
-                    for _ in 0..1000 {
-                        if h.maps_ack.load(Ordering::Acquire) == ts.pid {
-                            break;
-                        }
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
-                }
-            }
+            ring::wait_for_maps(ts.pid);
             ts.active = true;
             ts.started = false;
             ts.pending = None;

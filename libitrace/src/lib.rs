@@ -24,6 +24,7 @@ pub mod inproc;
 mod interpose;
 mod kmod;
 mod real;
+mod ring;
 mod sigchain;
 
 // The C entry points are naked stubs: they must clear the trap flag before anything else runs.
