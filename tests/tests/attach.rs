@@ -1,9 +1,10 @@
 //! Attaching to a running process (`itrace record -p PID --duration 1`):
 //! the trace has records, and the process carries on undisturbed.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, check_arc_consistency, itrace, itrace_bin, program, report_json, report_self_counts, run,
+    test_dir, wait_with_guard, KillOnDrop,
+};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 

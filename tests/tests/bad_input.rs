@@ -1,9 +1,10 @@
 //! Bad input: every error is a non-zero exit with one `itrace: ` line on
 //! stderr and no panic; damaged traces are handled as documented.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, itrace, itrace_bin, nonexistent_pid, program, record, require_tool, run, test_dir, wait_until,
+    KillOnDrop, Output,
+};
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::process::CommandExt;

@@ -3,9 +3,7 @@
 //! program less the glue objdump shows; the uninstrumented program where objdump shows the
 //! same function bodies) and hand counts.
 
-mod common;
-
-use common::*;
+use itrace_tests::{callgrind_profile, itrace, program, programs_dir, require_tool, run, target_dir, test_dir, Output};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

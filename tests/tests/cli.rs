@@ -3,9 +3,7 @@
 //! statuses, quiet ends of pipes, the default trace file, and errors said once, before the
 //! program runs.
 
-mod common;
-
-use common::*;
+use itrace_tests::{itrace, itrace_bin, program, record, report_json, run, test_dir, wait_with_guard};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::Path;

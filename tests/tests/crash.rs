@@ -2,9 +2,10 @@
 //! the last blocks are in the crashing function, and a comment names the
 //! signal.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, check_arc_consistency, program, record, report_calls, report_json, report_self_counts,
+    test_dir, trailing_comments,
+};
 
 #[test]
 fn crash_in_level3() {

@@ -8,288 +8,21 @@
 //! from objdump's text, not by itrace's decoder), the cross nm symbol table,
 //! and the hand counts in tests/programs/cross/*.S.
 
-mod common;
-
-use common::*;
-use std::collections::{BTreeMap, HashMap};
+use itrace_tests::{
+    add_missing_insns, arc_text, compare_cross_blocks, cross_code_symbols, cross_function_counts, cross_hand_count,
+    cross_objdump, cross_oracle_blocks, cross_program, cross_qemu_pcs, cross_sysroot, free_port, itrace, itrace_bin,
+    listening, program, qemu_log_pcs, record, record_gdb, report_json, report_self_counts, require_tool, run, test_dir,
+    wait_until, wait_with_guard, CrossBlock, KillOnDrop, LONG_LOOP_INSTRUCTIONS,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-
-/// (itrace/qemu architecture name, cross tool prefix, Debian package of the cross compiler).
-const ARCHES: &[(&str, &str, &str)] = &[
-    ("ppc64le", "powerpc64le-linux-gnu-", "gcc-powerpc64le-linux-gnu"),
-    ("ppc64", "powerpc64-linux-gnu-", "gcc-powerpc64-linux-gnu"),
-    ("s390x", "s390x-linux-gnu-", "gcc-s390x-linux-gnu"),
-    ("i386", "i686-linux-gnu-", "gcc-i686-linux-gnu"),
-];
-
-/// Hand counts from the comments in tests/programs/cross/*.S: (instructions, user blocks).
-fn hand_count(arch: &str) -> (u64, usize) {
-    match arch {
-        "ppc64le" | "ppc64" => (47, 17),
-        "s390x" => (38, 17),
-        "i386" => (44, 17),
-        _ => unreachable!(),
-    }
-}
-
-/// A cross tool (`powerpc64le-linux-gnu-objdump`), or a failure naming its package.
-fn cross_tool(arch: &str, tool: &str) -> String {
-    let (_, prefix, package) = ARCHES.iter().find(|a| a.0 == arch).expect("known arch");
-    let name = format!("{prefix}{tool}");
-    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).any(|d| d.join(&name).is_file());
-    assert!(
-        found,
-        "required tool `{name}` is not installed: install the Debian package `{package}` \
-         (its binutils come with it; or run scripts/install-test-deps.sh)"
-    );
-    name
-}
-
-fn qemu_for(arch: &str) -> String {
-    let name = format!("qemu-{arch}");
-    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).any(|d| d.join(&name).is_file());
-    assert!(found, "required tool `{name}` is not installed: install the Debian package `qemu-user`");
-    name
-}
-
-static CROSS: OnceLock<PathBuf> = OnceLock::new();
-
-/// Builds tests/programs/cross into target/test-programs/cross (once per test binary).
-fn cross_program(name: &str) -> PathBuf {
-    let dir = CROSS.get_or_init(|| {
-        require_tool("make");
-        for (arch, _, _) in ARCHES {
-            cross_tool(arch, "gcc");
-        }
-        let out = target_dir().join("test-programs").join("cross");
-        std::fs::create_dir_all(&out).expect("create cross dir");
-        let out = out.canonicalize().expect("canonicalize");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("programs").join("cross");
-        let o = run(Command::new("make").arg("-C").arg(&src).arg(format!("OUT={}", out.display())));
-        assert!(o.success(), "building the cross test programs failed:\n{}\n{}", o.stdout, o.stderr);
-        out
-    });
-    let p = dir.join(name);
-    assert!(p.is_file(), "cross test program {} missing", p.display());
-    p
-}
-
-/// One instruction as the cross objdump shows it.
-#[derive(Clone, Debug)]
-struct CrossInsn {
-    len: u64,
-    mnemonic: String,
-    operands: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Next,
-    Call,
-    Return,
-    Jump,
-    CondJump,
-    CondReturn,
-    Syscall,
-}
-
-/// Branch class from objdump's mnemonic, by each architecture's documented rules
-/// (see docs/arc-and-report.md), independent of itrace's decoder.
-fn classify(arch: &str, i: &CrossInsn) -> Kind {
-    let m = i.mnemonic.trim_end_matches(['+', '-']);
-    match arch {
-        "ppc64le" | "ppc64" => {
-            if m == "sc" || m == "scv" {
-                return Kind::Syscall;
-            }
-            let is_branch = m.starts_with('b') && !matches!(m, "bpermd" | "brd" | "brh" | "brw");
-            if !is_branch {
-                return Kind::Next;
-            }
-            let unconditional = matches!(m, "b" | "ba" | "bl" | "bla" | "blr" | "bctr" | "bctrl" | "blrl");
-            if m.ends_with("lrl") || m.ends_with("ctrl") || m == "bl" || m == "bla" || m == "bcl" {
-                return Kind::Call; // (no conditional calls in these programs)
-            }
-            if m.ends_with("lr") {
-                return if unconditional { Kind::Return } else { Kind::CondReturn };
-            }
-            if unconditional {
-                Kind::Jump
-            } else {
-                Kind::CondJump
-            }
-        }
-        "s390x" => match m {
-            "svc" => Kind::Syscall,
-            "nop" | "nopr" | "jnop" | "jgnop" => Kind::Next,
-            "brasl" | "bras" | "bas" | "bal" => Kind::Call,
-            "basr" | "balr" if i.operands.ends_with(",%r0") => Kind::Next,
-            "basr" | "balr" => Kind::Call,
-            "br" if i.operands == "%r14" => Kind::Return,
-            "br" | "b" | "j" | "jg" => Kind::Jump,
-            _ if m.starts_with('b')
-                && m.ends_with('r')
-                && i.operands == "%r14"
-                && is_s390_cond_b(&m[..m.len() - 1]) =>
-            {
-                Kind::CondReturn
-            }
-            _ if m.starts_with('j') => Kind::CondJump,
-            _ if matches!(
-                m,
-                "brct" | "brctg" | "brxh" | "brxhg" | "brxle" | "brxlg" | "bct" | "bctg" | "bxh" | "bxle"
-            ) =>
-            {
-                Kind::CondJump
-            }
-            _ if is_s390_cond_b(m) || (m.ends_with('r') && is_s390_cond_b(&m[..m.len() - 1])) => Kind::CondJump,
-            _ if is_s390_compare_and_branch(m) => Kind::CondJump,
-            _ => Kind::Next,
-        },
-        "i386" => {
-            let m = i.mnemonic.as_str();
-            match m {
-                "call" => Kind::Call,
-                "ret" => Kind::Return,
-                "jmp" => Kind::Jump,
-                "int" | "sysenter" => Kind::Syscall,
-                _ if m.starts_with('j') || m.starts_with("loop") => Kind::CondJump,
-                _ => Kind::Next,
-            }
-        }
-        _ => unreachable!(),
-    }
-}
-
-/// s390x extended mnemonics of `bc` (b + condition: be, bne, bh, ...).
-fn is_s390_cond_b(m: &str) -> bool {
-    const CONDS: &[&str] = &[
-        "o", "h", "p", "nle", "l", "m", "nhe", "lh", "ne", "nz", "e", "z", "nlh", "he", "nl", "nm", "le", "nh", "np",
-        "no",
-    ];
-    m.strip_prefix('b').is_some_and(|c| CONDS.contains(&c))
-}
-
-/// s390x compare-and-branch relative (crj, cgij, clrjne, ...).
-fn is_s390_compare_and_branch(m: &str) -> bool {
-    ["crj", "cgrj", "clrj", "clgrj", "cij", "cgij", "clij", "clgij"].iter().any(|b| m.starts_with(b))
-}
-
-/// `objdump -d -w` of a cross binary: pc -> instruction.
-fn cross_objdump(arch: &str, bin: &Path) -> BTreeMap<u64, CrossInsn> {
-    let o = run(Command::new(cross_tool(arch, "objdump")).arg("-d").arg("-w").arg(bin));
-    o.assert_success();
-    parse_cross_objdump(&o.stdout)
-}
-
-/// Add the instructions at executed pcs that objdump's linear sweep missed (it can lose step
-/// after data in a code section, as at s390x `_exit`): disassemble from each such pc.
-fn add_missing(arch: &str, bin: &Path, pcs: &[u64], insns: &mut BTreeMap<u64, CrossInsn>) {
-    let missing: std::collections::BTreeSet<u64> = pcs.iter().copied().filter(|pc| !insns.contains_key(pc)).collect();
-    for pc in missing {
-        let o = run(Command::new(cross_tool(arch, "objdump"))
-            .args(["-d", "-w", &format!("--start-address={pc:#x}"), &format!("--stop-address={:#x}", pc + 6)])
-            .arg(bin));
-        o.assert_success();
-        if let Some(i) = parse_cross_objdump(&o.stdout).remove(&pc) {
-            insns.insert(pc, i);
-        }
-    }
-}
-
-fn parse_cross_objdump(text: &str) -> BTreeMap<u64, CrossInsn> {
-    let mut m = BTreeMap::new();
-    for line in text.lines() {
-        let Some((addr, rest)) = line.split_once(":\t") else { continue };
-        let addr = addr.trim();
-        if addr.is_empty() || !addr.bytes().all(|b| b.is_ascii_hexdigit()) {
-            continue;
-        }
-        let Some((bytes, text)) = rest.split_once('\t') else { continue };
-        let len = bytes.split_whitespace().count() as u64;
-        let text = text.split('#').next().unwrap_or("").split('<').next().unwrap_or("").trim();
-        let mut toks = text.split_whitespace();
-        let mut mnemonic = toks.next().unwrap_or("").to_string();
-        if matches!(mnemonic.as_str(), "rep" | "repz" | "repnz" | "repe" | "repne" | "lock") {
-            mnemonic = format!("{mnemonic} {}", toks.next().unwrap_or(""));
-        }
-        let operands = toks.collect::<Vec<_>>().join(" ");
-        m.insert(u64::from_str_radix(addr, 16).unwrap(), CrossInsn { len, mnemonic, operands });
-    }
-    m
-}
-
-/// qemu's log of the program: one pc per executed instruction.
-fn qemu_pcs(arch: &str, bin: &Path) -> Vec<u64> {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("qemu.log");
-    let o = run(Command::new("env")
-        .arg("-i")
-        .arg(qemu_for(arch))
-        .args(["-singlestep", "-d", "nochain,exec", "-D"])
-        .arg(&log)
-        .arg(bin));
-    o.assert_success();
-    let pcs = parse_qemu_log(std::io::BufReader::new(std::fs::File::open(&log).unwrap()));
-    assert!(!pcs.is_empty(), "qemu logged nothing for {}", bin.display());
-    pcs
-}
-
-/// One block of the oracle or of itrace's trace: the branch that ends it, where control went
-/// (the address after a system call), instructions, and kind.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Block {
-    from: u64,
-    to: u64,
-    count: u64,
-    kind: &'static str,
-}
-
-/// Blocks of an executed pc sequence (a rep string instruction logged once per iteration counts once).
-fn oracle_blocks(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossInsn>) -> (Vec<Block>, u64) {
-    let mut out = Vec::new();
-    let (mut count, mut total) = (0u64, 0u64);
-    let mut i = 0;
-    while i < pcs.len() {
-        let pc = pcs[i];
-        let insn = insns.get(&pc).unwrap_or_else(|| panic!("{arch}: pc {pc:#x} is not an instruction in objdump"));
-        let mut j = i + 1;
-        if insn.mnemonic.starts_with("rep") {
-            while j < pcs.len() && pcs[j] == pc {
-                j += 1;
-            }
-        }
-        count += 1;
-        total += 1;
-        let next = pcs.get(j).copied().unwrap_or(0);
-        let fall = pc + insn.len;
-        let kind = match classify(arch, insn) {
-            Kind::Call => Some("Call"),
-            Kind::Return => Some("Return"),
-            Kind::Jump => Some("Jump"),
-            Kind::Syscall => Some("Intrpt"),
-            Kind::CondJump if next != fall => Some("CondJump"),
-            Kind::CondReturn if next != fall => Some("Return"),
-            Kind::Next if next != fall && next != 0 => Some("Other"),
-            _ => None,
-        };
-        if let Some(kind) = kind {
-            out.push(Block { from: pc, to: next, count, kind });
-            count = 0;
-        }
-        i = j;
-    }
-    (out, total)
-}
 
 /// itrace's blocks from `itrace dump` (raw records): user records, with a system call's
 /// destination taken from the kernel record that follows it.
-fn itrace_blocks(trace: &Path) -> (Vec<Block>, u64) {
+fn itrace_blocks(trace: &Path) -> (Vec<CrossBlock>, u64) {
     let o = itrace(["dump".as_ref(), trace.as_os_str()]);
     o.assert_success();
-    let mut out: Vec<Block> = Vec::new();
+    let mut out: Vec<CrossBlock> = Vec::new();
     let mut total = 0;
     for line in o.stdout.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -322,51 +55,9 @@ fn itrace_blocks(trace: &Path) -> (Vec<Block>, u64) {
             "Intrpt" => "Intrpt",
             _ => "Other",
         };
-        out.push(Block { from, to, count: n, kind });
+        out.push(CrossBlock { from, to, count: n, kind });
     }
     (out, total)
-}
-
-fn compare_blocks(what: &str, got: &[Block], want: &[Block]) {
-    for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(
-            g,
-            w,
-            "{what}: block {k} differs from qemu's log (itrace vs oracle); previous: {:?}",
-            &want[k.saturating_sub(3)..k]
-        );
-    }
-    assert_eq!(got.len(), want.len(), "{what}: number of blocks");
-}
-
-/// Self instruction counts per function from qemu's pcs and the cross nm (synthetic code symbols
-/// on ELFv1, where function symbols point to descriptors).
-fn oracle_function_counts(arch: &str, bin: &Path, pcs: &[u64], names: &[&str]) -> HashMap<String, u64> {
-    let o = run(Command::new(cross_tool(arch, "nm")).args(["--defined-only", "--synthetic"]).arg(bin));
-    o.assert_success();
-    let mut syms: Vec<(u64, String)> = o
-        .stdout
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 3 && matches!(f[1], "T" | "t" | "W" | "w"))
-                .then(|| (u64::from_str_radix(f[0], 16).unwrap(), f[2].trim_start_matches('.').to_string()))
-        })
-        .collect();
-    syms.sort();
-    let mut counts = HashMap::new();
-    let mut prev = None;
-    for &pc in pcs {
-        if prev == Some(pc) {
-            continue; // rep iterations (none in these functions)
-        }
-        prev = Some(pc);
-        let i = syms.partition_point(|s| s.0 <= pc);
-        if i > 0 && names.contains(&syms[i - 1].1.as_str()) {
-            *counts.entry(syms[i - 1].1.clone()).or_insert(0) += 1;
-        }
-    }
-    counts
 }
 
 fn record_qemu(arch: &str, bin: &Path, dir: &Path) -> PathBuf {
@@ -403,14 +94,14 @@ fn check_asm_with(arch: &str, recorder: Recorder, tag: &str) {
     let bin = cross_program(&format!("{arch}-asm"));
     let dir = test_dir(&format!("cross-asm-{arch}{tag}"));
     let insns = cross_objdump(arch, &bin);
-    let pcs = qemu_pcs(arch, &bin);
-    let (want, want_total) = oracle_blocks(arch, &pcs, &insns);
-    let (hand_total, hand_blocks) = hand_count(arch);
+    let pcs = cross_qemu_pcs(arch, &bin);
+    let (want, want_total) = cross_oracle_blocks(arch, &pcs, &insns);
+    let (hand_total, hand_blocks) = cross_hand_count(arch);
     assert_eq!((want_total, want.len()), (hand_total, hand_blocks), "{arch}: qemu's log against the hand count");
     let trace = recorder(arch, &bin, &dir);
     let (got, total) = itrace_blocks(&trace);
     assert_eq!(total, hand_total, "{arch}: itrace's instruction count against the hand count");
-    compare_blocks(arch, &got, &want);
+    compare_cross_blocks(arch, &got, &want);
     // The write system call is named after the traced architecture's numbers.
     let arc = arc_text(&trace);
     assert!(arc.contains("sys_write:[kernel]"), "{arch}: no sys_write line in\n{arc}");
@@ -424,15 +115,15 @@ fn check_libc_with(arch: &str, recorder: Recorder, tag: &str) {
     let bin = cross_program(&format!("{arch}-libc"));
     let dir = test_dir(&format!("cross-libc-{arch}{tag}"));
     let mut insns = cross_objdump(arch, &bin);
-    let pcs = qemu_pcs(arch, &bin);
-    add_missing(arch, &bin, &pcs, &mut insns);
-    let (want, want_total) = oracle_blocks(arch, &pcs, &insns);
+    let pcs = cross_qemu_pcs(arch, &bin);
+    add_missing_insns(arch, &bin, &pcs, &mut insns);
+    let (want, want_total) = cross_oracle_blocks(arch, &pcs, &insns);
     let trace = recorder(arch, &bin, &dir);
     let (got, total) = itrace_blocks(&trace);
-    compare_blocks(arch, &got, &want);
+    compare_cross_blocks(arch, &got, &want);
     assert_eq!(total, want_total, "{arch}: instructions, itrace against qemu's log");
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
-    let want = oracle_function_counts(arch, &bin, &pcs, &names);
+    let want = cross_function_counts(arch, &bin, &pcs, &names);
     let report = report_json(&trace);
     assert_eq!(report["total_instructions"].as_u64(), Some(want_total), "{arch}: report total");
     let got = report_self_counts(&report, &bin);
@@ -453,17 +144,8 @@ fn check_libc_with(arch: &str, recorder: Recorder, tag: &str) {
 fn check_dynamic(arch: &str) {
     let bin = cross_program(&format!("{arch}-dynamic"));
     let dir = test_dir(&format!("cross-dynamic-{arch}"));
-    let (_, prefix, _) = ARCHES.iter().find(|a| a.0 == arch).unwrap();
-    let sysroot = format!("/usr/{}", prefix.trim_end_matches('-'));
-    let log = dir.join("qemu.log");
-    let o = run(Command::new("env")
-        .arg("-i")
-        .arg(qemu_for(arch))
-        .args(["-L", &sysroot, "-singlestep", "-d", "nochain,exec", "-D"])
-        .arg(&log)
-        .arg(&bin));
-    o.assert_success();
-    let mut pcs = parse_qemu_log(std::io::BufReader::new(std::fs::File::open(&log).unwrap()));
+    let sysroot = cross_sysroot(arch);
+    let mut pcs = qemu_log_pcs(&format!("qemu-{arch}"), &["-L", &sysroot], &bin, &[], true);
     pcs.dedup(); // rep string iterations count once
     let trace = record_qemu(arch, &bin, &dir);
     let report = report_json(&trace);
@@ -498,14 +180,14 @@ fn dynamic_program_i386() {
 fn check_signals(arch: &str) {
     let bin = cross_program(&format!("{arch}-signal"));
     let dir = test_dir(&format!("cross-signal-{arch}"));
-    let pcs = qemu_pcs(arch, &bin);
+    let pcs = cross_qemu_pcs(arch, &bin);
     let mut executed = pcs.clone();
     executed.dedup(); // a rep string instruction is logged once per iteration and counts once
     let trace = record_qemu(arch, &bin, &dir);
     let report = report_json(&trace);
     assert_eq!(report["total_instructions"].as_u64(), Some(executed.len() as u64), "{arch}: instructions");
     let names = ["main", "on_usr1"];
-    let want = oracle_function_counts(arch, &bin, &pcs, &names);
+    let want = cross_function_counts(arch, &bin, &pcs, &names);
     let got = report_self_counts(&report, &bin);
     for n in names {
         assert!(want.get(n).is_some_and(|&c| c > 0), "{arch}: qemu never ran {n}");
@@ -513,13 +195,10 @@ fn check_signals(arch: &str) {
     }
     // Three deliveries of SIGUSR1 (10, by Linux's numbers), each to the handler's first
     // instruction (the code symbol, `.on_usr1` on ELFv1).
-    let o = run(Command::new(cross_tool(arch, "nm")).args(["--defined-only", "--synthetic"]).arg(&bin));
-    let handler = o
-        .stdout
-        .lines()
-        .filter_map(|l| l.split_whitespace().collect::<Vec<_>>().try_into().ok())
-        .find(|[_, kind, name]: &[&str; 3]| matches!(*kind, "t" | "T") && name.trim_start_matches('.') == "on_usr1")
-        .map(|[addr, _, _]| u64::from_str_radix(addr, 16).unwrap())
+    let handler = cross_code_symbols(arch, &bin)
+        .into_iter()
+        .find(|(_, name)| name == "on_usr1")
+        .map(|(addr, _)| addr)
         .expect("on_usr1 in nm");
     let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
     let deliveries: Vec<&str> = dump.stdout.lines().filter(|l| l.contains(" K Iret flags=2 ")).collect();
@@ -625,20 +304,20 @@ fn i386_native_ptrace() {
     let bin = cross_program("i386-asm");
     let dir = test_dir("cross-i386-native");
     let insns = cross_objdump(arch, &bin);
-    let (want, _) = oracle_blocks(arch, &qemu_pcs(arch, &bin), &insns);
+    let (want, _) = cross_oracle_blocks(arch, &cross_qemu_pcs(arch, &bin), &insns);
     let trace = dir.join("asm.itr");
     record(&trace, &[], &bin, &[]).assert_success();
     let (got, total) = itrace_blocks(&trace);
-    assert_eq!(total, hand_count(arch).0, "i386 native: hand count");
-    compare_blocks("i386 native asm", &got, &want);
+    assert_eq!(total, cross_hand_count(arch).0, "i386 native: hand count");
+    compare_cross_blocks("i386 native asm", &got, &want);
     let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
     assert!(dump.stdout.lines().next().unwrap_or("").contains("arch=i386"), "trace header: {}", dump.stdout);
     assert!(arc_text(&trace).contains("sys_write:[kernel]"));
 
     let bin = cross_program("i386-libc");
-    let pcs = qemu_pcs(arch, &bin);
+    let pcs = cross_qemu_pcs(arch, &bin);
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
-    let want = oracle_function_counts(arch, &bin, &pcs, &names);
+    let want = cross_function_counts(arch, &bin, &pcs, &names);
     let trace = dir.join("libc.itr");
     record(&trace, &[], &bin, &[]).assert_success();
     let got = report_self_counts(&report_json(&trace), &bin);
@@ -658,15 +337,10 @@ fn unknown_architecture_is_one_line() {
 #[test]
 fn nothing_listening_is_one_line() {
     let bin = cross_program("ppc64le-asm");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let dir = test_dir("cross-nothing-listening");
     let trace = dir.join("t.itr");
-    let o = itrace(
-        ["record", "--gdb", &format!("127.0.0.1:{port}"), "-o", trace.to_str().unwrap(), "--gdb-program"]
-            .iter()
-            .map(|s| s.as_ref())
-            .chain([bin.as_os_str()]),
-    );
+    let o = record_gdb(&trace, port, &bin);
     assert!(!o.success());
     assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
     assert!(
@@ -683,8 +357,8 @@ fn stub_killed_mid_trace_leaves_a_valid_trace() {
     let bin = cross_program("ppc64le-libc");
     let dir = test_dir("cross-stub-killed");
     let trace = dir.join("t.itr");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let qemu = Command::new(qemu_for(arch))
+    let port = free_port();
+    let qemu = Command::new(require_tool(&format!("qemu-{arch}")))
         .env_clear()
         .args(["-g", &port.to_string()])
         .arg(&bin)
@@ -721,8 +395,8 @@ fn ctrl_c_detaches_from_the_stub() {
     let bin = program("long_loop");
     let dir = test_dir("cross-ctrl-c");
     let trace = dir.join("t.itr");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let qemu = Command::new(qemu_for("x86_64"))
+    let port = free_port();
+    let qemu = Command::new(require_tool("qemu-x86_64"))
         .env_clear()
         .args(["-g", &port.to_string()])
         .arg(&bin)

@@ -3,9 +3,11 @@
 //! total instruction count equal the qemu-user oracle's, and the hand
 //! counts in the .S files.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, check_arc_consistency, compare_lines, program, record, report_calls, report_json,
+    report_self_counts, test_dir, without_exit_kernel_line, ArcLine, Oracle, COUNT_LOOP_BLOCKS,
+    COUNT_LOOP_INSTRUCTIONS, LONG_LOOP_BLOCKS, LONG_LOOP_INSTRUCTIONS,
+};
 
 /// Records `name`, writes its arc, and compares it with the oracle.
 fn check_program(name: &str) -> (Oracle, Vec<ArcLine>, serde_json::Value) {

@@ -2,9 +2,7 @@
 //! under `itrace record --region`; the traced function's count equals
 //! callgrind's (it runs only inside the region).
 
-mod common;
-
-use common::*;
+use itrace_tests::{callgrind_profile, profile_dir, record, report_json, report_self_counts, run, test_dir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -5,9 +5,10 @@
 //! programs equal the qemu oracle's blocks and the hand counts, as the
 //! ptrace recorder's do.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, check_arc_consistency, compare_lines, itrace, listening, program, require_tool, test_dir,
+    wait_until, wait_with_guard, without_exit_kernel_line, KillOnDrop, Oracle, COUNT_LOOP_INSTRUCTIONS,
+};
 use std::process::{Command, Stdio};
 
 /// Start `gdbserver` on `program` at a free port; the recorder connects to it.

@@ -2,9 +2,7 @@
 //! (`name:JITCODE`), with the instruction and call counts worked out by hand
 //! in tests/programs/jit.c: 3 calls of a 3-instruction function.
 
-mod common;
-
-use common::*;
+use itrace_tests::{arc_lines, arc_text, program, record, report_json, test_dir};
 
 #[test]
 fn perf_map_symbols_name_jit_code() {

@@ -1,9 +1,7 @@
 //! `--backend kmod` on a machine without the kernel module (the module itself is tested in a
 //! booted guest by kmod-shim/test-in-guest.sh, a step of scripts/test.sh).
 
-mod common;
-
-use common::*;
+use itrace_tests::{itrace, program, require_tool, run, test_dir};
 
 #[test]
 fn kmod_backend_without_the_module_says_so() {

@@ -1,9 +1,10 @@
 //! The libc programs traced by itrace: `report --json` per-function `self`
 //! counts of the programs' own functions equal callgrind's self Ir.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    callgrind_profile, program, record, report_calls, report_json, report_self_counts, test_dir, FIB_ASM_SELF,
+    FIB_CALLS,
+};
 use std::collections::BTreeMap;
 
 /// Traces `name args` (with `options`), runs callgrind on the same command,

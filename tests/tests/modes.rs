@@ -2,9 +2,10 @@
 //! (about 200,000 taken branches): normal stops early, wrap keeps the last
 //! blocks, continuous keeps everything.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, check_arc_consistency, compare_lines, program, record, report_json, test_dir,
+    trailing_comments, without_exit_kernel_line, ArcLine, Expected, Oracle, LONG_LOOP_INSTRUCTIONS,
+};
 use std::sync::OnceLock;
 
 const SMALL_BUFFER: &str = "64K";

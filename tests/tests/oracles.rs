@@ -1,9 +1,12 @@
 //! Tests of the oracles themselves, against the test programs and hand
 //! counts. These do not run itrace.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    callgrind_profile, callgrind_self_counts, check_arc_consistency, objdump_insns, parse_arc, parse_callgrind_into,
+    parse_objdump, parse_qemu_log, parse_sections, program, qemu_exec_pcs, qemu_self_counts, split_names,
+    trailing_comments, BranchKind, CallgrindProfile, Expected, Flow, Oracle, Symbols, COUNT_LOOP_BLOCKS,
+    COUNT_LOOP_INSTRUCTIONS, FIB_ASM_SELF, LONG_LOOP_BLOCKS, LONG_LOOP_INSTRUCTIONS,
+};
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -4,9 +4,12 @@
 //! functions get the ptrace backend's self counts; bad set-ups fail in one
 //! line naming the fix. The cross-architecture programs are in cross.rs.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, check_arc_consistency, compare_lines, itrace, itrace_bin, program, record, report_calls,
+    report_json, report_self_counts, require_tool, run, target_dir, test_dir, without_exit_kernel_line, ArcLine,
+    Oracle, COUNT_LOOP_BLOCKS, COUNT_LOOP_INSTRUCTIONS, FIB_ASM_SELF, FIB_CALLS, LONG_LOOP_BLOCKS,
+    LONG_LOOP_INSTRUCTIONS,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;

@@ -4,9 +4,11 @@
 //! whole run are the truth for them; functions called only outside must be
 //! absent, and so must the library's own code.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    arc_lines, arc_text, callgrind_profile, check_arc_consistency, itrace, objdump_insns, program, record,
+    report_calls, report_json, report_self_counts, run, test_dir, trailing_comments, wait_with_guard, KillOnDrop,
+    Output, Symbols,
+};
 use std::collections::HashMap;
 
 /// Records `name` with `options`, checks it ran, and returns the report and the arc text.

@@ -1,9 +1,9 @@
 //! Symbols, offsets and source lines in the arc agree with nm, objdump and
 //! addr2line for the same addresses.
 
-mod common;
-
-use common::*;
+use itrace_tests::{
+    addr2line_lines, arc_lines, arc_text, check_arc_consistency, objdump_insns, program, record, test_dir, Symbols,
+};
 use std::collections::BTreeSet;
 
 fn check(name: &str, expect_funcs: &[&str]) {

@@ -1,0 +1,194 @@
+//! The callgrind oracle: self Ir per function from valgrind's
+//! `--tool=callgrind` output files, parsed here (name compression, relative
+//! positions, call costs) and checked against each file's totals.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::run::{require_tool, run};
+
+/// Self Ir per (object, function) from one or more callgrind output files.
+#[derive(Debug, Default, Clone)]
+pub struct CallgrindProfile {
+    pub by_object: HashMap<(String, String), u64>,
+    /// Sum of all costs of all files (checked against each file's
+    /// `totals:` line).
+    pub summary: u64,
+}
+
+impl CallgrindProfile {
+    /// Self Ir per function name, over all objects.
+    pub fn self_counts(&self) -> HashMap<String, u64> {
+        let mut m = HashMap::new();
+        for ((_, f), v) in &self.by_object {
+            *m.entry(f.clone()).or_insert(0) += v;
+        }
+        m
+    }
+
+    /// Self Ir per function name of one object (the path as valgrind saw it).
+    pub fn self_counts_in(&self, object: &Path) -> HashMap<String, u64> {
+        let object = object.to_string_lossy();
+        let mut m = HashMap::new();
+        for ((o, f), v) in &self.by_object {
+            if *o == *object {
+                *m.entry(f.clone()).or_insert(0) += v;
+            }
+        }
+        m
+    }
+}
+
+/// Runs `valgrind --tool=callgrind --collect-jumps=yes --skip-plt=no` on
+/// `binary args`
+/// (following exec'd children when `trace_children`; forked children are
+/// always followed) and returns its self Ir per function name, summed over
+/// every output file (every process).
+pub fn callgrind_self_counts(binary: &Path, args: &[&str], trace_children: bool) -> HashMap<String, u64> {
+    callgrind_profile(binary, args, trace_children).self_counts()
+}
+
+/// Like [`callgrind_self_counts`], keeping the objects apart.
+pub fn callgrind_profile(binary: &Path, args: &[&str], trace_children: bool) -> CallgrindProfile {
+    let valgrind = require_tool("valgrind");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(valgrind);
+    cmd.args([
+        "-q",
+        "--tool=callgrind",
+        "--collect-jumps=yes",
+        "--separate-recs=1",
+        // the default (yes) charges PLT stubs to their caller; itrace
+        // (and qemu with nm) charge them to no function of the program
+        "--skip-plt=no",
+    ])
+    .arg(format!("--trace-children={}", if trace_children { "yes" } else { "no" }))
+    .arg(format!("--callgrind-out-file={}/callgrind.out.%p", dir.path().display()))
+    .arg(binary)
+    .args(args);
+    let o = run(&mut cmd);
+    o.assert_success();
+    let mut profile = CallgrindProfile::default();
+    let mut files: Vec<PathBuf> =
+        fs::read_dir(dir.path()).expect("read callgrind dir").map(|e| e.expect("dir entry").path()).collect();
+    files.sort();
+    assert!(!files.is_empty(), "callgrind wrote no output file");
+    for f in files {
+        let text = fs::read_to_string(&f).expect("read callgrind output");
+        parse_callgrind_into(&text, &mut profile).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    }
+    profile
+}
+
+/// Parses one callgrind output file (format version 1, with name
+/// compression `(id) name`, relative positions, `calls=` lines whose
+/// following cost line is an inclusive call cost, and `jump=`/`jcnd=`
+/// lines) and adds its self Ir to `profile`. Recursion suffixes (`'2`) are
+/// folded into the function name. Checks that the self costs add up to the
+/// file's `totals:`.
+pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Result<(), String> {
+    let mut positions = 1usize;
+    let mut ir_index: Option<usize> = None;
+    let mut names: HashMap<(&'static str, String), String> = HashMap::new();
+    let mut ob = String::from("???");
+    let mut func: Option<String> = None;
+    let mut skip_next_cost = false;
+    let mut file_total = 0u64;
+    let mut summary: Option<u64> = None;
+    let mut totals: Option<u64> = None;
+
+    let resolve = |names: &mut HashMap<(&'static str, String), String>, ns: &'static str, v: &str| -> String {
+        let v = v.trim();
+        if let Some(rest) = v.strip_prefix('(') {
+            let close = rest.find(')').unwrap_or(rest.len());
+            let id = rest[..close].to_string();
+            let name = rest[(close + 1).min(rest.len())..].trim();
+            if name.is_empty() {
+                names.get(&(ns, id.clone())).cloned().unwrap_or_else(|| format!("<undefined id {id}>"))
+            } else {
+                names.insert((ns, id), name.to_string());
+                name.to_string()
+            }
+        } else {
+            v.to_string()
+        }
+    };
+
+    for (lineno, line) in text.lines().enumerate() {
+        let lineno = lineno + 1;
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let first = line.as_bytes()[0];
+        if first.is_ascii_digit() || first == b'+' || first == b'-' || first == b'*' {
+            if skip_next_cost {
+                skip_next_cost = false;
+                continue;
+            }
+            let toks: Vec<&str> = line.split_whitespace().collect();
+            let Some(ir) = ir_index else {
+                return Err(format!("line {lineno}: cost line before `events:`"));
+            };
+            let v = match toks.get(positions + ir) {
+                Some(t) => t.parse::<u64>().map_err(|e| format!("line {lineno}: bad cost {t:?}: {e}"))?,
+                None => 0,
+            };
+            let Some(f) = &func else {
+                return Err(format!("line {lineno}: cost line outside a function"));
+            };
+            *profile.by_object.entry((ob.clone(), f.clone())).or_insert(0) += v;
+            file_total += v;
+            continue;
+        }
+        let Some((key, value)) = line.split_once(['=', ':']) else {
+            continue;
+        };
+        match key {
+            "positions" => positions = value.split_whitespace().count(),
+            "events" => {
+                ir_index = value.split_whitespace().position(|e| e == "Ir");
+                if ir_index.is_none() {
+                    return Err("no Ir event".into());
+                }
+            }
+            "summary" => summary = value.trim().parse().ok(),
+            "totals" => totals = value.trim().parse().ok(),
+            "ob" => ob = resolve(&mut names, "ob", value),
+            "cob" => {
+                resolve(&mut names, "ob", value);
+            }
+            "fl" | "fi" | "fe" | "cfi" | "cfl" => {
+                resolve(&mut names, "fl", value);
+            }
+            "fn" => {
+                let name = resolve(&mut names, "fn", value);
+                func = Some(strip_recursion_suffix(&name).to_string());
+            }
+            "cfn" => {
+                resolve(&mut names, "fn", value);
+            }
+            "calls" => skip_next_cost = true,
+            _ => {}
+        }
+    }
+    // `totals:` is the sum of all cost lines; `summary:` can be smaller
+    // (callgrind 3.19 leaves out some costs of signal handlers there).
+    if let Some(t) = totals.or(summary) {
+        if t != file_total {
+            return Err(format!("self costs add up to {file_total}, the file's totals say {t}"));
+        }
+    }
+    profile.summary += file_total;
+    Ok(())
+}
+
+fn strip_recursion_suffix(name: &str) -> &str {
+    if let Some(q) = name.rfind('\'') {
+        if q + 1 < name.len() && name[q + 1..].bytes().all(|b| b.is_ascii_digit()) {
+            return &name[..q];
+        }
+    }
+    name
+}

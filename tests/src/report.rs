@@ -1,0 +1,43 @@
+//! `itrace report --json`, parsed, and the per-function numbers the tests
+//! compare with the oracles (the JSON fields of docs/arc-and-report.md).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+
+use crate::run::{itrace, tail};
+
+/// `itrace report TRACE --json`, parsed; panics unless it succeeds.
+pub fn report_json(trace: &Path) -> serde_json::Value {
+    let out = itrace([OsStr::new("report"), trace.as_os_str(), OsStr::new("--json")]);
+    out.assert_success();
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("report --json is not valid JSON ({e}):\n{}", tail(&out.stdout, 2000)))
+}
+
+/// Self instructions per function name from a report, summed over all the
+/// entries (processes, threads) whose module is `module`.
+pub fn report_self_counts(report: &serde_json::Value, module: &Path) -> HashMap<String, u64> {
+    let module = module.to_string_lossy();
+    let mut m = HashMap::new();
+    for f in report["functions"].as_array().expect("report: `functions` array") {
+        if f["module"].as_str() == Some(&*module) {
+            let name = f["name"].as_str().expect("function name").to_string();
+            *m.entry(name).or_insert(0) += f["self"].as_u64().expect("function self");
+        }
+    }
+    m
+}
+
+/// `calls` per function name of `module`, summed like [`report_self_counts`].
+pub fn report_calls(report: &serde_json::Value, module: &Path) -> HashMap<String, u64> {
+    let module = module.to_string_lossy();
+    let mut m = HashMap::new();
+    for f in report["functions"].as_array().expect("report: `functions` array") {
+        if f["module"].as_str() == Some(&*module) {
+            let name = f["name"].as_str().expect("function name").to_string();
+            *m.entry(name).or_insert(0) += f["calls"].as_u64().expect("function calls");
+        }
+    }
+    m
+}
