@@ -13,6 +13,10 @@ use crate::{inproc, kmod};
 // kernel-shim region goes on), set TF again if it says so (`eax` non-zero; for the counter entry
 // points, which return (count, set trap flag) in rax:rdx, `rdx`). Naked, so no compiler-made
 // prologue runs before the trap flag is off.
+//
+// Sound as a C function: the stack is 16-byte aligned at the call (it is 8 off on entry, past
+// the return address, and `subq $8` makes up for it), and besides the body's own (SysV-ABI)
+// effects only the flags and `rdi`, both caller-saved, change.
 macro_rules! stub {
     ($body:path) => {
         stub!($body, "testl %eax, %eax")

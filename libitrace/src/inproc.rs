@@ -1,9 +1,9 @@
 //! The in-process recorder: a traced thread sets the trap flag on itself
 //! and records each step in its own SIGTRAP handler, into memory shared
-//! with `itrace` (see [`crate::ring`]); no context switch to a tracer per
+//! with `itrace` (see `ring`); no context switch to a tracer per
 //! instruction.
 //!
-//! The entry points ([`crate::entry`]) clear the trap flag first thing and
+//! The entry points (`entry`) clear the trap flag first thing and
 //! set it again just before returning to the caller, so none of the
 //! library's own work is stepped or recorded. Classification follows the
 //! ptrace recorder's rules (a taken branch wherever the next pc is not the
@@ -91,7 +91,7 @@ pub(crate) fn running() -> bool {
 fn decode(ts: &mut ThreadState, pc: u64) -> Insn {
     let line = (pc as usize ^ (pc as usize >> 10)) % CACHE;
     if !ts.cache.is_null() {
-        // SAFETY: the cache was allocated for this thread by itrace_on_body.
+        // SAFETY: not null, so allocated for this thread by `on` (never freed), and `line` < CACHE.
         let e = unsafe { &(*ts.cache)[line] };
         if e.0 == pc {
             return e.1;
@@ -119,7 +119,7 @@ fn decode(ts: &mut ThreadState, pc: u64) -> Insn {
     };
     let insn = x86::decode(64, pc, &buf[..n]);
     if !ts.cache.is_null() {
-        // SAFETY: as above.
+        // SAFETY: as for the read above; only this thread uses its cache.
         unsafe { (*ts.cache)[line] = (pc, insn) };
     }
     insn
@@ -137,6 +137,7 @@ const NR_EXIT: u64 = libc::SYS_exit as u64;
 const NR_EXIT_GROUP: u64 = libc::SYS_exit_group as u64;
 const NR_CLONE3: u64 = libc::SYS_clone3 as u64;
 const NR_RT_SIGPROCMASK: u64 = libc::SYS_rt_sigprocmask as u64;
+const CLONE_VM: u64 = libc::CLONE_VM as u64;
 
 /// Whether the rt_sigprocmask about to run (arguments in `gregs`) blocks SIGTRAP.
 fn blocks_sigtrap(gregs: &[i64; 23]) -> bool {
@@ -144,12 +145,12 @@ fn blocks_sigtrap(gregs: &[i64; 23]) -> bool {
     if set == 0 || !(how == libc::SIG_BLOCK as i64 || how == libc::SIG_SETMASK as i64) {
         return false;
     }
-    // SAFETY: the thread passes `set` to the kernel next; it points to at least 8 readable bytes
-    // (the kernel's sigset size on x86_64).
+    // SAFETY: the thread passes `set` to the kernel next, as a set of at least 8 bytes (the
+    // kernel's sigset size on x86_64); glibc's calls (the case this is for) pass a valid one. A
+    // program passing a bad pointer would get EFAULT from the kernel, and a SIGSEGV here instead.
     let bits = unsafe { std::ptr::read_unaligned(set as *const u64) };
     bits & (1 << (libc::SIGTRAP - 1)) != 0
 }
-const CLONE_VM: u64 = libc::CLONE_VM as u64;
 
 /// A branch slot's code: the trace file's minor code (kind | flags << 8), low 16 bits.
 fn branch_code(kind: BranchKind, flags: u8) -> u16 {

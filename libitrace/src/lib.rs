@@ -19,6 +19,10 @@
 //! # let _ = result;
 //! ```
 
+// Every unsafe operation sits in its own block with a `// SAFETY:` line saying why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod entry;
 pub mod inproc;
 mod interpose;
