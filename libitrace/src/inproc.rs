@@ -376,3 +376,17 @@ pub(crate) fn count_now(pause: bool) -> CountRet {
         CountRet { count: if ts.active { ts.total } else { 0 }, step: step as u64 }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_codes_are_the_trace_file_minor_codes() {
+        assert_eq!(branch_code(BranchKind::Intrpt, branch_flags::SYSCALL), 0x100);
+        assert_eq!(branch_code(BranchKind::Iret, branch_flags::SYSCALL), 0x104);
+        assert_eq!(branch_code(Flow::Next.branch_kind(), 0), 5);
+        assert_eq!(branch_code(Flow::RepString.branch_kind(), 0), 5);
+        assert_eq!(branch_code(Flow::CondJump.branch_kind(), 0), 8);
+    }
+}

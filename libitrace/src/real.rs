@@ -63,3 +63,25 @@ pub(crate) fn sigaction(sig: libc::c_int, act: &libc::sigaction) -> bool {
     // SAFETY: libc's sigaction with a valid action and no old-action pointer.
     unsafe { f(sig, act, std::ptr::null_mut()) == 0 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_libc_functions_and_calls_them() {
+        let f = PTHREAD_SIGMASK.get().expect("libc has pthread_sigmask");
+        // SAFETY: an all-zero sigset_t is a valid (empty) set.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: libc's pthread_sigmask, reading the mask only.
+        assert_eq!(unsafe { f(libc::SIG_BLOCK, std::ptr::null(), &mut old) }, 0);
+        assert!(SIGACTION.get().is_some() && SIGNAL.get().is_some() && SIGPROCMASK.get().is_some());
+    }
+
+    #[test]
+    fn a_missing_function_is_none() {
+        // SAFETY: never called.
+        let missing: Next<SignalFn> = unsafe { Next::new(c"itrace_no_such_function") };
+        assert!(missing.get().is_none());
+    }
+}
