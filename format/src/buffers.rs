@@ -104,6 +104,12 @@ impl Buffers {
         }
     }
 
+    /// Keep the running totals in `live` (shared with a status line made before the buffers).
+    pub fn with_live(mut self, live: Arc<LiveCounts>) -> Self {
+        self.live = live;
+        self
+    }
+
     /// The running totals, shared with whoever shows progress.
     pub fn live(&self) -> Arc<LiveCounts> {
         Arc::clone(&self.live)

@@ -130,25 +130,20 @@ struct Run {
 }
 
 fn profile(command: &[OsString], dir: &Path, trace_path: &Path) -> Result<Run> {
-    // itrace has no other thread yet; the program inherits these.
-    std::env::set_var("ITRACE_HOOKIT_OUT", dir);
-    std::env::set_var("ITRACE_HOOKIT_METRIC", "sw");
-    // Bind the PLT at load: a lazy first resolution would be charged to one interval.
-    std::env::set_var("LD_BIND_NOW", "1");
-    let mut argv: Vec<OsString> =
-        ["itrace", "record", "--region", "--backend", "inproc", "-o"].map(OsString::from).into();
-    argv.push(trace_path.into());
-    argv.push("--".into());
-    argv.extend(command.iter().cloned());
-    let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).context("internal: record arguments")?;
-    let crate::cli::Command::Record(rargs) = cli.command else { bail!("internal: not a record command") };
+    use itrace_arch::backend::{Backend, RecordSettings, Target};
+    let mut settings =
+        RecordSettings::new(Target::Launch { command: command.to_vec(), aslr: false }, trace_path.to_path_buf());
+    settings.backend = Backend::Inproc;
+    settings.region = true;
+    settings.env = vec![
+        ("ITRACE_HOOKIT_OUT".into(), dir.as_os_str().to_os_string()),
+        ("ITRACE_HOOKIT_METRIC".into(), "sw".into()),
+        // Bind the PLT at load: a lazy first resolution would be charged to one interval.
+        ("LD_BIND_NOW".into(), "1".into()),
+    ];
+    let (recorded, backend) = crate::record::run(&settings)?;
     // The summary, without the temporary trace's name (it is deleted unless --trace keeps it).
-    let mut summary = crate::record::run(&rargs)?;
-    summary.output = None;
-    summary.print();
-    for v in ["ITRACE_HOOKIT_OUT", "ITRACE_HOOKIT_METRIC", "LD_BIND_NOW"] {
-        std::env::remove_var(v);
-    }
+    crate::record::summary_of(&recorded, &settings, backend, None).print();
     let mut logs = Vec::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let p = e?.path();
@@ -227,7 +222,7 @@ fn validate(args: ValidateArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot read calibration file {what} (train one with `itrace calib train`)"))?;
     let cal = Calibration::from_text(&text, &what)?;
     cal.check_machine(&here, &what)?;
-    let program = crate::record::resolve_program(&args.command[0])?;
+    let program = itrace_arch::backend::find_program(&args.command[0])?;
     check_instrumented(&program)?;
     let dir = scratch()?;
     let trace_path = args.trace.clone().unwrap_or_else(|| dir.join("run.itr"));

@@ -4,11 +4,7 @@
 mod calib;
 mod cli;
 mod dump;
-mod inproc;
-mod kmod;
-mod plugin;
 mod record;
-mod remote;
 mod signals;
 mod size;
 mod status;

@@ -19,20 +19,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("size '{s}' is out of range"))
 }
 
-/// A byte count for people: `512 bytes`, `64.0 KiB`, `974.5 MiB`, `2.3 GiB`.
-pub fn human_size(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} bytes");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
-}
+pub use itrace_format::human_size;
 
 #[cfg(test)]
 mod tests {

@@ -5,19 +5,10 @@
 use crate::size::human_size;
 use itrace_format::LiveCounts;
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Where the figures come from.
-pub enum Source {
-    /// The buffers itrace fills itself.
-    Buffers(Arc<LiveCounts>),
-    /// A trace file another process writes (the qemu plugin): only its size is known.
-    File(PathBuf),
-}
 
 /// A drawn status line; [`StatusLine::finish`] erases it.
 pub struct StatusLine {
@@ -27,14 +18,14 @@ pub struct StatusLine {
 
 impl StatusLine {
     /// Start drawing, when stderr is a terminal.
-    pub fn start(source: Source, duration: Option<f64>) -> StatusLine {
+    pub fn start(live: Arc<LiveCounts>, duration: Option<f64>) -> StatusLine {
         let done = Arc::new(AtomicBool::new(false));
         if !std::io::stderr().is_terminal() {
             return StatusLine { done, thread: None };
         }
         let flag = Arc::clone(&done);
         let thread =
-            std::thread::Builder::new().name("itrace-status".into()).spawn(move || draw(source, duration, &flag)).ok();
+            std::thread::Builder::new().name("itrace-status".into()).spawn(move || draw(&live, duration, &flag)).ok();
         StatusLine { done, thread }
     }
 
@@ -58,7 +49,7 @@ impl Drop for StatusLine {
     }
 }
 
-fn draw(source: Source, duration: Option<f64>, done: &AtomicBool) {
+fn draw(live: &LiveCounts, duration: Option<f64>, done: &AtomicBool) {
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {wide_msg}").expect("valid template"));
     let t0 = Instant::now();
@@ -66,17 +57,14 @@ fn draw(source: Source, duration: Option<f64>, done: &AtomicBool) {
     let mut window: std::collections::VecDeque<(f64, u64)> = std::collections::VecDeque::new();
     while !done.load(Ordering::Relaxed) {
         let secs = t0.elapsed().as_secs_f64();
-        let (measure, text) = match &source {
-            Source::Buffers(live) => {
-                let ins = live.instructions.load(Ordering::Relaxed);
-                let br = live.branches.load(Ordering::Relaxed);
-                let bytes = live.bytes.load(Ordering::Relaxed);
-                (ins, format!("{ins} instructions, {br} branches, {}", human_size(bytes)))
-            }
-            Source::File(path) => {
-                let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-                (bytes, human_size(bytes))
-            }
+        let ins = live.instructions.load(Ordering::Relaxed);
+        let br = live.branches.load(Ordering::Relaxed);
+        let bytes = live.bytes.load(Ordering::Relaxed);
+        // A backend whose trace another process writes (the qemu plugin) counts bytes only.
+        let (measure, text) = if ins == 0 && br == 0 {
+            (bytes, human_size(bytes))
+        } else {
+            (ins, format!("{ins} instructions, {br} branches, {}", human_size(bytes)))
         };
         window.push_back((secs, measure));
         while window.len() > 2 && secs - window[0].0 > 3.0 {
@@ -86,9 +74,10 @@ fn draw(source: Source, duration: Option<f64>, done: &AtomicBool) {
             (Some(a), Some(b)) if b.0 > a.0 => (b.1.saturating_sub(a.1)) as f64 / (b.0 - a.0),
             _ => 0.0,
         };
-        let rate = match source {
-            Source::Buffers(_) => format!("{rate:.0} instructions/s"),
-            Source::File(_) => format!("{}/s", human_size(rate as u64)),
+        let rate = if ins == 0 && br == 0 {
+            format!("{}/s", human_size(rate as u64))
+        } else {
+            format!("{rate:.0} instructions/s")
         };
         let left = duration.map(|d| format!(", {:.0} s left", (d - secs).max(0.0).ceil())).unwrap_or_default();
         bar.set_message(format!("recording {secs:.1} s: {text}, {rate}{left}"));

@@ -28,15 +28,6 @@ impl ProgramEnd {
         }
     }
 
-    /// From the status a child process (qemu-user) ended with.
-    pub fn from_exit(st: std::process::ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt;
-        match (st.signal(), st.code()) {
-            (Some(sig), _) => ProgramEnd::Signaled(sig),
-            (None, code) => ProgramEnd::Exited(code.unwrap_or(0)),
-        }
-    }
-
     /// itrace's exit status for it: the program's code, 128+N for signal N, 0 when it runs on.
     pub fn exit_code(self) -> ExitCode {
         match self {

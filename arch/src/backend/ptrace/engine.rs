@@ -8,8 +8,9 @@
 //! (signal delivery), so no syscall-stops are needed.
 
 use super::breakpoints::{Breakpoints, Trigger};
-use super::procfs::{self, Mapping};
-use crate::x86_64::{RESTART_CODES, X86};
+use crate::backend::RecordOutcome;
+use crate::isa::x86_64::{RESTART_CODES, X86};
+use crate::procfs::{self, Mapping};
 use crate::Arch;
 use itrace_decoders::{Flow, Insn};
 use itrace_format::{
@@ -32,8 +33,9 @@ const TRAP_BRKPT: i32 = 1;
 /// What to trace.
 #[derive(Clone, Debug)]
 pub enum Target {
-    /// Start `program` with `args` (argv[0] included) and trace it from its first instruction.
-    Launch { program: PathBuf, args: Vec<OsString>, aslr: bool },
+    /// Start `program` with `args` (argv[0] included), our environment plus `env`, and trace
+    /// it from its first instruction.
+    Launch { program: PathBuf, args: Vec<OsString>, aslr: bool, env: Vec<(OsString, OsString)> },
     /// Attach to every thread of a running process.
     Attach { pid: i32 },
 }
@@ -62,23 +64,6 @@ pub struct RecordOptions<'a> {
     /// the trigger addresses. `None` traces everything.
     /// An error (say, the library is not in the program) stops tracing and is reported.
     pub triggers: Option<&'a TriggerResolver<'a>>,
-}
-
-/// What happened.
-#[derive(Clone, Debug, Default)]
-pub struct RecordOutcome {
-    pub instructions: u64,
-    pub branches: u64,
-    /// Why tracing ended (a [`StopReason`]).
-    pub stop_reason: Option<StopReason>,
-    /// Exit code of a launched program, or the signal that killed it (negative).
-    pub exit_status: Option<i32>,
-    pub threads: u64,
-    pub processes: u64,
-    /// The trace file could not be written; tracing stopped there.
-    pub write_error: Option<String>,
-    /// Region triggers could not be placed; tracing stopped.
-    pub trigger_error: Option<String>,
 }
 
 /// Errors that stop a recording before it starts.
@@ -215,7 +200,7 @@ pub(super) struct Session<'a> {
     last_ts: Vec<u64>,
 }
 
-pub use itrace_format::now_ns;
+use itrace_format::now_ns;
 
 fn ptrace_options(o: &RecordOptions) -> Options {
     let mut opts = Options::PTRACE_O_TRACEEXEC | Options::PTRACE_O_TRACEEXIT | Options::PTRACE_O_EXITKILL;
@@ -251,7 +236,7 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         last_ts: Vec::new(),
     };
     match &opts.target {
-        Target::Launch { program, args, aslr } => s.launch(program, args, *aslr)?,
+        Target::Launch { program, args, aslr, env } => s.launch(program, args, *aslr, env)?,
         Target::Attach { pid } => s.attach(*pid)?,
     }
     s.run();
@@ -326,7 +311,13 @@ pub(super) fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
 }
 
 impl Session<'_> {
-    fn launch(&mut self, program: &std::path::Path, args: &[OsString], aslr: bool) -> Result<(), RecordError> {
+    fn launch(
+        &mut self,
+        program: &std::path::Path,
+        args: &[OsString],
+        aslr: bool,
+        env: &[(OsString, OsString)],
+    ) -> Result<(), RecordError> {
         let exec_err = |source| RecordError::Exec { program: program.display().to_string(), source };
         let prog = CString::new(program.as_os_str().as_bytes()).map_err(|e| exec_err(std::io::Error::other(e)))?;
         let argv: Vec<CString> = args
@@ -336,13 +327,29 @@ impl Session<'_> {
             .map_err(|e| exec_err(std::io::Error::other(e)))?;
         let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
         argv_ptrs.push(std::ptr::null());
+        // Our environment with `env` set over it.
+        let mut vars: Vec<(OsString, OsString)> =
+            std::env::vars_os().filter(|(k, _)| !env.iter().any(|(e, _)| e == k)).collect();
+        vars.extend(env.iter().cloned());
+        let envp: Vec<CString> = vars
+            .iter()
+            .map(|(k, v)| {
+                let mut kv = k.as_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                CString::new(kv)
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| exec_err(std::io::Error::other(e)))?;
+        let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
+        envp_ptrs.push(std::ptr::null());
         let (go_r, go_w) = nix::unistd::pipe().map_err(|e| exec_err(e.into()))?;
         let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| exec_err(e.into()))?;
         use std::os::fd::AsRawFd;
         let (go_r_fd, go_w_fd, err_r_fd, err_w_fd) =
             (go_r.as_raw_fd(), go_w.as_raw_fd(), err_r.as_raw_fd(), err_w.as_raw_fd());
         // SAFETY: the child only calls async-signal-safe functions (read, close, signal,
-        // personality, execv, write, _exit) on memory prepared before the fork.
+        // personality, execve, write, _exit) on memory prepared before the fork.
         let pid = match unsafe { libc::fork() } {
             -1 => return Err(exec_err(std::io::Error::last_os_error())),
             0 => unsafe {
@@ -353,7 +360,7 @@ impl Session<'_> {
                 libc::read(go_r_fd, (&mut b as *mut u8).cast(), 1);
                 libc::close(go_r_fd);
                 procfs::prepare_child_for_exec(aslr);
-                libc::execv(prog.as_ptr(), argv_ptrs.as_ptr());
+                libc::execve(prog.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
                 let e = *libc::__errno_location();
                 libc::write(err_w_fd, (&e as *const i32).cast(), 4);
                 libc::_exit(127);

@@ -4,9 +4,10 @@
 //! This side checks each record, turns the module's mapping snapshots into segment and unmap
 //! records, and hands everything to the trace file's buffers.
 
-use anyhow::{bail, Context, Result};
-use itrace_arch::ptrace::procfs::{self, Mapping};
-use itrace_arch::ptrace::RecordOutcome;
+use super::BackendError;
+type Result<T, E = BackendError> = std::result::Result<T, E>;
+use super::RecordOutcome;
+use crate::procfs::{self, Mapping};
 pub use itrace_format::kmod::*;
 use itrace_format::{major, Buffers, Endian, Mode, Mte, Record, TraceOnReason};
 use std::collections::HashMap;
@@ -44,31 +45,34 @@ impl Device {
     fn open(mode: Mode, ring: usize, mte: usize, flags: u32) -> Result<Device> {
         let f = match std::fs::OpenOptions::new().read(true).write(true).open(DEVICE) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => fail!(
                 "--backend kmod: the itrace kernel module is not loaded ({DEVICE} does not exist): build and load \
                  kmod-shim/itrace.ko (see docs/kmod.md), or use --backend ptrace"
             ),
-            Err(e) => return Err(e).with_context(|| format!("cannot open {DEVICE}")),
+            Err(e) => return Err(BackendError::io(format!("cannot open {DEVICE}"), e)),
         };
         let fd: OwnedFd = f.into();
         let mut cfg = Config { mode: mode.code() as u32, flags, buffer_size: ring as u64, mte_size: mte as u64 };
         ioctl(fd.as_raw_fd(), ITR_IOC_INSTALL, &mut cfg).map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) => anyhow::anyhow!("the itrace kernel module is busy: another recording is using it"),
-            _ => anyhow::anyhow!("cannot set up the kernel trace buffers ({ring} bytes per CPU): {e}"),
+            Some(libc::EBUSY) => {
+                BackendError::Failed("the itrace kernel module is busy: another recording is using it".into())
+            }
+            _ => BackendError::Failed(format!("cannot set up the kernel trace buffers ({ring} bytes per CPU): {e}")),
         })?;
         let mut st = Status::default();
-        ioctl(fd.as_raw_fd(), ITR_IOC_STATUS, &mut st).context("cannot query the itrace kernel module")?;
+        ioctl(fd.as_raw_fd(), ITR_IOC_STATUS, &mut st)
+            .map_err(|e| BackendError::io("cannot query the itrace kernel module", e))?;
         let len = st.map_size as usize;
         // SAFETY: a fresh read-only shared mapping of the device's rings, of the size it reported.
         let base =
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         if base == libc::MAP_FAILED {
-            bail!("cannot map the kernel trace buffers: {}", std::io::Error::last_os_error());
+            fail!("cannot map the kernel trace buffers: {}", std::io::Error::last_os_error());
         }
         let dev = Device { fd, base: base as *const u8, len, ncpu: st.ncpu as usize };
         let ctl = dev.ctl();
         if ctl.magic != ITR_MAGIC || ctl.version != ITR_VERSION || ctl.ncpu as usize != dev.ncpu {
-            bail!("the itrace kernel module speaks another version of the device ABI (rebuild it)");
+            fail!("the itrace kernel module speaks another version of the device ABI (rebuild it)");
         }
         Ok(dev)
     }
@@ -283,78 +287,106 @@ impl Drain<'_> {
     }
 }
 
-/// Whether `itrace record` uses the kernel module: always for `--backend kmod` (which refuses
-/// what the module cannot do), for `auto` when the module is loaded, the program is a 64-bit
+/// Whether a recording uses the kernel module: always for `Backend::Kmod` (which refuses
+/// what the module cannot do), for `Auto` when the module is loaded, the program is a 64-bit
 /// one and there is no `--start`/`--stop`.
-pub fn chosen(backend: crate::cli::BackendArg, start_stop: bool, arch: itrace_format::Arch) -> Result<bool> {
-    use crate::cli::BackendArg;
+pub fn chosen(backend: super::Backend, start_stop: bool, arch: itrace_format::Arch) -> Result<bool> {
+    use super::Backend;
     let bits64 = arch == itrace_format::Arch::X86_64;
+    let refuse = |m: String| Err(BackendError::Settings(m));
     match backend {
-        BackendArg::Kmod if start_stop => bail!(
+        Backend::Kmod if start_stop => refuse(
             "--backend kmod traces whole programs or libitrace's regions (--region): --start and --stop need \
              --backend inproc or ptrace"
+                .into(),
         ),
-        BackendArg::Kmod if !bits64 => {
-            bail!("--backend kmod traces 64-bit programs only: this is an {arch} one, use --backend ptrace")
+        Backend::Kmod if !bits64 => {
+            refuse(format!("--backend kmod traces 64-bit programs only: this is an {arch} one, use --backend ptrace"))
         }
-        BackendArg::Kmod if !available() => bail!(
+        Backend::Kmod if !available() => refuse(format!(
             "--backend kmod: the itrace kernel module is not loaded ({DEVICE} does not exist): build and load \
              kmod-shim/itrace.ko (see docs/kmod.md), or use --backend ptrace"
-        ),
-        BackendArg::Kmod => Ok(true),
-        BackendArg::Auto => Ok(available() && !start_stop && bits64),
+        )),
+        Backend::Kmod => Ok(true),
+        Backend::Auto => Ok(available() && !start_stop && bits64),
         _ => Ok(false),
     }
 }
 
-/// `record` with the command line's settings.
-pub fn record_args(
-    args: &crate::cli::RecordArgs,
-    target: &itrace_arch::ptrace::Target,
-    mode: Mode,
-    buffers: &mut Buffers,
-) -> Result<RecordOutcome> {
-    use itrace_arch::ptrace::Target;
-    let start = match target {
-        Target::Launch { program, args: argv, aslr } => Start::Launch { program, argv, aslr: *aslr },
-        Target::Attach { pid } => Start::Attach { pid: *pid },
-    };
-    let ring = match mode {
-        Mode::Continuous => args.segment_size.max(args.buffer_size.min(16 << 20)),
-        _ => args.buffer_size,
-    };
-    record(
-        start,
-        mode,
-        ring,
-        args.mte_size,
-        args.follow_forks,
-        !args.no_follow_threads,
-        args.region,
-        &crate::signals::STOP,
-        buffers,
-    )
+/// `itrace record` through the kernel module.
+pub struct KmodRecorder {
+    settings: super::RecordSettings,
+    program: Option<std::path::PathBuf>,
+    arch: itrace_format::Arch,
+}
+
+impl KmodRecorder {
+    /// `program`: the launched program, found; `None` to attach.
+    pub fn new(s: &super::RecordSettings, program: Option<std::path::PathBuf>, arch: itrace_format::Arch) -> Self {
+        KmodRecorder { settings: s.clone(), program, arch }
+    }
+}
+
+impl super::Recorder for KmodRecorder {
+    fn record(
+        &mut self,
+        live: std::sync::Arc<itrace_format::LiveCounts>,
+        stop: &AtomicBool,
+    ) -> Result<super::Recorded> {
+        use super::{output, Target};
+        let s = &self.settings;
+        let start = match (&s.target, &self.program) {
+            (Target::Launch { command, aslr }, Some(program)) => {
+                Start::Launch { program, argv: command, aslr: *aslr, env: &s.env }
+            }
+            (Target::Attach { pid }, _) => Start::Attach { pid: *pid },
+            _ => unreachable!("choose() gives the kernel module a launched program or a pid"),
+        };
+        let no_aslr = matches!(s.target, Target::Launch { aslr: false, .. });
+        let step = itrace_format::StepMethod::Kernel;
+        let mut buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let opts = Options {
+            mode: s.mode,
+            ring: s.ring_size(),
+            mte: s.mte_size,
+            follow_forks: s.follow_forks,
+            follow_threads: s.follow_threads,
+            region: s.region,
+        };
+        match record(start, &opts, stop, &mut buffers) {
+            Ok(outcome) => output::finish(s, buffers, outcome, self.arch, step.to_string()),
+            Err(e) => {
+                drop(buffers);
+                let _ = std::fs::remove_file(&s.output);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// How the module records.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub mode: Mode,
+    /// Bytes per CPU ring.
+    pub ring: usize,
+    /// Bytes of module-table ring.
+    pub mte: usize,
+    pub follow_forks: bool,
+    pub follow_threads: bool,
+    /// libitrace's regions only.
+    pub region: bool,
 }
 
 /// How to start tracing.
 pub enum Start<'a> {
-    Launch { program: &'a Path, argv: &'a [OsString], aslr: bool },
+    Launch { program: &'a Path, argv: &'a [OsString], aslr: bool, env: &'a [(OsString, OsString)] },
     Attach { pid: i32 },
 }
 
 /// Record with the kernel module until the program ends (or `stop`).
-#[allow(clippy::too_many_arguments)]
-pub fn record(
-    start: Start,
-    mode: Mode,
-    ring: usize,
-    mte: usize,
-    follow_forks: bool,
-    follow_threads: bool,
-    region: bool,
-    stop: &AtomicBool,
-    buffers: &mut Buffers,
-) -> Result<RecordOutcome> {
+pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buffers) -> Result<RecordOutcome> {
+    let Options { mode, ring, mte, follow_forks, follow_threads, region } = *opts;
     let flags = if follow_forks { ITR_CFG_FOLLOW_FORKS } else { 0 }
         | if follow_threads { 0 } else { ITR_CFG_NO_FOLLOW_THREADS };
     let ring = ring.clamp(64 << 10, 1 << 30);
@@ -362,9 +394,10 @@ pub fn record(
     let fd = dev.fd.as_raw_fd();
     let mut child = None;
     match start {
-        Start::Launch { program, argv, aslr } => {
+        Start::Launch { program, argv, aslr, env } => {
             let mut cmd = std::process::Command::new(program);
             cmd.arg0(&argv[0]).args(&argv[1..]);
+            cmd.envs(env.iter().map(|(k, v)| (k, v)));
             if region {
                 cmd.env(ENV_KMOD, DEVICE);
             }
@@ -377,18 +410,18 @@ pub fn record(
                     ioctl(fd, ITR_IOC_ENABLE, &mut t)
                 });
             }
-            child = Some(cmd.spawn().with_context(|| format!("cannot run {}", program.display()))?);
+            child = Some(cmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", program.display()), e))?);
         }
         Start::Attach { pid } => {
             let mut t = TargetArg { pid, flags: if region { ITR_EN_REGION } else { 0 } };
             if let Err(e) = ioctl(fd, ITR_IOC_ENABLE, &mut t) {
                 match e.raw_os_error() {
-                    Some(libc::EPERM) => bail!(
+                    Some(libc::EPERM) => fail!(
                         "not permitted to trace pid {pid}: the kernel module allows only what ptrace would \
                          (another user's process, or a protected one)"
                     ),
-                    Some(libc::ESRCH) => bail!("no process with pid {pid}"),
-                    _ => bail!("cannot trace pid {pid} with the kernel module: {e}"),
+                    Some(libc::ESRCH) => fail!("no process with pid {pid}"),
+                    _ => fail!("cannot trace pid {pid} with the kernel module: {e}"),
                 }
             }
         }
@@ -420,7 +453,7 @@ pub fn record(
             }
         }
         if let Some(c) = child.as_mut() {
-            if let Some(st) = c.try_wait().context("waiting for the program")? {
+            if let Some(st) = c.try_wait().map_err(|e| BackendError::io("waiting for the program", e))? {
                 break Some(st);
             }
         }
@@ -467,9 +500,9 @@ pub fn record(
         d.buffers.add_lost(0, mte_lost);
     }
     let full = dev.ctl().full != 0;
-    let (reason, _) = crate::record::stop_reason(status, detached, full);
+    let (reason, _) = super::stop_reason(status, detached, full);
     d.out.stop_reason = Some(reason);
-    d.out.exit_status = status.map(crate::record::exit_status);
+    d.out.exit_status = status.map(super::exit_status);
     d.out.write_error = d.error.take();
     Ok(d.out)
 }
@@ -672,7 +705,7 @@ return 0; }
     }
 
     fn tempfile_dir() -> std::path::PathBuf {
-        let now = itrace_arch::ptrace::now_ns();
+        let now = itrace_format::now_ns();
         let d = std::env::temp_dir().join(format!("itrace-kmod-layout-{}-{now}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d

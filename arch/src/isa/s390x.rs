@@ -2,7 +2,7 @@
 //! names. Decoding is in `itrace_decoders::s390x`. qemu-user's stub steps
 //! `svc` correctly (unlike PowerPC `sc`).
 
-use crate::{Arch, MappingCalls, RemoteInfo};
+use super::{Arch, MappingCalls, RemoteInfo};
 use itrace_decoders::{s390x, Insn};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,8 +29,8 @@
 
 use super::protocol::{parse_stop_reply, Connection, GdbError, StopReply};
 use super::registers::{self, Register, RegisterMap};
+use crate::backend::RecordOutcome;
 use crate::elf::Program;
-use crate::ptrace::RecordOutcome;
 use crate::{Arch, RemoteInfo, Reservation};
 use itrace_decoders::{Flow, Insn};
 use itrace_format::{

@@ -4,9 +4,11 @@
 //! launches the program, drains the rings into the trace file's buffers,
 //! and keeps the module table from /proc.
 
-use anyhow::{bail, Context, Result};
-use itrace_arch::ptrace::procfs::{self, Mapping};
-use itrace_arch::ptrace::{now_ns, RecordOutcome};
+use super::BackendError;
+type Result<T, E = BackendError> = std::result::Result<T, E>;
+use super::RecordOutcome;
+use crate::procfs::{self, Mapping};
+use itrace_format::now_ns;
 use itrace_format::shm::{self, CpuCtl, Header, Slot};
 use itrace_format::{
     Branch, BranchKind, Buffers, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN,
@@ -30,13 +32,12 @@ impl Shared {
     fn create(ncpu: usize, slots: usize, mode: Mode) -> Result<Shared> {
         let (_, _, len) = shm::layout(ncpu, slots);
         let path = std::path::PathBuf::from(format!("/dev/shm/itrace-{}-{}", std::process::id(), now_ns()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .with_context(|| format!("cannot create the shared trace buffer {}", path.display()))?;
-        file.set_len(len as u64).with_context(|| format!("cannot size {} to {len} bytes", path.display()))?;
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(|e| {
+                BackendError::io(format!("cannot create the shared trace buffer {}", path.display()), e)
+            })?;
+        file.set_len(len as u64)
+            .map_err(|e| BackendError::io(format!("cannot size {} to {len} bytes", path.display()), e))?;
         use std::os::fd::AsRawFd;
         // SAFETY: a fresh shared mapping of a file we own, its whole length.
         let base = unsafe {
@@ -51,7 +52,7 @@ impl Shared {
         };
         if base == libc::MAP_FAILED {
             let _ = std::fs::remove_file(&path);
-            bail!("cannot map the shared trace buffer: {}", std::io::Error::last_os_error());
+            fail!("cannot map the shared trace buffer: {}", std::io::Error::last_os_error());
         }
         let s = Shared { base: base.cast(), len, path, ncpu, slots: slots as u64 };
         // SAFETY: the mapping starts with room for the header; nobody else has it yet.
@@ -254,22 +255,71 @@ fn drain_committed(sh: &Shared, d: &mut Drain) -> bool {
     any
 }
 
-/// Launch `program` with the in-process recorder switched on and record its regions.
+/// `itrace record --region` of a launched program by the in-process recorder.
+pub struct InprocRecorder {
+    settings: super::RecordSettings,
+    program: std::path::PathBuf,
+    arch: itrace_format::Arch,
+}
+
+impl InprocRecorder {
+    /// `program`: the launched program, found.
+    pub fn new(s: &super::RecordSettings, program: std::path::PathBuf, arch: itrace_format::Arch) -> Self {
+        InprocRecorder { settings: s.clone(), program, arch }
+    }
+}
+
+impl super::Recorder for InprocRecorder {
+    fn record(
+        &mut self,
+        live: std::sync::Arc<itrace_format::LiveCounts>,
+        stop: &AtomicBool,
+    ) -> Result<super::Recorded> {
+        use super::{output, Target};
+        let s = &self.settings;
+        let Target::Launch { command, aslr } = &s.target else {
+            unreachable!("choose() gives the in-process recorder launched programs only")
+        };
+        let step = itrace_format::StepMethod::InProcess;
+        let arch = self.arch;
+        let mut buffers = output::open(s, arch, step, output::ncpu(), !aslr, live)?;
+        let launch = Launch { program: &self.program, argv: command, aslr: *aslr, env: &s.env };
+        match record(&launch, s.mode, s.ring_size(), stop, &mut buffers) {
+            Ok(outcome) => output::finish(s, buffers, outcome, arch, step.to_string()),
+            Err(e) => {
+                drop(buffers);
+                let _ = std::fs::remove_file(&s.output);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The program to launch.
+pub struct Launch<'a> {
+    pub program: &'a Path,
+    /// argv, argv[0] included.
+    pub argv: &'a [OsString],
+    pub aslr: bool,
+    /// Added to our environment.
+    pub env: &'a [(OsString, OsString)],
+}
+
+/// Launch a program with the in-process recorder switched on and record its regions.
 pub fn record(
-    program: &Path,
-    argv: &[OsString],
-    aslr: bool,
+    launch: &Launch,
     mode: Mode,
     ring_bytes: usize,
     stop: &AtomicBool,
     buffers: &mut Buffers,
 ) -> Result<RecordOutcome> {
+    let Launch { program, argv, aslr, env } = *launch;
     // SAFETY: sysconf has no preconditions.
     let ncpu = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
     let slots = (ring_bytes / std::mem::size_of::<Slot>()).max(64);
     let sh = Shared::create(ncpu, slots, mode)?;
     let mut cmd = std::process::Command::new(program);
-    cmd.arg0(&argv[0]).args(&argv[1..]).env(shm::ENV_SHM, &sh.path);
+    cmd.arg0(&argv[0]).args(&argv[1..]).envs(env.iter().map(|(k, v)| (k, v))).env(shm::ENV_SHM, &sh.path);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -277,7 +327,7 @@ pub fn record(
             Ok(())
         });
     }
-    let mut child = cmd.spawn().with_context(|| format!("cannot run {}", program.display()))?;
+    let mut child = cmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", program.display()), e))?;
     let mut d = Drain {
         buffers,
         out: RecordOutcome::default(),
@@ -313,7 +363,7 @@ pub fn record(
         if mode == Mode::Continuous {
             drain_committed(&sh, &mut d);
         }
-        if let Some(st) = child.try_wait().context("waiting for the program")? {
+        if let Some(st) = child.try_wait().map_err(|e| BackendError::io("waiting for the program", e))? {
             break Some(st);
         }
         if stop.load(Ordering::Relaxed) || d.error.is_some() {
@@ -353,7 +403,7 @@ pub fn record(
     }
     // Regions still open: the program died in them (or tracing stopped, or a buffer filled).
     let full = sh.header().full.load(Ordering::Relaxed) != 0;
-    let (reason, value) = crate::record::stop_reason(status, detached, full);
+    let (reason, value) = super::stop_reason(status, detached, full);
     let open: Vec<_> = d.open.drain().collect();
     for (tid, (pid, cpu, pc, _)) in open {
         let off = TraceOff { ts: now_ns(), reason, pid, tid, pc, icount: 0, value };
@@ -366,7 +416,7 @@ pub fn record(
         }
     }
     d.out.stop_reason = Some(if full { StopReason::BufferFull } else { reason });
-    d.out.exit_status = status.map(crate::record::exit_status);
+    d.out.exit_status = status.map(super::exit_status);
     d.out.write_error = d.error.take();
     if d.pids.is_empty() && !detached {
         eprintln!("itrace: warning: {} ran no traced region (ITraceOn was never called)", program.display());

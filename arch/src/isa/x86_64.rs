@@ -1,7 +1,7 @@
 //! x86_64 (and 32-bit x86 processes on an x86_64 kernel): registers as
 //! ptrace shows them, system call numbers, and decoding with iced-x86.
 
-use crate::{Arch, MappingCalls, RemoteInfo};
+use super::{Arch, MappingCalls, RemoteInfo};
 use itrace_decoders::{x86, Insn};
 
 /// The x86_64 architecture, or a 32-bit x86 process running on it (`compat`).

@@ -9,9 +9,10 @@
 //! step is not stopped (a window of one step).
 
 use super::breakpoints::{Trigger, TriggerKind};
-use super::engine::{getregs, now_ns, Pending, Session, ThreadState};
-use super::procfs;
-use crate::x86_64::X86;
+use super::engine::{getregs, Pending, Session, ThreadState};
+use crate::isa::x86_64::X86;
+use crate::procfs;
+use itrace_format::now_ns;
 use itrace_format::{Record, StopReason, TraceOff, TraceOn, TraceOnReason};
 use nix::sys::ptrace;
 use nix::unistd::Pid;

@@ -3,7 +3,7 @@
 //! stepping quirks of qemu-user's stub. Decoding is in
 //! `itrace_decoders::ppc`.
 
-use crate::{Arch, MappingCalls, RemoteInfo, Reservation};
+use super::{Arch, MappingCalls, RemoteInfo, Reservation};
 use itrace_decoders::{ppc, Insn};
 
 /// PowerPC64 in one byte order.

@@ -1,0 +1,135 @@
+//! Which backend records a set of settings, and why: written once, for every command.
+
+use super::settings::find_program;
+use super::{
+    gdb, inproc, kmod, ptrace, qemu, Backend, BackendError, RecordSettings, Recorder, Target, TriggerResolver,
+};
+use itrace_format::Arch;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The backend picked for some settings.
+pub struct Chosen {
+    pub recorder: Box<dyn Recorder>,
+    /// The backend that records (never `Auto`).
+    pub backend: Backend,
+    /// Why this one, in a few words (for `auto`: what was available).
+    pub why: String,
+}
+
+/// Pick the backend for `s`: the one asked for, refusing settings it cannot record, or for
+/// `auto` the kernel shim when it is loaded and can record them, else the in-process recorder
+/// for a launched program's regions, else ptrace. `resolver` finds `--start`/`--stop` and
+/// libitrace's functions in program files.
+pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Sync>) -> Result<Chosen, BackendError> {
+    let refuse = |m: &str| Err(BackendError::Settings(m.to_string()));
+    s.validate()?;
+    if s.backend == Backend::Qemu {
+        return Ok(Chosen {
+            recorder: Box::new(qemu::QemuRecorder::new(s)?),
+            backend: Backend::Qemu,
+            why: "asked for".into(),
+        });
+    }
+    if s.backend == Backend::Gdb || matches!(s.target, Target::Remote { .. }) {
+        return Ok(Chosen {
+            recorder: Box::new(gdb::GdbRecorder::new(s)?),
+            backend: Backend::Gdb,
+            why: "asked for".into(),
+        });
+    }
+    let program = match &s.target {
+        Target::Launch { command, .. } => match command.first() {
+            Some(cmd) => Some(find_program(cmd)?),
+            None => return refuse("nothing to trace: give a command to run, or `-p PID`"),
+        },
+        Target::Attach { pid } => {
+            if *pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+                return Err(BackendError::Settings(format!("no process with pid {pid}")));
+            }
+            None
+        }
+        Target::Remote { .. } => unreachable!("handled above"),
+    };
+    let arch = native_arch(program.as_deref(), &s.target)?;
+    let launch = program.is_some();
+    let regions_of_launch = launch && s.region && !s.has_triggers();
+    let inproc = match s.backend {
+        Backend::Inproc if regions_of_launch => true,
+        Backend::Inproc => {
+            return refuse("--backend inproc records --region of a launched program (not -p, --start or --stop)")
+        }
+        Backend::Auto => regions_of_launch,
+        _ => false,
+    };
+    let use_kmod = kmod::chosen(s.backend, s.has_triggers(), arch)?;
+    if let Some(program) = &program {
+        if (inproc || (use_kmod && s.region)) && !inproc::uses_libitrace(program) {
+            return Err(not_using_libitrace(program));
+        }
+        check_functions_exist(program, s.start.iter().chain(&s.stop), resolver.as_ref())?;
+    }
+    if !s.stop.is_empty() && s.start.is_empty() && !s.region {
+        return refuse("--stop needs --start (or --region): nothing would start tracing");
+    }
+    let (recorder, backend, why): (Box<dyn Recorder>, _, _) = if use_kmod {
+        let why = if s.backend == Backend::Kmod { "asked for" } else { "the kernel module is loaded" };
+        (Box::new(kmod::KmodRecorder::new(s, program, arch)), Backend::Kmod, why)
+    } else if inproc {
+        let program = program.expect("inproc records launched programs");
+        let why = if s.backend == Backend::Inproc { "asked for" } else { "regions of a launched program" };
+        (Box::new(inproc::InprocRecorder::new(s, program, arch)), Backend::Inproc, why)
+    } else {
+        let why = if s.backend == Backend::Ptrace { "asked for" } else { "the default" };
+        (Box::new(ptrace::PtraceRecorder::new(s, program, arch, resolver)), Backend::Ptrace, why)
+    };
+    Ok(Chosen { recorder, backend, why: why.into() })
+}
+
+/// The error for regions asked of a program without libitrace.
+pub(super) fn not_using_libitrace(program: &Path) -> BackendError {
+    BackendError::Settings(format!(
+        "--region: {} does not use libitrace (no ITraceOn in it or its libraries): link it with -litrace or load \
+         libitrace.so with LD_PRELOAD (see README)",
+        program.display()
+    ))
+}
+
+/// The architecture of the program to trace natively, from its ELF header (x86_64 when it is
+/// not ELF, e.g. a script). Foreign programs need qemu.
+fn native_arch(program: Option<&Path>, target: &Target) -> Result<Arch, BackendError> {
+    let exe = match (program, target) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Target::Attach { pid }) => PathBuf::from(format!("/proc/{pid}/exe")),
+        (None, _) => return Ok(Arch::X86_64),
+    };
+    match crate::elf::arch_of(&exe) {
+        Some(a @ (Arch::X86_64 | Arch::I386)) => Ok(a),
+        Some(a) => Err(BackendError::Settings(format!("{} is a {a} program: trace it with --qemu {a}", exe.display()))),
+        None => Ok(Arch::X86_64),
+    }
+}
+
+/// Fail before the program runs when a `--start`/`--stop` function is in neither the program
+/// nor the libraries it links (found as the dynamic loader would). When a library cannot be
+/// found here, the check is left to the run, which sees what is really mapped.
+fn check_functions_exist<'a>(
+    program: &Path,
+    names: impl Iterator<Item = &'a String>,
+    resolver: &dyn TriggerResolver,
+) -> Result<(), BackendError> {
+    let names: Vec<&String> = names.collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let Some(objects) = crate::elf::linked_objects(program) else { return Ok(()) };
+    for name in names {
+        if !objects.iter().any(|o| resolver.defines(o, name)) {
+            return Err(BackendError::Settings(format!(
+                "no function named {name} in {} or its libraries",
+                program.display()
+            )));
+        }
+    }
+    Ok(())
+}

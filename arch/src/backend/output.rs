@@ -1,0 +1,88 @@
+//! The trace file a backend writes in this process: created with its header and buffers
+//! (whose totals feed the status line), finished with the summary record.
+
+use super::{BackendError, RecordOutcome, RecordSettings, Recorded};
+use itrace_format::{
+    human_size, Arch, BufferConfig, Buffers, FileHeader, LiveCounts, StepMethod, StopReason, Summary, TraceWriter,
+    FLAG_ICOUNT, FLAG_NO_ASLR,
+};
+use std::sync::Arc;
+
+/// Create the trace file (header written) and the buffers that fill it.
+pub fn open(
+    s: &RecordSettings,
+    arch: Arch,
+    step: StepMethod,
+    ncpu: u16,
+    no_aslr: bool,
+    live: Arc<LiveCounts>,
+) -> Result<Buffers, BackendError> {
+    let flags = FLAG_ICOUNT | if no_aslr { FLAG_NO_ASLR } else { 0 };
+    let header = FileHeader::starting_now(arch, s.mode, step, ncpu, flags, s.buffer_size as u64, s.segment_size as u64);
+    let writer = TraceWriter::create(&s.output, &header).map_err(|e| match e {
+        itrace_format::FormatError::Open { source, .. } => {
+            BackendError::io(format!("cannot create trace file {}", s.output.display()), source)
+        }
+        e => e.into(),
+    })?;
+    let cfg = BufferConfig {
+        mode: s.mode,
+        ncpu: ncpu as usize,
+        buffer_size: s.buffer_size,
+        segment_size: s.segment_size,
+        mte_size: s.mte_size,
+    };
+    Ok(Buffers::new(cfg, writer).with_live(live))
+}
+
+/// Write what is buffered and the summary; the totals of the recording. A write or trigger
+/// error of the recording is reported here, after what was recorded is safe in the file.
+pub fn finish(
+    s: &RecordSettings,
+    buffers: Buffers,
+    outcome: RecordOutcome,
+    arch: Arch,
+    step: String,
+) -> Result<Recorded, BackendError> {
+    let stop_reason = outcome.stop_reason.unwrap_or(StopReason::Exited);
+    let lost: u64 = buffers.lost().iter().sum();
+    let records: u64 = buffers.records().iter().sum();
+    let summary = Summary {
+        ts: itrace_format::now_ns(),
+        stop_reason: stop_reason as u32,
+        instructions: outcome.instructions,
+        ..Default::default()
+    };
+    let finished = buffers.finish(summary);
+    let bytes = std::fs::metadata(&s.output).map(|m| m.len()).unwrap_or(0);
+    if let Some(e) = outcome.trigger_error {
+        return Err(BackendError::Failed(e));
+    }
+    if let Some(e) = outcome.write_error {
+        return Err(BackendError::Failed(format!(
+            "{e}; tracing stopped, the trace up to the failure is in {} ({})",
+            s.output.display(),
+            human_size(bytes)
+        )));
+    }
+    finished?;
+    Ok(Recorded {
+        records,
+        instructions: outcome.instructions,
+        branches: outcome.branches,
+        lost,
+        bytes,
+        arch,
+        step,
+        stop_reason,
+        why: None,
+        exit_status: outcome.exit_status,
+    })
+}
+
+/// The number of CPUs the buffers have a stream for.
+pub fn ncpu() -> u16 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    n.clamp(1, u16::MAX as libc::c_long) as u16
+}

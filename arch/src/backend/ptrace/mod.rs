@@ -1,0 +1,130 @@
+//! The Linux ptrace recorder: launches or attaches to a program, steps every
+//! thread instruction by instruction (or block by block where the CPU's
+//! branch trap works), and writes taken-branch records into per-CPU buffers.
+//!
+//! CPU numbers: each traced thread is pinned to one CPU of its allowed set
+//! (round robin) while traced, so every record carries the CPU the
+//! instructions really ran on without a system call per step; the original
+//! affinity is restored at detach. The pinning is visible to the program
+//! (`sched_getaffinity`) while it is traced.
+
+mod block;
+pub mod breakpoints;
+mod engine;
+mod probe;
+mod region;
+
+pub use engine::{record, RecordError, RecordOptions, Target};
+pub use probe::{probe_singleblock, BlockStep};
+
+use super::{output, BackendError, RecordSettings, Recorded, Recorder, TriggerResolver};
+use crate::procfs::Mapping;
+use breakpoints::{Trigger, TriggerKind};
+use itrace_format::{Arch, LiveCounts, StepMethod};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// `itrace record` by ptrace.
+pub struct PtraceRecorder {
+    settings: RecordSettings,
+    target: Target,
+    arch: Arch,
+    resolver: Arc<dyn TriggerResolver + Send + Sync>,
+}
+
+impl PtraceRecorder {
+    /// `program`: the launched program, found; `None` to attach.
+    pub fn new(
+        s: &RecordSettings,
+        program: Option<PathBuf>,
+        arch: Arch,
+        resolver: Arc<dyn TriggerResolver + Send + Sync>,
+    ) -> Self {
+        let target = match (&s.target, program) {
+            (super::Target::Launch { command, aslr }, Some(program)) => {
+                Target::Launch { program, args: command.clone(), aslr: *aslr, env: s.env.clone() }
+            }
+            (super::Target::Attach { pid }, _) => Target::Attach { pid: *pid },
+            _ => unreachable!("choose() gives ptrace a launched program or a pid"),
+        };
+        PtraceRecorder { settings: s.clone(), target, arch, resolver }
+    }
+}
+
+impl Recorder for PtraceRecorder {
+    fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
+        let s = &self.settings;
+        // Block stepping only where the probe saw it stop at a branch target; the trace is the same either way.
+        let block_step = s.emulate_block_step || probe_singleblock() == BlockStep::Works;
+        let step = if block_step && !s.emulate_block_step {
+            StepMethod::PtraceSingleBlock
+        } else {
+            StepMethod::PtraceSingleStep
+        };
+        let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
+        let mut buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
+        if s.region {
+            wanted.push(("ITraceOn".into(), TriggerKind::RegionOn));
+            wanted.push(("ITraceOff".into(), TriggerKind::RegionOff));
+            wanted.push(("ITraceEnabled".into(), TriggerKind::RegionEnabled));
+        }
+        wanted.extend(s.start.iter().map(|n| (n.clone(), TriggerKind::Start)));
+        wanted.extend(s.stop.iter().map(|n| (n.clone(), TriggerKind::Stop)));
+        let resolver = self.resolver.as_ref();
+        let resolve = |pid: i32, maps: &[Mapping]| resolve_triggers(resolver, pid, maps, &wanted, s.region);
+        let opts = RecordOptions {
+            target: self.target.clone(),
+            follow_forks: s.follow_forks,
+            follow_threads: s.follow_threads,
+            stop,
+            block_step,
+            emulate_block_step: s.emulate_block_step,
+            triggers: if wanted.is_empty() { None } else { Some(&resolve) },
+        };
+        let outcome = match record(&opts, &mut buffers) {
+            Ok(o) => o,
+            Err(e) => {
+                drop(buffers);
+                let _ = std::fs::remove_file(&s.output);
+                return Err(e.into());
+            }
+        };
+        output::finish(s, buffers, outcome, self.arch, step.to_string())
+    }
+}
+
+/// Where the wanted functions are in process `pid`, given its executable mappings.
+fn resolve_triggers(
+    resolver: &dyn TriggerResolver,
+    pid: i32,
+    maps: &[Mapping],
+    wanted: &[(String, TriggerKind)],
+    region: bool,
+) -> Result<Vec<Trigger>, String> {
+    let mut found: Vec<Trigger> = Vec::new();
+    let mut resolved = vec![false; wanted.len()];
+    for m in maps.iter().filter(|m| !m.path.is_empty() && !m.path.starts_with('[')) {
+        for (i, (name, kind)) in wanted.iter().enumerate() {
+            if let Some(addr) = resolver.address(m, name) {
+                resolved[i] = true;
+                if !found.iter().any(|t| t.addr == addr) {
+                    found.push(Trigger { addr, kind: *kind });
+                }
+            }
+        }
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
+    if region && !found.iter().any(|t| t.kind == TriggerKind::RegionOn) {
+        return Err(super::choose::not_using_libitrace(std::path::Path::new(&exe)).to_string());
+    }
+    if let Some(((name, _), _)) = wanted
+        .iter()
+        .zip(&resolved)
+        .find(|((_, k), r)| !**r && *k != TriggerKind::RegionEnabled && *k != TriggerKind::RegionOff)
+    {
+        return Err(format!("no function named {name} in {exe} or its libraries"));
+    }
+    Ok(found)
+}

@@ -1,0 +1,321 @@
+//! `itrace record --backend qemu [--arch ARCH] -- PROG ARGS`: run the program
+//! under qemu-user with the itrace TCG plugin (`libitrace_qemu.so`, crate
+//! `qemu-plugin/`), which writes the trace file itself; this side finds qemu
+//! and the plugin, checks that qemu accepts the plugin, launches, waits, and
+//! reports what the plugin wrote.
+
+use super::gdb::{cross_sysroot, qemu_binary};
+use super::settings::find_program;
+use super::{BackendError, RecordSettings, Recorded, Recorder, Target};
+use itrace_format::{human_size, Arch, LiveCounts, StepMethod, StopReason};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// File name of the plugin, looked for next to the itrace executable.
+const PLUGIN_FILE: &str = "libitrace_qemu.so";
+/// Environment variable naming another plugin file.
+const PLUGIN_ENV: &str = "ITRACE_QEMU_PLUGIN";
+/// Trace streams in the file: guest threads alive at once (vCPU indexes) beyond this are not traced.
+const STREAMS: usize = 64;
+
+fn search_path() -> OsString {
+    std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into())
+}
+
+/// The qemu-user emulator for `arch`, or an error naming the package to install.
+fn find_qemu(arch: Arch) -> Result<PathBuf> {
+    let name = qemu_binary(arch);
+    std::env::split_paths(&search_path()).map(|d| d.join(name)).find(|p| p.is_file()).ok_or_else(|| {
+        BackendError::Settings(format!(
+            "{name} is not installed (not found in PATH): install the Debian package qemu-user (apt-get install qemu-user)"
+        ))
+    })
+}
+
+/// The plugin: $ITRACE_QEMU_PLUGIN, else next to the itrace executable (cargo puts both in target/PROFILE).
+fn find_plugin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(PLUGIN_ENV) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            fail!("{PLUGIN_ENV}={} is not a file", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().map_err(|e| BackendError::io("cannot locate the itrace executable", e))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for cand in [dir.join(PLUGIN_FILE), dir.join("../lib/itrace").join(PLUGIN_FILE)] {
+        if cand.is_file() {
+            return Ok(cand);
+        }
+    }
+    fail!(
+        "the qemu plugin {PLUGIN_FILE} is not next to itrace in {}: build it with `cargo build -p itrace-qemu-plugin` \
+         (same profile as itrace), or name it with {PLUGIN_ENV}=PATH",
+        dir.display()
+    )
+}
+
+/// qemu's option syntax: a comma inside a value is written twice.
+fn opt_value(s: &str) -> String {
+    s.replace(',', ",,")
+}
+
+/// A status file for the plugin to report through (it runs inside qemu, whose stderr is the program's).
+struct StatusFile(PathBuf);
+
+impl StatusFile {
+    fn new(what: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("itrace-qemu-{}-{what}.status", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        StatusFile(p)
+    }
+    fn read(&self) -> String {
+        std::fs::read_to_string(&self.0).unwrap_or_default()
+    }
+}
+
+impl Drop for StatusFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Check that qemu loads the plugin and accepts its API version: the plugin, told `probe=on`,
+/// reports and refuses to run, so qemu stops before starting the program.
+fn probe(qemu: &Path, plugin: &Path, arch: Arch, program: &Path) -> Result<()> {
+    let status = StatusFile::new("probe");
+    let spec = format!(
+        "{},arch={},probe=on,status={}",
+        opt_value(&plugin.to_string_lossy()),
+        arch,
+        opt_value(&status.0.to_string_lossy())
+    );
+    let out = Command::new(qemu)
+        .arg("-plugin")
+        .arg(spec)
+        .arg(program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env_clear()
+        .output()
+        .map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), e))?;
+    let said = status.read();
+    if said.lines().any(|l| l.starts_with("ok")) {
+        return Ok(());
+    }
+    let qemu_name = qemu.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    if let Some(e) = said.lines().find_map(|l| l.strip_prefix("error ")) {
+        fail!("{qemu_name} cannot use the itrace plugin: {e}: install qemu-user 7.2 (Debian 12), whose plugin API itrace is built for");
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no message");
+    if stderr.contains("plugin") && stderr.contains("version") {
+        fail!(
+            "{qemu_name} refused the itrace plugin {}: plugin API mismatch ({first}): itrace's plugin needs QEMU's \
+             plugin API version 1: install qemu-user 7.2 (Debian 12), or rebuild itrace-qemu-plugin for this qemu",
+            plugin.display()
+        );
+    }
+    if stderr.contains("-plugin") || stderr.contains("unknown option") {
+        fail!("{qemu_name} was built without TCG plugin support ({first}): install Debian's qemu-user 7.2");
+    }
+    fail!("{qemu_name} could not load the itrace plugin {} ({first})", plugin.display())
+}
+
+/// Totals the plugin reports at the end.
+#[derive(Default)]
+struct Done {
+    records: u64,
+    instructions: u64,
+    branches: u64,
+    lost: u64,
+    bytes: u64,
+    stop: u32,
+    error: Option<String>,
+}
+
+fn parse_done(status: &str) -> Option<Done> {
+    let line = status.lines().find_map(|l| l.strip_prefix("done "))?;
+    let mut d = Done::default();
+    let (fields, error) = match line.split_once(" error=") {
+        Some((f, e)) => (f, Some(e.to_string())),
+        None => (line, None),
+    };
+    d.error = error;
+    for kv in fields.split_whitespace() {
+        let Some((k, v)) = kv.split_once('=') else { continue };
+        let v: u64 = v.parse().unwrap_or(0);
+        match k {
+            "records" => d.records = v,
+            "instructions" => d.instructions = v,
+            "branches" => d.branches = v,
+            "lost" => d.lost = v,
+            "bytes" => d.bytes = v,
+            "stop" => d.stop = v as u32,
+            _ => {}
+        }
+    }
+    Some(d)
+}
+
+/// `itrace record --backend qemu`: the launched program under qemu-user with itrace's plugin.
+pub struct QemuRecorder {
+    settings: RecordSettings,
+    program: PathBuf,
+    arch: Arch,
+}
+
+impl QemuRecorder {
+    /// Refuse what the plugin cannot record; find the program and its architecture.
+    pub fn new(s: &RecordSettings) -> Result<Self> {
+        let refuse = |m: &str| Err(BackendError::Settings(m.to_string()));
+        let command =
+            match &s.target {
+                Target::Launch { command, .. } => command,
+                _ => return refuse(
+                    "--backend qemu launches the program under qemu-user: it cannot attach to a running process (-p)",
+                ),
+            };
+        if s.region || s.has_triggers() || s.duration.is_some() || s.follow_forks {
+            return refuse(
+                "--backend qemu records the whole program: --region, --start, --stop, --duration and --follow-forks \
+                 are not supported with it",
+            );
+        }
+        let Some(cmd) = command.first() else { return refuse("nothing to trace: give a command to run") };
+        let program = find_program(cmd)?;
+        let elf_arch = crate::elf::arch_of(&program);
+        let arch = match (s.arch, elf_arch) {
+            (Some(a), Some(e)) if a != e => fail!("{} is a {e} program, not {a}", program.display()),
+            (Some(a), _) => a,
+            (None, Some(e)) => e,
+            (None, None) => {
+                fail!("{} is not an ELF program itrace can trace: give its architecture with --arch", program.display())
+            }
+        };
+        Ok(QemuRecorder { settings: s.clone(), program, arch })
+    }
+}
+
+impl Recorder for QemuRecorder {
+    fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded> {
+        let s = &self.settings;
+        let (arch, program) = (self.arch, &self.program);
+        let Target::Launch { command, .. } = &s.target else { unreachable!("checked in new()") };
+        let qemu = find_qemu(arch)?;
+        let plugin = find_plugin()?;
+        probe(&qemu, &plugin, arch, program)?;
+
+        // Fail early (and in one line) when the trace file cannot be created; the plugin rewrites it.
+        std::fs::File::create(&s.output)
+            .map_err(|e| BackendError::io(format!("cannot create trace file {}", s.output.display()), e))?;
+        let out = std::fs::canonicalize(&s.output).unwrap_or_else(|_| s.output.clone());
+        let status = StatusFile::new("run");
+        let name: String = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let sysroot = cross_sysroot(arch);
+        let mut spec = format!(
+            "{},out={},status={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
+            opt_value(&plugin.to_string_lossy()),
+            opt_value(&out.to_string_lossy()),
+            opt_value(&status.0.to_string_lossy()),
+            s.mode,
+            s.buffer_size,
+            s.segment_size,
+            s.mte_size,
+            opt_value(&name),
+        );
+        if let Some(root) = &sysroot {
+            spec.push_str(&format!(",sysroot={}", opt_value(&root.to_string_lossy())));
+        }
+        let mut qcmd = Command::new(&qemu);
+        // qemu-user reads QEMU_* settings from its environment and passes the rest to the program.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("QEMU_") {
+                qcmd.env_remove(k);
+            }
+        }
+        qcmd.envs(s.env.iter().map(|(k, v)| (k, v)));
+        if let Some(root) = &sysroot {
+            qcmd.arg("-L").arg(root);
+        }
+        qcmd.arg("-plugin").arg(spec).arg(program).args(command.iter().skip(1));
+        let mut child = qcmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), e))?;
+        // The plugin writes the file: its size is all the status line can show. A stop request
+        // does not reach it (--duration is refused); Ctrl-C reaches qemu through the terminal.
+        let _ = stop.load(Ordering::Relaxed);
+        let exit = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) => {
+                    live.bytes.store(std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0), Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => return Err(BackendError::io(format!("waiting for {}", qemu.display()), e)),
+            }
+        };
+        let said = status.read();
+        let qemu_name = qemu.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let Some(done) = parse_done(&said) else {
+            if let Some(e) = said.lines().find_map(|l| l.strip_prefix("error ")) {
+                fail!("the itrace plugin failed: {e}");
+            }
+            use std::os::unix::process::ExitStatusExt;
+            if let Some(sig) = exit.signal() {
+                fail!(
+                    "the program was killed by signal {sig} and qemu-user does not tell plugins: the end of the trace \
+                     (its last segment and summary) is missing from {}",
+                    s.output.display()
+                );
+            }
+            fail!(
+                "{qemu_name} ended ({exit}) without the itrace plugin finishing the trace; {} is incomplete",
+                s.output.display()
+            );
+        };
+        if let Some(e) = &done.error {
+            fail!(
+                "{e}; tracing stopped, the trace up to the failure is in {} ({})",
+                s.output.display(),
+                human_size(done.bytes)
+            );
+        }
+        let stop_reason = StopReason::from_code(done.stop).unwrap_or(StopReason::Exited);
+        let why = match stop_reason {
+            StopReason::Detached => Some("the program called exec (qemu-user runs the new program untraced)"),
+            _ => None,
+        };
+        Ok(Recorded {
+            records: done.records,
+            instructions: done.instructions,
+            branches: done.branches,
+            lost: done.lost,
+            bytes: done.bytes,
+            arch,
+            step: format!("{} (qemu plugin)", StepMethod::Emulated),
+            stop_reason,
+            why,
+            exit_status: Some(super::exit_status(exit)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_plugins_totals() {
+        let d = parse_done("started\ndone records=5 instructions=3011 branches=4 lost=0 bytes=999 stop=0\n").unwrap();
+        assert_eq!((d.records, d.instructions, d.branches, d.bytes, d.stop), (5, 3011, 4, 999, 0));
+        let d = parse_done("done records=1 instructions=2 branches=1 lost=0 bytes=1 stop=4 error=disk full").unwrap();
+        assert_eq!(d.error.as_deref(), Some("disk full"));
+        assert!(parse_done("started\n").is_none());
+        assert_eq!(opt_value("/a,b/c"), "/a,,b/c");
+    }
+}
