@@ -2,8 +2,8 @@
 //! linked with hookit under the in-process recorder, and set the profiler's calibrated counts
 //! against the instruction trace of the same run.
 
+use crate::cli::{CalibArgs, CalibCommand, TrainArgs, ValidateArgs};
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
 use itrace_calib::events::{self, EventLog};
 use itrace_calib::model::{self, Calibration, Machine};
 use itrace_calib::report::{self, Analysis};
@@ -17,60 +17,6 @@ const HOOKIT: &str = "libhookit.so";
 const TRAINER_C: &str = include_str!("../../calib/trainer/trainer.c");
 const TRAINER_LIB_C: &str = include_str!("../../calib/trainer/trainer_lib.c");
 const TRAINER_H: &str = include_str!("../../calib/trainer/trainer.h");
-
-#[derive(Args)]
-pub struct CalibArgs {
-    #[command(subcommand)]
-    pub command: CalibCommand,
-}
-
-#[derive(Subcommand)]
-pub enum CalibCommand {
-    /// Build and run the trainer under itrace; write the minimum delta of every sequence and
-    /// its environmental minimum (from the trace) to the calibration file.
-    Train(TrainArgs),
-    /// Run an instrumented program under itrace once; compare the profiler's calibrated
-    /// per-function counts with the trace's. Exits 1 when an error exceeds --tolerance.
-    Validate(ValidateArgs),
-}
-
-#[derive(Args)]
-pub struct TrainArgs {
-    /// Calibration file to write.
-    #[arg(short, long, default_value = "itrace.calib")]
-    pub output: PathBuf,
-    /// C compiler for the trainer.
-    #[arg(long, default_value = "gcc")]
-    pub cc: String,
-    /// Compiler flags for the trainer: use those of the programs you profile.
-    #[arg(long, default_value = "-O1 -fno-omit-frame-pointer", allow_hyphen_values = true)]
-    pub cflags: String,
-}
-
-#[derive(Args)]
-pub struct ValidateArgs {
-    /// Calibration file (from `itrace calib train`).
-    #[arg(short, long, default_value = "itrace.calib")]
-    pub calibration: PathBuf,
-    /// Largest calibrated error allowed per function, in percent.
-    #[arg(long, default_value_t = 1.0)]
-    pub tolerance: f64,
-    /// Check only functions called at least this often.
-    #[arg(long, default_value_t = 1)]
-    pub min_calls: u64,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the profiler's reports (log-rt, log-gen) into this directory.
-    #[arg(long, value_name = "DIR")]
-    pub logs: Option<PathBuf>,
-    /// Keep the trace of the run here.
-    #[arg(long, value_name = "PATH")]
-    pub trace: Option<PathBuf>,
-    /// The instrumented program and its arguments (after `--`).
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
-}
 
 pub fn run(args: CalibArgs) -> Result<ExitCode> {
     match args.command {

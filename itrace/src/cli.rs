@@ -1,10 +1,9 @@
-//! Command-line definitions.
+//! The command line: clap's definitions only. Each command turns its arguments into what
+//! it runs (`record`: plain settings); nothing here runs anything.
 
-use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::ffi::OsString;
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -38,7 +37,7 @@ pub enum Command {
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
     /// Calibrate the hookit entry/exit profiler and validate it against the trace.
-    Calib(crate::calib::CalibArgs),
+    Calib(CalibArgs),
     /// Print a shell completion script: `itrace completions bash > /etc/bash_completion.d/itrace`.
     Completions(CompletionsArgs),
     /// Write man pages (itrace.1 and one per command) into a directory, or itrace.1 to stdout.
@@ -245,131 +244,56 @@ pub struct ManArgs {
     pub output: Option<PathBuf>,
 }
 
-/// A progress bar on a terminal for reads of large traces; hidden otherwise.
-pub fn progress(total: u64) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() || total < (64 << 20) {
-        return indicatif::ProgressBar::hidden();
-    }
-    let pb = indicatif::ProgressBar::new(total);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} [{bar:40}] {eta} left")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb
+#[derive(Args)]
+pub struct CalibArgs {
+    #[command(subcommand)]
+    pub command: CalibCommand,
 }
 
-pub fn arc(args: ArcArgs) -> Result<ExitCode> {
-    write_arc(&args.input.path(), args.output.as_deref())?;
-    Ok(ExitCode::SUCCESS)
+#[derive(Subcommand)]
+pub enum CalibCommand {
+    /// Build and run the trainer under itrace; write the minimum delta of every sequence and
+    /// its environmental minimum (from the trace) to the calibration file.
+    Train(TrainArgs),
+    /// Run an instrumented program under itrace once; compare the profiler's calibrated
+    /// per-function counts with the trace's. Exits 1 when an error exceeds --tolerance.
+    Validate(ValidateArgs),
 }
 
-/// The arc file of `trace`, into `output` (with a line saying so) or onto stdout.
-pub fn write_arc(trace_path: &Path, output: Option<&Path>) -> Result<()> {
-    let trace = open_trace(trace_path)?;
-    let pb = progress(trace.trace_bytes());
-    let out: Box<dyn std::io::Write> = match output {
-        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
-        None => Box::new(std::io::stdout().lock()),
-    };
-    let out = std::io::BufWriter::with_capacity(1 << 16, out);
-    let stats = itrace_post::arc::write_arc(&trace, out, &mut |done| pb.set_position(done))
-        .with_context(|| format!("cannot write the arc of {}", trace_path.display()))?;
-    pb.finish_and_clear();
-    warn_truncated(&trace);
-    if let Some(p) = output {
-        eprintln!("itrace: wrote {} ({} lines)", p.display(), stats.lines);
-    }
-    Ok(())
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Calibration file to write.
+    #[arg(short, long, default_value = "itrace.calib")]
+    pub output: PathBuf,
+    /// C compiler for the trainer.
+    #[arg(long, default_value = "gcc")]
+    pub cc: String,
+    /// Compiler flags for the trainer: use those of the programs you profile.
+    #[arg(long, default_value = "-O1 -fno-omit-frame-pointer", allow_hyphen_values = true)]
+    pub cflags: String,
 }
 
-pub fn report(args: ReportArgs) -> Result<ExitCode> {
-    let path = args.input.path();
-    let trace = open_trace(&path)?;
-    let pb = progress(trace.trace_bytes());
-    let report = itrace_post::report::build(&trace, &mut |done| pb.set_position(done))
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    pb.finish_and_clear();
-    warn_truncated(&trace);
-    let stdout = std::io::stdout().lock();
-    let mut out = std::io::BufWriter::new(stdout);
-    if args.json {
-        report.write_json(&mut out)?;
-    } else {
-        let width = args.width.unwrap_or_else(terminal_width);
-        report.write_text(&mut out, &itrace_post::report::TextOptions { top: args.top, width })?;
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Open a trace for reading; a missing default file gets a hint.
-pub fn open_trace(path: &Path) -> Result<itrace_post::Trace> {
-    if path == Path::new(TraceInput::DEFAULT) && !path.exists() {
-        bail!("no trace file {} here: name one, or record one with `itrace record`", path.display());
-    }
-    itrace_post::open(path).map_err(|e| naming(e, path))
-}
-
-/// An error about reading `path`, named once: errors that already name the file keep their
-/// own words.
-pub fn naming<E: std::error::Error + Send + Sync + 'static>(e: E, path: &Path) -> anyhow::Error {
-    if e.to_string().contains(&path.display().to_string()) {
-        anyhow::Error::new(e)
-    } else {
-        anyhow::Error::new(e).context(format!("cannot read {}", path.display()))
-    }
-}
-
-/// The width text tables fit to: the terminal's, else $COLUMNS, else 120.
-fn terminal_width() -> usize {
-    let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
-    // SAFETY: TIOCGWINSZ writes a winsize into ws, a valid and exclusively borrowed struct.
-    let on_tty = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0;
-    if on_tty {
-        return ws.ws_col as usize;
-    }
-    std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()).filter(|&c: &usize| c > 0).unwrap_or(120)
-}
-
-pub fn completions(args: CompletionsArgs) -> Result<ExitCode> {
-    let mut cmd = <Cli as clap::CommandFactory>::command();
-    let mut out = std::io::stdout().lock();
-    clap_complete::generate(args.shell, &mut cmd, "itrace", &mut out);
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
-}
-
-pub fn man(args: ManArgs) -> Result<ExitCode> {
-    let cmd = <Cli as clap::CommandFactory>::command();
-    match &args.output {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            clap_mangen::generate_to(cmd, dir)
-                .with_context(|| format!("cannot write man pages into {}", dir.display()))?;
-            eprintln!("itrace: wrote man pages into {}", dir.display());
-        }
-        None => {
-            let mut out = std::io::stdout().lock();
-            clap_mangen::Man::new(cmd).render(&mut out)?;
-            out.flush()?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Tell the user when a trace was cut short (records up to the cut were used).
-pub fn warn_truncated(trace: &itrace_post::Trace) {
-    if let Some(off) = trace.truncated_at() {
-        eprintln!(
-            "itrace: warning: {} is truncated at offset {off:#x}; read up to its last whole record",
-            trace.path().display()
-        );
-    } else if trace.summary().is_none() {
-        eprintln!(
-            "itrace: warning: {} has no end summary (recording did not finish); read what is there",
-            trace.path().display()
-        );
-    }
+#[derive(Args)]
+pub struct ValidateArgs {
+    /// Calibration file (from `itrace calib train`).
+    #[arg(short, long, default_value = "itrace.calib")]
+    pub calibration: PathBuf,
+    /// Largest calibrated error allowed per function, in percent.
+    #[arg(long, default_value_t = 1.0)]
+    pub tolerance: f64,
+    /// Check only functions called at least this often.
+    #[arg(long, default_value_t = 1)]
+    pub min_calls: u64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the profiler's reports (log-rt, log-gen) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub logs: Option<PathBuf>,
+    /// Keep the trace of the run here.
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<PathBuf>,
+    /// The instrumented program and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
 }

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 pub fn run(args: DumpArgs) -> Result<ExitCode> {
     let path = args.input.path();
-    let t = TraceFile::open(&path).map_err(|e| crate::cli::naming(e, &path))?;
+    let t = TraceFile::open(&path).map_err(|e| crate::read::naming(e, &path))?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let h = t.header();
     writeln!(
@@ -53,6 +53,6 @@ pub fn run(args: DumpArgs) -> Result<ExitCode> {
     if let Some(s) = t.summary() {
         writeln!(out, "# summary {s:?}")?;
     }
-    crate::cli::warn_truncated(&t);
+    crate::read::warn_truncated(&t);
     Ok(ExitCode::SUCCESS)
 }

@@ -4,7 +4,9 @@
 mod calib;
 mod cli;
 mod dump;
+mod read;
 mod record;
+mod shell;
 mod signals;
 mod size;
 mod status;
@@ -21,12 +23,12 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         cli::Command::Record(args) => record::command(*args),
-        cli::Command::Arc(args) => cli::arc(args),
-        cli::Command::Report(args) => cli::report(args),
+        cli::Command::Arc(args) => read::arc(args),
+        cli::Command::Report(args) => read::report(args),
         cli::Command::Dump(args) => dump::run(args),
         cli::Command::Calib(args) => calib::run(args),
-        cli::Command::Completions(args) => cli::completions(args),
-        cli::Command::Man(args) => cli::man(args),
+        cli::Command::Completions(args) => shell::completions(args),
+        cli::Command::Man(args) => shell::man(args),
     };
     match result {
         Ok(code) => code,
