@@ -14,6 +14,16 @@ pub fn arc_text(trace: &Path) -> String {
     out.stdout
 }
 
+/// `itrace arc TRACE`, kept at `save_as` for a look after the test, parsed, and checked with
+/// [`check_arc_consistency`]: the text and its block lines.
+pub fn checked_arc(trace: &Path, save_as: &Path) -> (String, Vec<ArcLine>) {
+    let text = arc_text(trace);
+    std::fs::write(save_as, &text).unwrap_or_else(|e| panic!("writing {}: {e}", save_as.display()));
+    let lines = arc_lines(&text);
+    check_arc_consistency(&lines);
+    (text, lines)
+}
+
 /// One block line of an arc file (docs/arc-and-report.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArcLine {

@@ -9,9 +9,6 @@ use std::sync::OnceLock;
 
 use crate::run::{profile_dir, require_tool, run, target_dir};
 
-/// Freestanding (no libc) programs.
-pub const FREESTANDING: &[&str] = &["count_loop", "branches", "long_loop"];
-
 /// Hand counts (see the comments in the .S files).
 pub const COUNT_LOOP_INSTRUCTIONS: u64 = 3011;
 /// Taken branches of count_loop including the exit syscall (= U blocks).

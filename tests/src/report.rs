@@ -18,26 +18,32 @@ pub fn report_json(trace: &Path) -> serde_json::Value {
 /// Self instructions per function name from a report, summed over all the
 /// entries (processes, threads) whose module is `module`.
 pub fn report_self_counts(report: &serde_json::Value, module: &Path) -> HashMap<String, u64> {
+    per_function(report, module, "self")
+}
+
+/// `calls` per function name of `module`, summed like [`report_self_counts`].
+pub fn report_calls(report: &serde_json::Value, module: &Path) -> HashMap<String, u64> {
+    per_function(report, module, "calls")
+}
+
+/// `field` per function name of `module`, summed over the report's entries.
+fn per_function(report: &serde_json::Value, module: &Path, field: &str) -> HashMap<String, u64> {
     let module = module.to_string_lossy();
     let mut m = HashMap::new();
     for f in report["functions"].as_array().expect("report: `functions` array") {
         if f["module"].as_str() == Some(&*module) {
             let name = f["name"].as_str().expect("function name").to_string();
-            *m.entry(name).or_insert(0) += f["self"].as_u64().expect("function self");
+            *m.entry(name).or_insert(0) += f[field].as_u64().unwrap_or_else(|| panic!("function {field}"));
         }
     }
     m
 }
 
-/// `calls` per function name of `module`, summed like [`report_self_counts`].
-pub fn report_calls(report: &serde_json::Value, module: &Path) -> HashMap<String, u64> {
-    let module = module.to_string_lossy();
-    let mut m = HashMap::new();
-    for f in report["functions"].as_array().expect("report: `functions` array") {
-        if f["module"].as_str() == Some(&*module) {
-            let name = f["name"].as_str().expect("function name").to_string();
-            *m.entry(name).or_insert(0) += f["calls"].as_u64().expect("function calls");
-        }
-    }
-    m
+/// The distinct values of `field` (`pid` or `tid`) over the report's threads, sorted.
+pub fn report_thread_ids(report: &serde_json::Value, field: &str) -> Vec<u64> {
+    let threads = report["threads"].as_array().expect("threads array");
+    let mut ids: Vec<u64> = threads.iter().filter_map(|t| t[field].as_u64()).collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }

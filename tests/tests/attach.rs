@@ -2,8 +2,8 @@
 //! the trace has records, and the process carries on undisturbed.
 
 use itrace_tests::{
-    arc_lines, arc_text, check_arc_consistency, itrace, itrace_bin, program, report_json, report_self_counts, run,
-    test_dir, wait_with_guard, KillOnDrop,
+    arc_text, checked_arc, itrace_bin, program, record_pid, report_json, report_self_counts, run, test_dir,
+    wait_with_guard, KillOnDrop,
 };
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -15,53 +15,12 @@ const ROUNDS: &str = "500";
 fn attach_to_spinner() {
     let spinner = program("spinner");
     let dir = test_dir("attach-spinner");
-
-    // the expected result, from an untraced run without the sleeps
-    let reference = run(Command::new(&spinner).args([ROUNDS, "0"]));
-    reference.assert_success();
-    let want = reference
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("spinner: result="))
-        .expect("reference result line")
-        .to_string();
-
-    let child = Command::new(&spinner)
-        .args([ROUNDS, "10000"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start spinner");
-    let mut child = KillOnDrop(child);
+    let (child, out, want) = start_spinner(ROUNDS, "10000");
     let pid = child.0.id();
-    let mut out = BufReader::new(child.0.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).expect("read start line");
-    assert_eq!(first.trim_end(), format!("spinner: started pid={pid}"));
-
     let trace = dir.join("t.itr");
-    let rec = itrace([
-        "record".as_ref(),
-        "-p".as_ref(),
-        pid.to_string().as_ref(),
-        "--duration".as_ref(),
-        "1".as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    rec.assert_success();
-
+    record_pid(&trace, pid, "1").assert_success();
     // the spinner finishes normally with the right result
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).expect("read spinner output");
-    let status = wait_with_guard(&mut child.0, "spinner");
-    assert!(status.success(), "spinner exited with {status} after the trace");
-    assert_eq!(
-        rest.lines().find(|l| l.starts_with("spinner: result=")),
-        Some(want.as_str()),
-        "spinner output after detach:\n{rest}"
-    );
+    finishes_undisturbed(child, out, &want);
 
     let report = report_json(&trace);
     assert!(report["total_instructions"].as_u64().unwrap_or(0) > 0, "no instructions recorded: {report}");
@@ -74,14 +33,12 @@ fn attach_to_spinner() {
         "threads of another process in the trace: {threads:?}"
     );
 
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("t.arc"), &text).unwrap();
-    let lines = arc_lines(&text);
-    check_arc_consistency(&lines);
+    let (_, lines) = checked_arc(&trace, &dir.join("t.arc"));
     assert!(!lines.is_empty());
 }
 
-/// Starts the spinner, returns it (killed on drop), its stdout and the expected result line.
+/// Starts the spinner (the expected result line from an untraced run without the sleeps),
+/// returns it (killed on drop), its stdout after the start line, and that result line.
 fn start_spinner(rounds: &str, sleep_us: &str) -> (KillOnDrop, BufReader<std::process::ChildStdout>, String) {
     let spinner = program("spinner");
     let reference = run(Command::new(&spinner).args([rounds, "0"]));
@@ -95,10 +52,11 @@ fn start_spinner(rounds: &str, sleep_us: &str) -> (KillOnDrop, BufReader<std::pr
         .spawn()
         .expect("start spinner");
     let mut child = KillOnDrop(child);
+    let pid = child.0.id();
     let mut out = BufReader::new(child.0.stdout.take().unwrap());
     let mut first = String::new();
     out.read_line(&mut first).expect("read start line");
-    assert!(first.starts_with("spinner: started"), "{first}");
+    assert_eq!(first.trim_end(), format!("spinner: started pid={pid}"));
     (child, out, want)
 }
 
@@ -147,16 +105,7 @@ fn detach_from_a_blocked_system_call() {
     let (child, out, want) = start_spinner("3", "1500000");
     let dir = test_dir("attach-blocked");
     let trace = dir.join("t.itr");
-    let rec = itrace([
-        "record".as_ref(),
-        "-p".as_ref(),
-        child.0.id().to_string().as_ref(),
-        "--duration".as_ref(),
-        "0.3".as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    rec.assert_success();
+    record_pid(&trace, child.0.id(), "0.3").assert_success();
     finishes_undisturbed(child, out, &want);
     let text = arc_text(&trace);
     assert!(text.contains("detached"), "no detach comment in:\n{text}");

@@ -2,8 +2,8 @@
 //! stderr and no panic; damaged traces are handled as documented.
 
 use itrace_tests::{
-    arc_lines, arc_text, itrace, itrace_bin, nonexistent_pid, program, record, require_tool, run, test_dir, wait_until,
-    KillOnDrop, Output,
+    arc_lines, arc_text, itrace, itrace_bin, nonexistent_pid, program, record, record_pid, require_tool, run, test_dir,
+    wait_until, KillOnDrop, Output,
 };
 use std::ffi::OsStr;
 use std::fs;
@@ -45,19 +45,9 @@ fn program_not_executable() {
 #[test]
 fn attach_to_nonexistent_pid() {
     let dir = test_dir("bad_input-nonexistent_pid");
-    let pid = nonexistent_pid().to_string();
-    let trace = dir.join("t.itr");
-    let out = itrace([
-        OsStr::new("record"),
-        OsStr::new("-p"),
-        OsStr::new(&pid),
-        OsStr::new("--duration"),
-        OsStr::new("1"),
-        OsStr::new("-o"),
-        trace.as_os_str(),
-    ]);
-    let line = out.assert_clean_error();
-    assert!(line.contains(&pid), "the error should name the pid: {line}");
+    let pid = nonexistent_pid();
+    let line = record_pid(&dir.join("t.itr"), pid, "1").assert_clean_error();
+    assert!(line.contains(&pid.to_string()), "the error should name the pid: {line}");
 }
 
 fn ppid_of(pid: u32) -> Option<u32> {
@@ -105,19 +95,8 @@ fn pid_already_traced() {
             && fs::read_to_string(format!("/proc/{sleeper}/comm")).is_ok_and(|c| c.trim() == "sleep")
     });
 
-    let trace = dir.join("t.itr");
-    let pid = sleeper.to_string();
-    let out = itrace([
-        OsStr::new("record"),
-        OsStr::new("-p"),
-        OsStr::new(&pid),
-        OsStr::new("--duration"),
-        OsStr::new("1"),
-        OsStr::new("-o"),
-        trace.as_os_str(),
-    ]);
-    let line = out.assert_clean_error();
-    assert!(line.contains(&pid), "the error should name the pid: {line}");
+    let line = record_pid(&dir.join("t.itr"), sleeper, "1").assert_clean_error();
+    assert!(line.contains(&sleeper.to_string()), "the error should name the pid: {line}");
     // strace still has it
     assert_eq!(tracer_of(sleeper), Some(strace_pid));
     // end the sleep we started through strace (by its pid), then strace

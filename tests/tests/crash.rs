@@ -3,8 +3,7 @@
 //! signal.
 
 use itrace_tests::{
-    arc_lines, arc_text, check_arc_consistency, program, record, report_calls, report_json, report_self_counts,
-    test_dir, trailing_comments,
+    checked_arc, program, record, report_calls, report_json, report_self_counts, test_dir, trailing_comments,
 };
 
 #[test]
@@ -18,10 +17,7 @@ fn crash_in_level3() {
     assert!(rec.status.code().is_some(), "itrace itself died: {}\n{}", rec.status, rec.stderr);
     assert!(rec.stdout.contains("crash: about to crash"), "the program did not run: {}", rec.stdout);
 
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("t.arc"), &text).unwrap();
-    let lines = arc_lines(&text);
-    check_arc_consistency(&lines);
+    let (text, lines) = checked_arc(&trace, &dir.join("t.arc"));
 
     // the last user-space block is in crash_level3, in the program
     let last_user = lines.iter().rev().find(|l| !l.kernel).expect("no user blocks");

@@ -145,7 +145,7 @@ fn check_dynamic(arch: &str) {
     let bin = cross_program(&format!("{arch}-dynamic"));
     let dir = test_dir(&format!("cross-dynamic-{arch}"));
     let sysroot = cross_sysroot(arch);
-    let mut pcs = qemu_log_pcs(&format!("qemu-{arch}"), &["-L", &sysroot], &bin, &[], true);
+    let mut pcs = qemu_log_pcs(&format!("qemu-{arch}"), &["-L", &sysroot], &bin, &[]);
     pcs.dedup(); // rep string iterations count once
     let trace = record_qemu(arch, &bin, &dir);
     let report = report_json(&trace);

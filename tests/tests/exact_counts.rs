@@ -4,9 +4,9 @@
 //! counts in the .S files.
 
 use itrace_tests::{
-    arc_lines, arc_text, check_arc_consistency, compare_lines, program, record, report_calls, report_json,
-    report_self_counts, test_dir, without_exit_kernel_line, ArcLine, Oracle, COUNT_LOOP_BLOCKS,
-    COUNT_LOOP_INSTRUCTIONS, LONG_LOOP_BLOCKS, LONG_LOOP_INSTRUCTIONS,
+    checked_arc, compare_lines, program, record, report_calls, report_json, report_self_counts, test_dir,
+    without_exit_kernel_line, ArcLine, Oracle, COUNT_LOOP_BLOCKS, COUNT_LOOP_INSTRUCTIONS, LONG_LOOP_BLOCKS,
+    LONG_LOOP_INSTRUCTIONS,
 };
 
 /// Records `name`, writes its arc, and compares it with the oracle.
@@ -23,10 +23,7 @@ fn check_program_with(name: &str, options: &[&str]) -> (Oracle, Vec<ArcLine>, se
     let rec = record(&trace, options, &bin, &[]);
     rec.assert_success();
 
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("t.arc"), &text).unwrap();
-    let lines = arc_lines(&text);
-    check_arc_consistency(&lines);
+    let (_, lines) = checked_arc(&trace, &dir.join("t.arc"));
 
     // one process, one thread, named after the program
     let first = lines.first().expect("the arc has no block lines");

@@ -6,15 +6,15 @@
 //! ptrace recorder's do.
 
 use itrace_tests::{
-    arc_lines, arc_text, check_arc_consistency, compare_lines, itrace, listening, program, require_tool, test_dir,
-    wait_until, wait_with_guard, without_exit_kernel_line, KillOnDrop, Oracle, COUNT_LOOP_INSTRUCTIONS,
+    checked_arc, compare_lines, free_port, listening, program, record_gdb, require_tool, test_dir, wait_until,
+    wait_with_guard, without_exit_kernel_line, KillOnDrop, Oracle, COUNT_LOOP_INSTRUCTIONS,
 };
 use std::process::{Command, Stdio};
 
 /// Start `gdbserver` on `program` at a free port; the recorder connects to it.
 fn gdbserver(program: &std::path::Path) -> (KillOnDrop, u16) {
     let gdbserver = require_tool("gdbserver");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let child = Command::new(gdbserver)
         .env_clear()
         .arg(format!("127.0.0.1:{port}"))
@@ -35,20 +35,11 @@ fn check(name: &str, hand_count: u64) {
     let dir = test_dir(&format!("gdbserver-{name}"));
     let trace = dir.join("t.itr");
     let (mut server, port) = gdbserver(&bin);
-    let o = itrace(
-        ["record", "--gdb", &format!("127.0.0.1:{port}"), "-o", trace.to_str().unwrap(), "--gdb-program"]
-            .iter()
-            .map(|s| s.as_ref())
-            .chain([bin.as_os_str()]),
-    );
-    o.assert_success();
+    record_gdb(&trace, port, &bin).assert_success();
     let status = wait_with_guard(&mut server.0, "gdbserver");
     assert!(status.success(), "gdbserver: {status:?}");
 
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("t.arc"), &text).unwrap();
-    let lines = arc_lines(&text);
-    check_arc_consistency(&lines);
+    let (_, lines) = checked_arc(&trace, &dir.join("t.arc"));
     let total: u64 = lines.iter().map(|l| l.count).sum();
     assert_eq!(total, hand_count, "{name}: instructions in the arc");
     let module = bin.to_string_lossy().into_owned();

@@ -2,8 +2,8 @@
 //! counts of the programs' own functions equal callgrind's self Ir.
 
 use itrace_tests::{
-    callgrind_profile, program, record, report_calls, report_json, report_self_counts, test_dir, FIB_ASM_SELF,
-    FIB_CALLS,
+    callgrind_profile, program, record, report_calls, report_json, report_self_counts, report_thread_ids, test_dir,
+    FIB_ASM_SELF, FIB_CALLS,
 };
 use std::collections::BTreeMap;
 
@@ -94,13 +94,10 @@ fn threads() {
     let report = compare("threads", &[], &[], false, &["main", "thr_main", "thr_compute"]);
     let calls = report_calls(&report, &program("threads"));
     assert_eq!(calls.get("thr_compute"), Some(&4));
-    let threads = report["threads"].as_array().expect("threads array");
-    let mut tids: Vec<u64> = threads.iter().filter_map(|t| t["tid"].as_u64()).collect();
-    tids.sort();
-    tids.dedup();
-    assert_eq!(tids.len(), 5, "main thread + 4 workers: {threads:?}");
-    let pids: Vec<u64> = threads.iter().filter_map(|t| t["pid"].as_u64()).collect();
-    assert!(pids.windows(2).all(|w| w[0] == w[1]), "one process: {threads:?}");
+    let tids = report_thread_ids(&report, "tid");
+    assert_eq!(tids.len(), 5, "main thread + 4 workers: {}", report["threads"]);
+    let pids = report_thread_ids(&report, "pid");
+    assert_eq!(pids.len(), 1, "one process: {}", report["threads"]);
 }
 
 /// fork + exec, followed with --follow-forks (itrace) and
@@ -120,11 +117,8 @@ fn fork_and_exec() {
     assert_eq!(calls.get("fe_mix"), Some(&3), "parent, child, exec'd child");
     assert_eq!(calls.get("fe_spawn"), Some(&1));
     assert_eq!(calls.get("fe_exec_self"), Some(&1));
-    let threads = report["threads"].as_array().expect("threads array");
-    let mut pids: Vec<u64> = threads.iter().filter_map(|t| t["pid"].as_u64()).collect();
-    pids.sort();
-    pids.dedup();
-    assert_eq!(pids.len(), 2, "parent and child processes: {threads:?}");
+    let pids = report_thread_ids(&report, "pid");
+    assert_eq!(pids.len(), 2, "parent and child processes: {}", report["threads"]);
 }
 
 // The block-step decoder (fed by `--emulate-block-step`, see exact_counts.rs)

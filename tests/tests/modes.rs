@@ -3,8 +3,8 @@
 //! blocks, continuous keeps everything.
 
 use itrace_tests::{
-    arc_lines, arc_text, check_arc_consistency, compare_lines, program, record, report_json, test_dir,
-    trailing_comments, without_exit_kernel_line, ArcLine, Expected, Oracle, LONG_LOOP_INSTRUCTIONS,
+    checked_arc, compare_lines, program, record, report_json, test_dir, trailing_comments, without_exit_kernel_line,
+    ArcLine, Expected, Oracle, LONG_LOOP_INSTRUCTIONS,
 };
 use std::sync::OnceLock;
 
@@ -31,18 +31,12 @@ fn trace_long_loop(test: &str, options: &[&str]) -> (std::path::PathBuf, String,
         "long_loop did not run to its end under itrace {options:?}; stdout:\n{}",
         rec.stdout
     );
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("t.arc"), &text).unwrap();
-    let lines = arc_lines(&text);
-    check_arc_consistency(&lines);
+    let (text, lines) = checked_arc(&trace, &dir.join("t.arc"));
     (trace, text, lines)
 }
 
-#[test]
-fn normal_mode_stops_when_the_buffer_is_full() {
-    let o = oracle();
-    let (_, text, lines) = trace_long_loop("modes-normal", &["--mode", "normal", "--buffer-size", SMALL_BUFFER]);
-    let module = program("long_loop").to_string_lossy().into_owned();
+/// The small buffer held some blocks, and far fewer than the whole run's.
+fn assert_cut_short(lines: &[ArcLine], o: &Oracle) {
     assert!(!lines.is_empty(), "no blocks recorded");
     assert!(
         lines.len() < o.expected.len() / 2,
@@ -50,6 +44,14 @@ fn normal_mode_stops_when_the_buffer_is_full() {
         o.expected.len(),
         lines.len()
     );
+}
+
+#[test]
+fn normal_mode_stops_when_the_buffer_is_full() {
+    let o = oracle();
+    let (_, text, lines) = trace_long_loop("modes-normal", &["--mode", "normal", "--buffer-size", SMALL_BUFFER]);
+    let module = program("long_loop").to_string_lossy().into_owned();
+    assert_cut_short(&lines, o);
     // the blocks are the first blocks of the run; a block cut short by the
     // full buffer may end it as an OTHER line
     let n = lines.len();
@@ -80,13 +82,7 @@ fn wrap_mode_keeps_the_last_blocks() {
     let (trace, _, lines) = trace_long_loop("modes-wrap", &["--mode", "wrap", "--buffer-size", SMALL_BUFFER]);
     let module = program("long_loop").to_string_lossy().into_owned();
     let lines = without_exit_kernel_line(&lines);
-    assert!(!lines.is_empty(), "no blocks recorded");
-    assert!(
-        lines.len() < o.expected.len() / 2,
-        "a {SMALL_BUFFER} buffer cannot hold {} blocks, yet the arc has {}",
-        o.expected.len(),
-        lines.len()
-    );
+    assert_cut_short(lines, o);
     let tail = &o.expected[o.expected.len() - lines.len()..];
     if let Err(e) = compare_lines(lines, tail, &module) {
         panic!("wrap mode: the arc is not the end of the oracle's sequence: {e}");

@@ -5,8 +5,8 @@
 //! line naming the fix. The cross-architecture programs are in cross.rs.
 
 use itrace_tests::{
-    arc_lines, arc_text, check_arc_consistency, compare_lines, itrace, itrace_bin, program, record, report_calls,
-    report_json, report_self_counts, require_tool, run, target_dir, test_dir, without_exit_kernel_line, ArcLine,
+    arc_lines, arc_text, checked_arc, compare_lines, itrace, itrace_bin, program, record, report_calls, report_json,
+    report_self_counts, report_thread_ids, require_tool, run, target_dir, test_dir, without_exit_kernel_line, ArcLine,
     Oracle, COUNT_LOOP_BLOCKS, COUNT_LOOP_INSTRUCTIONS, FIB_ASM_SELF, FIB_CALLS, LONG_LOOP_BLOCKS,
     LONG_LOOP_INSTRUCTIONS,
 };
@@ -32,10 +32,7 @@ fn check_freestanding(name: &str) -> Vec<ArcLine> {
     let dir = test_dir(&format!("qemu_plugin-{name}"));
     let trace = dir.join("plugin.itr");
     record(&trace, QEMU, &bin, &[]).assert_success();
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("plugin.arc"), &text).unwrap();
-    let lines = arc_lines(&text);
-    check_arc_consistency(&lines);
+    let (_, lines) = checked_arc(&trace, &dir.join("plugin.arc"));
     for l in &lines {
         assert_eq!(l.pname, name, "arc line {}: process name", l.lineno);
     }
@@ -154,11 +151,8 @@ fn libc_signals_and_longjmp() {
 #[test]
 fn libc_threads() {
     let report = compare_with_ptrace("threads", &["main", "thr_main", "thr_compute"]);
-    let threads = report["threads"].as_array().expect("threads array");
-    let mut tids: Vec<u64> = threads.iter().filter_map(|t| t["tid"].as_u64()).collect();
-    tids.sort();
-    tids.dedup();
-    assert_eq!(tids.len(), 5, "main thread + 4 workers: {threads:?}");
+    let tids = report_thread_ids(&report, "tid");
+    assert_eq!(tids.len(), 5, "main thread + 4 workers: {}", report["threads"]);
 }
 
 #[test]

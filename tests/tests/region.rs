@@ -5,9 +5,8 @@
 //! absent, and so must the library's own code.
 
 use itrace_tests::{
-    arc_lines, arc_text, callgrind_profile, check_arc_consistency, itrace, objdump_insns, program, record,
-    report_calls, report_json, report_self_counts, run, test_dir, trailing_comments, wait_with_guard, KillOnDrop,
-    Output, Symbols,
+    arc_lines, arc_text, callgrind_profile, checked_arc, itrace, objdump_insns, program, record, report_calls,
+    report_json, report_self_counts, run, test_dir, trailing_comments, wait_with_guard, KillOnDrop, Output, Symbols,
 };
 use std::collections::HashMap;
 
@@ -18,9 +17,7 @@ fn trace(name: &str, options: &[&str]) -> (serde_json::Value, String, Output) {
     let trace = dir.join("t.itr");
     let rec = record(&trace, options, &bin, &[]);
     let report = report_json(&trace);
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("t.arc"), &text).unwrap();
-    check_arc_consistency(&arc_lines(&text));
+    let (text, _) = checked_arc(&trace, &dir.join("t.arc"));
     (report, text, rec)
 }
 

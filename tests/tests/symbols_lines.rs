@@ -1,9 +1,7 @@
 //! Symbols, offsets and source lines in the arc agree with nm, objdump and
 //! addr2line for the same addresses.
 
-use itrace_tests::{
-    addr2line_lines, arc_lines, arc_text, check_arc_consistency, objdump_insns, program, record, test_dir, Symbols,
-};
+use itrace_tests::{addr2line_lines, checked_arc, objdump_insns, program, record, test_dir, Symbols};
 use std::collections::BTreeSet;
 
 fn check(name: &str, expect_funcs: &[&str]) {
@@ -12,10 +10,7 @@ fn check(name: &str, expect_funcs: &[&str]) {
     let dir = test_dir(&format!("symbols_lines-{name}"));
     let trace = dir.join("t.itr");
     record(&trace, &[], &bin, &[]).assert_success();
-    let text = arc_text(&trace);
-    std::fs::write(dir.join("t.arc"), &text).unwrap();
-    let lines = arc_lines(&text);
-    check_arc_consistency(&lines);
+    let (_, lines) = checked_arc(&trace, &dir.join("t.arc"));
 
     let syms = Symbols::of(&bin);
     let insns = objdump_insns(&bin);

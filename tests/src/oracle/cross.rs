@@ -257,5 +257,5 @@ pub fn cross_code_symbols(arch: &str, bin: &Path) -> Vec<(u64, String)> {
 
 /// qemu's log of a cross program in an empty environment: one pc per executed instruction.
 pub fn cross_qemu_pcs(arch: &str, bin: &Path) -> Vec<u64> {
-    qemu_log_pcs(&format!("qemu-{arch}"), &[], bin, &[], true)
+    qemu_log_pcs(&format!("qemu-{arch}"), &[], bin, &[])
 }

@@ -18,19 +18,14 @@ use crate::run::{require_tool, run};
 /// instruction, except that a `rep` string instruction is logged once per
 /// iteration (see [`oracle_branches`]). The program must exit 0.
 pub fn qemu_exec_pcs(binary: &Path, args: &[&str]) -> Vec<u64> {
-    qemu_exec_pcs_status(binary, args, true)
-}
-
-/// Like [`qemu_exec_pcs`]; `expect_success` = false accepts any exit.
-pub fn qemu_exec_pcs_status(binary: &Path, args: &[&str], expect_success: bool) -> Vec<u64> {
-    qemu_log_pcs("qemu-x86_64", &[], binary, args, expect_success)
+    qemu_log_pcs("qemu-x86_64", &[], binary, args)
 }
 
 /// Runs `env -i QEMU OPTIONS -singlestep -d nochain,exec -D LOG binary args`, where QEMU is a
 /// qemu-user binary (`qemu-x86_64`, `qemu-ppc64le`, ...) and OPTIONS come before the logging
 /// ones (`-L SYSROOT`), and returns the guest pc of every `Trace` line of the log. The program
-/// must exit 0 when `expect_success`.
-pub fn qemu_log_pcs(qemu: &str, options: &[&str], binary: &Path, args: &[&str], expect_success: bool) -> Vec<u64> {
+/// must exit 0.
+pub fn qemu_log_pcs(qemu: &str, options: &[&str], binary: &Path, args: &[&str]) -> Vec<u64> {
     let qemu = require_tool(qemu);
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("qemu.log");
@@ -42,9 +37,7 @@ pub fn qemu_log_pcs(qemu: &str, options: &[&str], binary: &Path, args: &[&str], 
         .arg(&log)
         .arg(binary)
         .args(args));
-    if expect_success {
-        o.assert_success();
-    }
+    o.assert_success();
     let f = fs::File::open(&log).unwrap_or_else(|e| panic!("qemu log {}: {e}", log.display()));
     let pcs = parse_qemu_log(BufReader::new(f));
     assert!(!pcs.is_empty(), "qemu logged no instructions for {}", binary.display());
