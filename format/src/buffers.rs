@@ -10,7 +10,7 @@
 //!   `segment_size` bytes, written to the file as a chunk when full; memory
 //!   stays constant and nothing is lost unless the write fails.
 
-use crate::record::{major, record_len, Lost, Record, Summary, TraceOn, TraceOnReason};
+use crate::record::{major, raw_records, record_len, Lost, Record, Summary, TraceOn, TraceOnReason};
 use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
 use crate::{Endian, FormatError, Mode};
 use std::collections::VecDeque;
@@ -118,18 +118,11 @@ impl Buffers {
     /// Count the branch records among `data` (whole records) in the live totals.
     fn count_live(&mut self, data: &[u8]) {
         let e = Endian::native();
-        let mut at = 0;
-        while at + 4 <= data.len() {
-            let len = record_len(e, &data[at..]).unwrap_or(0);
-            if len == 0 || at + len > data.len() {
-                break;
-            }
-            let maj = e.u16(&data[at + 2..]);
-            if (maj == major::BRANCH_USER || maj == major::BRANCH_KERNEL) && len >= 40 {
+        for rec in raw_records(e, data).map_while(Result::ok) {
+            if (rec.major == major::BRANCH_USER || rec.major == major::BRANCH_KERNEL) && rec.bytes.len() >= 40 {
                 self.branches += 1;
-                self.instructions += e.u32(&data[at + 36..]) as u64;
+                self.instructions += e.u32(&rec.bytes[36..]) as u64;
             }
-            at += len;
         }
         self.live.branches.store(self.branches, Ordering::Relaxed);
         self.live.instructions.store(self.instructions, Ordering::Relaxed);

@@ -45,7 +45,7 @@ pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, 
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};
 pub use reader::{ChunkInfo, Event, MergedRecords, StreamId, StreamRecords, TraceFile};
 pub use record::{
-    branch_flags, major, mte_minor, prot, Branch, BranchKind, Lost, Mte, Record, StopReason, Summary, TraceOff,
-    TraceOn, TraceOnReason, BRANCH_RECORD_LEN, RECORD_HEADER_LEN,
+    branch_flags, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord, RawRecords, Record,
+    StopReason, Summary, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN, RECORD_HEADER_LEN,
 };
 pub use writer::{TraceWriter, CHUNK_FLAG_WRAPPED, CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END, STREAM_MTE};

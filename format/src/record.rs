@@ -658,3 +658,55 @@ impl Enc<'_> {
 pub(crate) fn record_len(e: Endian, b: &[u8]) -> Option<usize> {
     (b.len() >= 2).then(|| (e.u16(b) & 0xFFFC) as usize)
 }
+
+/// One encoded record found by [`raw_records`].
+#[derive(Clone, Copy, Debug)]
+pub struct RawRecord<'a> {
+    /// Where it starts in the bytes walked.
+    pub offset: usize,
+    /// Its major code.
+    pub major: u16,
+    /// All of it, header included.
+    pub bytes: &'a [u8],
+}
+
+/// Walk the encoded records laid end to end in `bytes` (a stream, a ring's contents) without
+/// decoding them. A length field under 4 or running past the end yields `Err(offset)` once and
+/// ends the walk; a tail shorter than a record header ends it quietly.
+pub fn raw_records(e: Endian, bytes: &[u8]) -> RawRecords<'_> {
+    RawRecords { e, bytes, at: 0, failed: false }
+}
+
+/// The iterator of [`raw_records`].
+pub struct RawRecords<'a> {
+    e: Endian,
+    bytes: &'a [u8],
+    at: usize,
+    failed: bool,
+}
+
+impl RawRecords<'_> {
+    /// Where the walk is: the end of the last whole record yielded.
+    pub fn offset(&self) -> usize {
+        self.at
+    }
+}
+
+impl<'a> Iterator for RawRecords<'a> {
+    type Item = Result<RawRecord<'a>, usize>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.at + 4 > self.bytes.len() {
+            return None;
+        }
+        let rest = &self.bytes[self.at..];
+        let len = record_len(self.e, rest).unwrap_or(0);
+        if len < 4 || len > rest.len() {
+            self.failed = true;
+            return Some(Err(self.at));
+        }
+        let rec = RawRecord { offset: self.at, major: self.e.u16(&rest[2..]), bytes: &rest[..len] };
+        self.at += len;
+        Some(Ok(rec))
+    }
+}

@@ -287,3 +287,25 @@ fn pushing_runs_of_records_equals_pushing_them_one_by_one() {
         }
     }
 }
+
+#[test]
+fn raw_records_walk_whole_records_and_stop_at_damage() {
+    let e = Endian::native();
+    let mut bytes = Vec::new();
+    Record::Branch(branch(1, 0)).encode(&mut bytes).unwrap();
+    let second = bytes.len();
+    Record::Lost(Lost { ts: 9, count: 3 }).encode(&mut bytes).unwrap();
+    let end = bytes.len();
+    let found: Vec<(usize, u16, usize)> =
+        raw_records(e, &bytes).map(|r| r.unwrap()).map(|r| (r.offset, r.major, r.bytes.len())).collect();
+    assert_eq!(found, vec![(0, major::BRANCH_USER, BRANCH_RECORD_LEN), (second, major::LOST, end - second)]);
+    // A tail shorter than a header ends the walk quietly, at the last whole record.
+    bytes.extend_from_slice(&[0, 0]);
+    let mut walk = raw_records(e, &bytes);
+    assert_eq!(walk.by_ref().count(), 2);
+    assert_eq!(walk.offset(), end);
+    // A length that runs past the end is damage, reported once at its offset.
+    bytes.truncate(end - 4);
+    let got: Vec<Result<usize, usize>> = raw_records(e, &bytes).map(|r| r.map(|r| r.offset)).collect();
+    assert_eq!(got, vec![Ok(0), Err(second)]);
+}

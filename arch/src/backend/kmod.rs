@@ -9,7 +9,7 @@ type Result<T, E = BackendError> = std::result::Result<T, E>;
 use super::RecordOutcome;
 use crate::procfs::{self, Mapping};
 pub use itrace_format::kmod::*;
-use itrace_format::{major, Buffers, Endian, Mode, Mte, Record, TraceOnReason};
+use itrace_format::{major, raw_records, Buffers, Endian, Mode, Mte, Record, TraceOnReason};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -253,24 +253,26 @@ impl Drain<'_> {
             return 0;
         }
         let bytes = dev.bytes(&s, from, s.head);
-        let mut at = 0;
         let mut n = 0;
         let e = Endian::native();
-        while at + 4 <= bytes.len() {
-            let len = (u16::from_ne_bytes([bytes[at], bytes[at + 1]]) & 0xfffc) as usize;
-            let maj = u16::from_ne_bytes([bytes[at + 2], bytes[at + 3]]);
-            if len < 4 || at + len > bytes.len() {
-                self.fail(format!("the kernel module wrote a corrupt record in stream {i} at {}", from + at as u64));
-                break;
-            }
-            let raw = &bytes[at..at + len];
-            at += len;
-            if maj == ITR_MAJOR_PAD {
+        let mut records = raw_records(e, &bytes);
+        for rec in records.by_ref() {
+            let rec = match rec {
+                Ok(rec) => rec,
+                Err(at) => {
+                    self.fail(format!(
+                        "the kernel module wrote a corrupt record in stream {i} at {}",
+                        from + at as u64
+                    ));
+                    break;
+                }
+            };
+            if rec.major == ITR_MAJOR_PAD {
                 continue;
             }
-            match Record::decode(e, raw, 0) {
-                Ok(r) if maj == major::MTE => self.mte_record(r),
-                Ok(r) if i < dev.ncpu => self.trace_record(i % self.buffers.lost().len(), &r, raw),
+            match Record::decode(e, rec.bytes, 0) {
+                Ok(r) if rec.major == major::MTE => self.mte_record(r),
+                Ok(r) if i < dev.ncpu => self.trace_record(i % self.buffers.lost().len(), &r, rec.bytes),
                 Ok(_) => {}
                 Err(err) => {
                     self.fail(format!("the kernel module wrote a bad record: {err}"));
@@ -279,6 +281,7 @@ impl Drain<'_> {
             }
             n += 1;
         }
+        let at = records.offset();
         self.pos[i] = from + at as u64;
         if consume {
             dev.consume(i, self.pos[i]);
@@ -516,19 +519,13 @@ fn wrap_resume(dev: &Device, d: &mut Drain, i: usize, s: &Stream) {
     let e = Endian::native();
     let mut seen = std::collections::HashSet::new();
     let mut skip = std::collections::HashSet::new();
-    let mut at = 0;
     let mut first_ts = None;
-    while at + 16 <= bytes.len() {
-        let len = (u16::from_ne_bytes([bytes[at], bytes[at + 1]]) & 0xfffc) as usize;
-        if len < 4 || at + len > bytes.len() {
-            break;
-        }
-        let raw = &bytes[at..at + len];
-        if let Ok(r) = Record::decode(e, raw, 0) {
+    for rec in raw_records(e, &bytes).map_while(Result::ok) {
+        if let Ok(r) = Record::decode(e, rec.bytes, 0) {
             first_ts.get_or_insert(r.ts());
             match r {
                 Record::Branch(b) if seen.insert(b.tid) => {
-                    skip.insert(from + at as u64);
+                    skip.insert(rec.offset);
                     let on = itrace_format::TraceOn {
                         ts: first_ts.unwrap_or(b.ts),
                         reason: TraceOnReason::Resume,
@@ -547,29 +544,19 @@ fn wrap_resume(dev: &Device, d: &mut Drain, i: usize, s: &Stream) {
                 _ => {}
             }
         }
-        at += len;
     }
     // Drop the skipped branches: read the stream record by record, skipping them.
-    let mut at = 0;
-    while at + 4 <= bytes.len() {
-        let len = (u16::from_ne_bytes([bytes[at], bytes[at + 1]]) & 0xfffc) as usize;
-        let maj = u16::from_ne_bytes([bytes[at + 2], bytes[at + 3]]);
-        if len < 4 || at + len > bytes.len() {
-            break;
-        }
-        let raw = &bytes[at..at + len];
-        let pos = from + at as u64;
-        at += len;
-        if maj == ITR_MAJOR_PAD {
+    for rec in raw_records(e, &bytes).map_while(Result::ok) {
+        if rec.major == ITR_MAJOR_PAD {
             continue;
         }
-        if skip.contains(&pos) {
+        if skip.contains(&rec.offset) {
             // The block's instructions before the gap are unknown: count it as lost.
             d.buffers.add_lost(i % d.buffers.lost().len(), 1);
             continue;
         }
-        if let Ok(r) = Record::decode(e, raw, 0) {
-            d.trace_record(i % d.buffers.lost().len(), &r, raw);
+        if let Ok(r) = Record::decode(e, rec.bytes, 0) {
+            d.trace_record(i % d.buffers.lost().len(), &r, rec.bytes);
         }
     }
     d.pos[i] = s.head;
