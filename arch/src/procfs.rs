@@ -19,30 +19,27 @@ impl Mapping {
     }
 }
 
-/// Module-table records for `pid`'s executable mappings going from `old` to `new`: an unmap for
-/// each mapping gone, a segment for each new one; the new ones are returned too (a `[vdso]`
-/// among them wants its image).
-pub fn mapping_changes<'a>(
-    ts: u64,
-    pid: u32,
-    old: &[Mapping],
-    new: &'a [Mapping],
-) -> (Vec<itrace_format::Mte>, Vec<&'a Mapping>) {
-    use itrace_format::Mte;
-    let mut records: Vec<Mte> =
-        old.iter().filter(|m| !new.contains(m)).map(|m| Mte::Unmap { ts, pid, start: m.start, end: m.end }).collect();
-    let added: Vec<&Mapping> = new.iter().filter(|m| !old.contains(m)).collect();
-    records.extend(added.iter().map(|m| Mte::Segment {
-        ts,
-        pid,
-        prot: m.prot,
-        start: m.start,
-        end: m.end,
-        offset: m.offset,
-        path: m.path.clone(),
-    }));
-    (records, added)
+/// The vDSO's image as mapped at `m` in process `pid` (at most 64K), or, if that process
+/// cannot be read (gone, or another user's), our own: the kernel maps the same image into
+/// every process.
+pub fn vdso_image(pid: i32, m: &Mapping) -> Option<Vec<u8>> {
+    let read = |pid: i32, m: &Mapping| -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = fs::File::open(format!("/proc/{pid}/mem"))?;
+        f.seek(SeekFrom::Start(m.start))?;
+        let mut image = vec![0u8; (m.end - m.start).min(VDSO_MAX) as usize];
+        f.read_exact(&mut image)?;
+        Ok(image)
+    };
+    read(pid, m).ok().or_else(|| {
+        let own = std::process::id() as i32;
+        let mine = exec_mappings(own).ok()?.into_iter().find(|o| o.path == "[vdso]")?;
+        read(own, &mine).ok()
+    })
 }
+
+/// The most of a vDSO image the trace keeps.
+const VDSO_MAX: u64 = 1 << 16;
 
 /// The executable mappings of `pid`, sorted by address.
 pub fn exec_mappings(pid: i32) -> std::io::Result<Vec<Mapping>> {

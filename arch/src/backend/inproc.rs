@@ -7,7 +7,8 @@
 use super::BackendError;
 type Result<T, E = BackendError> = std::result::Result<T, E>;
 use super::RecordOutcome;
-use crate::procfs::{self, Mapping};
+use crate::modules::ModuleTable;
+use crate::procfs;
 use itrace_format::now_ns;
 use itrace_format::shm::{self, CpuCtl, Header, Slot};
 use itrace_format::{
@@ -101,7 +102,7 @@ struct Drain<'a> {
     /// When each thread's last region ended: rings are drained one at a time, so an end may be
     /// seen before the start it follows.
     closed: HashMap<u32, u64>,
-    maps: HashMap<u32, Vec<Mapping>>,
+    modules: ModuleTable,
     named: HashSet<u32>,
     pids: HashSet<u32>,
     rec: [u8; BRANCH_RECORD_LEN],
@@ -137,18 +138,9 @@ impl Drain<'_> {
             self.mte(Mte::ProcessName { ts, pid, ppid, name });
         }
         let Ok(new) = procfs::exec_mappings(pid as i32) else { return };
-        let old = self.maps.remove(&pid).unwrap_or_default();
-        let (records, added) = procfs::mapping_changes(ts, pid, &old, &new);
-        let vdso = added.into_iter().find(|m| m.path == "[vdso]").cloned();
-        for r in records {
+        for r in self.modules.update(ts, pid, new) {
             self.mte(r);
         }
-        if let Some(m) = vdso {
-            if let Ok(image) = read_own_vdso(pid as i32, &m) {
-                self.mte(Mte::VdsoImage { ts, pid, start: m.start, image });
-            }
-        }
-        self.maps.insert(pid, new);
     }
 
     /// Remember the names of the threads of `pid` now.
@@ -224,15 +216,6 @@ impl Drain<'_> {
             _ => {}
         }
     }
-}
-
-fn read_own_vdso(pid: i32, m: &Mapping) -> std::io::Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(format!("/proc/{pid}/mem"))?;
-    f.seek(SeekFrom::Start(m.start))?;
-    let mut image = vec![0u8; (m.end - m.start).min(1 << 16) as usize];
-    f.read_exact(&mut image)?;
-    Ok(image)
 }
 
 /// Drain the committed slots of every CPU (continuous mode, while the program runs).
@@ -334,7 +317,7 @@ pub fn record(
         last_ts: vec![0; ncpu],
         open: HashMap::new(),
         closed: HashMap::new(),
-        maps: HashMap::new(),
+        modules: ModuleTable::default(),
         named: HashSet::new(),
         pids: HashSet::new(),
         rec: [0; BRANCH_RECORD_LEN],

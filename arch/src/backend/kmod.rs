@@ -7,10 +7,10 @@
 use super::BackendError;
 type Result<T, E = BackendError> = std::result::Result<T, E>;
 use super::RecordOutcome;
+use crate::modules::ModuleTable;
 use crate::procfs::{self, Mapping};
 pub use itrace_format::kmod::*;
 use itrace_format::{major, raw_records, Buffers, Endian, Mode, Mte, Record, TraceOnReason};
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -139,13 +139,12 @@ struct Drain<'a> {
     out: RecordOutcome,
     error: Option<String>,
     /// Executable mappings per process, as of the last snapshot.
-    maps: HashMap<u32, Vec<Mapping>>,
+    modules: ModuleTable,
     /// A snapshot being read: pid, its time, the segments so far.
     snapshot: Option<(u32, u64, Vec<Mapping>)>,
     /// Per stream: the next position to read (the module's tail in wrap mode).
     pos: Vec<u64>,
     last_mte_ts: u64,
-    vdso: Option<Vec<u8>>,
 }
 
 impl Drain<'_> {
@@ -162,33 +161,9 @@ impl Drain<'_> {
     /// A snapshot is complete: write what changed.
     fn end_snapshot(&mut self) {
         let Some((pid, ts, new)) = self.snapshot.take() else { return };
-        let old = self.maps.remove(&pid).unwrap_or_default();
-        let (records, added) = procfs::mapping_changes(ts, pid, &old, &new);
-        let vdso = added.iter().find(|m| m.path == "[vdso]").map(|m| m.start);
-        for r in records {
+        for r in self.modules.update(ts, pid, new) {
             self.mte(r);
         }
-        if let Some(start) = vdso {
-            if let Some(image) = self.vdso_image() {
-                self.mte(Mte::VdsoImage { ts, pid, start, image });
-            }
-        }
-        self.maps.insert(pid, new);
-    }
-
-    /// The vDSO's bytes: the same image in every process, so read from our own.
-    fn vdso_image(&mut self) -> Option<Vec<u8>> {
-        if self.vdso.is_none() {
-            let own = procfs::exec_mappings(std::process::id() as i32).ok()?;
-            let m = own.iter().find(|m| m.path == "[vdso]")?;
-            use std::io::{Read, Seek, SeekFrom};
-            let mut f = std::fs::File::open("/proc/self/mem").ok()?;
-            f.seek(SeekFrom::Start(m.start)).ok()?;
-            let mut image = vec![0u8; (m.end - m.start).min(1 << 16) as usize];
-            f.read_exact(&mut image).ok()?;
-            self.vdso = Some(image);
-        }
-        self.vdso.clone()
     }
 
     fn mte_record(&mut self, r: Record) {
@@ -212,7 +187,7 @@ impl Drain<'_> {
                 if let Mte::Exec { pid, .. } = m {
                     // A new address space (the reader starts the process's afresh): the
                     // snapshot that follows is written whole, even where it equals the old one.
-                    self.maps.remove(&pid);
+                    self.modules.forget(pid);
                 }
                 self.last_mte_ts = self.last_mte_ts.max(m.ts());
                 self.mte(m);
@@ -434,11 +409,10 @@ pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buf
         buffers,
         out: RecordOutcome::default(),
         error: None,
-        maps: HashMap::new(),
+        modules: ModuleTable::default(),
         snapshot: None,
         pos: vec![0; nstreams],
         last_mte_ts: 0,
-        vdso: None,
     };
     d.out.processes = 1;
     let attached_pid = match start {

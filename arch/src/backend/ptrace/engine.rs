@@ -158,7 +158,6 @@ pub(super) struct Process {
     pub(super) maps: Vec<Mapping>,
     code: IntMap<u64, Insn>,
     name: String,
-    vdso_saved: bool,
     /// Region tracing: our breakpoints in this process.
     pub(super) bps: Breakpoints,
     /// Breakpoints taken out: a thread stopped by one just before must be moved back onto it.
@@ -174,7 +173,6 @@ impl Process {
             maps,
             code,
             name,
-            vdso_saved: false,
             bps: Breakpoints::default(),
             retired: Vec::new(),
             triggers_set: false,
@@ -553,40 +551,16 @@ impl Session<'_> {
     pub(super) fn refresh_maps(&mut self, pid: i32, ts: u64) {
         let Ok(new) = procfs::exec_mappings(pid) else { return };
         let Some(p) = self.procs.get_mut(&pid) else { return };
-        let old = std::mem::take(&mut p.maps);
-        let mut records = Vec::new();
-        for m in old.iter().filter(|m| !new.contains(m)) {
-            records.push(Mte::Unmap { ts, pid: pid as u32, start: m.start, end: m.end });
-            p.code.retain(|a, _| *a < m.start || *a >= m.end);
-            p.ambiguous.clear();
-        }
-        let mut vdso = None;
-        for m in new.iter().filter(|m| !old.contains(m)) {
-            p.code.retain(|a, _| *a < m.start || *a >= m.end);
-            records.push(Mte::Segment {
-                ts,
-                pid: pid as u32,
-                prot: m.prot,
-                start: m.start,
-                end: m.end,
-                offset: m.offset,
-                path: m.path.clone(),
-            });
-            if m.path == "[vdso]" && !p.vdso_saved {
-                vdso = Some((m.start, m.end));
+        let records = crate::modules::changes(ts, pid as u32, &p.maps, &new);
+        // Decoded code in a range that changed may be stale.
+        for r in &records {
+            let (Mte::Unmap { start, end, .. } | Mte::Segment { start, end, .. }) = r else { continue };
+            p.code.retain(|a, _| *a < *start || *a >= *end);
+            if matches!(r, Mte::Unmap { .. }) {
+                p.ambiguous.clear();
             }
         }
         p.maps = new;
-        if let Some((start, end)) = vdso {
-            let mut image =
-                vec![0u8; (end - start).min(1 << 16) as usize - 4096 * ((end - start) > (1 << 16)) as usize];
-            let n = read_mem(pid, start, &mut image);
-            image.truncate(n);
-            if n > 0 {
-                p.vdso_saved = true;
-                records.push(Mte::VdsoImage { ts, pid: pid as u32, start, image });
-            }
-        }
         for r in records {
             self.emit_mte(r);
         }
