@@ -244,6 +244,7 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
 }
 
 fn allowed_cpus(pid: i32) -> Vec<usize> {
+    // SAFETY: cpu_set_t is a plain bit array: all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: set is a valid cpu_set_t of the size passed.
     let r = unsafe { libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
@@ -261,6 +262,7 @@ fn allowed_cpus(pid: i32) -> Vec<usize> {
 }
 
 fn get_affinity(tid: i32) -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is a plain bit array: all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: set is a valid cpu_set_t of the size passed.
     let r = unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
@@ -273,6 +275,7 @@ fn set_affinity(tid: i32, set: &libc::cpu_set_t) -> bool {
 }
 
 fn pin(tid: i32, cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is a plain bit array: all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: cpu < CPU_SETSIZE (it came from an affinity mask); set is valid.
     unsafe { libc::CPU_SET(cpu, &mut set) };
@@ -350,6 +353,8 @@ impl Session<'_> {
         // personality, execve, write, _exit) on memory prepared before the fork.
         let pid = match unsafe { libc::fork() } {
             -1 => return Err(exec_err(std::io::Error::last_os_error())),
+            // SAFETY: in the child, as above: only async-signal-safe calls on memory (the
+            // pipes' descriptors, prog, argv, envp) prepared before the fork.
             0 => unsafe {
                 libc::close(go_w_fd);
                 libc::close(err_r_fd);

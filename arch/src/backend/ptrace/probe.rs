@@ -54,6 +54,7 @@ pub fn probe_singleblock() -> BlockStep {
     // moved onto the probe code, which exits with a raw system call.
     let pid = match unsafe { libc::fork() } {
         -1 => return BlockStep::Unavailable("fork failed".into()),
+        // SAFETY: in the child: PTRACE_TRACEME, raise and _exit are async-signal-safe.
         0 => unsafe {
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
             libc::raise(libc::SIGSTOP);
