@@ -265,16 +265,9 @@ impl super::Recorder for InprocRecorder {
         };
         let step = itrace_format::StepMethod::InProcess;
         let arch = self.arch;
-        let mut buffers = output::open(s, arch, step, output::ncpu(), !aslr, live)?;
+        let buffers = output::open(s, arch, step, output::ncpu(), !aslr, live)?;
         let launch = Launch { program: &self.program, argv: command, aslr: *aslr, env: &s.env };
-        match record(&launch, s.mode, s.ring_size(), stop, &mut buffers) {
-            Ok(outcome) => output::finish(s, buffers, outcome, arch, step.to_string()),
-            Err(e) => {
-                drop(buffers);
-                let _ = std::fs::remove_file(&s.output);
-                Err(e)
-            }
-        }
+        output::record_into(s, buffers, arch, step.to_string(), |b| record(&launch, s.mode, s.ring_size(), stop, b))
     }
 }
 

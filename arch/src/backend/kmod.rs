@@ -322,7 +322,7 @@ impl super::Recorder for KmodRecorder {
         };
         let no_aslr = matches!(s.target, Target::Launch { aslr: false, .. });
         let step = itrace_format::StepMethod::Kernel;
-        let mut buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
         let opts = Options {
             mode: s.mode,
             ring: s.ring_size(),
@@ -331,14 +331,7 @@ impl super::Recorder for KmodRecorder {
             follow_threads: s.follow_threads,
             region: s.region,
         };
-        match record(start, &opts, stop, &mut buffers) {
-            Ok(outcome) => output::finish(s, buffers, outcome, self.arch, step.to_string()),
-            Err(e) => {
-                drop(buffers);
-                let _ = std::fs::remove_file(&s.output);
-                Err(e)
-            }
-        }
+        output::record_into(s, buffers, self.arch, step.to_string(), |b| record(start, &opts, stop, b))
     }
 }
 

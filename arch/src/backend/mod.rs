@@ -29,6 +29,7 @@ mod choose;
 mod error;
 pub mod output;
 mod settings;
+pub mod sink;
 
 pub use choose::{choose, Chosen};
 pub use error::BackendError;

@@ -35,6 +35,25 @@ pub fn open(
     Ok(Buffers::new(cfg, writer).with_live(live))
 }
 
+/// Run a backend's recording loop into `buffers` and finish the file; when the loop fails
+/// before there is anything to keep, the file goes.
+pub fn record_into(
+    s: &RecordSettings,
+    mut buffers: Buffers,
+    arch: Arch,
+    step: String,
+    record: impl FnOnce(&mut Buffers) -> Result<RecordOutcome, BackendError>,
+) -> Result<Recorded, BackendError> {
+    match record(&mut buffers) {
+        Ok(outcome) => finish(s, buffers, outcome, arch, step),
+        Err(e) => {
+            drop(buffers);
+            let _ = std::fs::remove_file(&s.output);
+            Err(e)
+        }
+    }
+}
+
 /// Write what is buffered and the summary; the totals of the recording. A write or trigger
 /// error of the recording is reported here, after what was recorded is safe in the file.
 pub fn finish(

@@ -29,13 +29,13 @@
 
 use super::protocol::{parse_stop_reply, Connection, GdbError, StopReply};
 use super::registers::{self, Register, RegisterMap};
+use crate::backend::sink::{Sink, Stored};
 use crate::backend::RecordOutcome;
 use crate::elf::Program;
 use crate::{Arch, RemoteInfo, Reservation};
 use itrace_decoders::{Flow, Insn};
 use itrace_format::{
-    branch_flags, Branch, BranchKind, Buffers, FormatError, Mte, Push, Record, StopReason, TraceOff, TraceOn,
-    TraceOnReason, BRANCH_RECORD_LEN,
+    branch_flags, Branch, BranchKind, Buffers, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
 };
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -122,7 +122,7 @@ struct Session<'a> {
     conn: &'a mut Connection,
     opts: &'a RemoteOptions<'a>,
     info: RemoteInfo,
-    buffers: &'a mut Buffers,
+    sink: Sink<'a>,
     regs: RegisterMap,
     pc_reg: Register,
     nr_reg: Register,
@@ -153,8 +153,7 @@ struct Session<'a> {
     /// The pc as the last stop reply gave it (stubs that send registers with stops).
     stop_pc: Option<u64>,
     out: RecordOutcome,
-    rec: [u8; BRANCH_RECORD_LEN],
-    last_ts: u64,
+
     finished: bool,
 }
 
@@ -189,7 +188,7 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         conn,
         opts,
         info,
-        buffers,
+        sink: Sink::new(buffers),
         regs,
         pc_reg,
         nr_reg,
@@ -209,8 +208,6 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         pc: 0,
         stop_pc: None,
         out: RecordOutcome::default(),
-        rec: [0; BRANCH_RECORD_LEN],
-        last_ts: 0,
         finished: false,
     };
     s.note_stop(first);
@@ -228,6 +225,10 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
         s.out.stop_reason = Some(StopReason::TracerError);
     }
     s.out.stop_reason.get_or_insert(StopReason::Exited);
+    // out counts the partial block of the trace-off record; the sink, the branches stored.
+    s.out.branches += s.sink.branches;
+    s.out.instructions += s.sink.instructions;
+    s.out.write_error = s.sink.write_error();
     Ok(RemoteOutcome { outcome: s.out, error })
 }
 
@@ -984,43 +985,32 @@ impl Session<'_> {
         self.push_branch(b);
     }
 
-    fn push_branch(&mut self, mut b: Branch) {
-        b.ts = b.ts.max(self.last_ts);
-        self.last_ts = b.ts;
-        b.encode_into(&mut self.rec);
-        match self.buffers.push_trace(CPU, &self.rec) {
-            Ok(Push::Stored) => {
-                self.out.branches += 1;
-                self.out.instructions += b.icount as u64;
-            }
-            Ok(Push::Full) => {
-                // Not stored: its instructions go to the trace-off record's partial block.
-                self.icount += b.icount;
-                self.stop_tracing(StopReason::BufferFull);
-            }
-            Err(e) => self.write_failed(e),
+    fn push_branch(&mut self, b: Branch) {
+        let stored = self.sink.branch(CPU, b);
+        if stored == Stored::Full {
+            // Not stored: its instructions go to the trace-off record's partial block.
+            self.icount += b.icount;
         }
+        self.after_store(stored);
     }
 
     fn push_control(&mut self, r: Record) {
-        if let Err(e) = self.buffers.push_control(CPU, &r) {
-            self.write_failed(e);
-        }
+        let stored = self.sink.control(CPU, &r);
+        self.after_store(stored);
     }
 
     fn emit_mte(&mut self, m: Mte) {
-        match self.buffers.push_mte(&Record::Mte(m)) {
-            Ok(Push::Stored) => {}
-            Ok(Push::Full) => self.stop_tracing(StopReason::BufferFull),
-            Err(e) => self.write_failed(e),
-        }
+        let stored = self.sink.mte(m);
+        self.after_store(stored);
     }
 
-    fn write_failed(&mut self, e: FormatError) {
-        if self.out.write_error.is_none() {
-            self.out.write_error = Some(e.to_string());
+    /// A full buffer or a failed write ends tracing; the program runs on.
+    fn after_store(&mut self, stored: Stored) {
+        match stored {
+            Stored::Yes => {}
+            Stored::Full => self.stop_tracing(StopReason::BufferFull),
+            Stored::Failed => self.stop_tracing(StopReason::WriteError),
         }
-        self.stop_tracing(StopReason::WriteError);
     }
 
     /// End tracing for a recorder reason (buffer full, write error): the program runs on untraced.
@@ -1047,7 +1037,7 @@ impl Session<'_> {
         let icount = std::mem::take(&mut self.icount);
         self.out.instructions += icount as u64;
         let r = TraceOff {
-            ts: now_ns().max(self.last_ts),
+            ts: now_ns().max(self.sink.last_ts(CPU)),
             reason,
             pid: self.pid,
             tid: self.tid,

@@ -8,14 +8,14 @@
 //! (signal delivery), so no syscall-stops are needed.
 
 use super::breakpoints::{Breakpoints, Trigger};
+use crate::backend::sink::{Sink, Stored};
 use crate::backend::RecordOutcome;
 use crate::isa::x86_64::{RESTART_CODES, X86};
 use crate::procfs::{self, Mapping};
 use crate::Arch;
 use itrace_decoders::{Flow, Insn};
 use itrace_format::{
-    branch_flags, Branch, BranchKind, Buffers, FormatError, Mte, Push, Record, StopReason, TraceOff, TraceOn,
-    TraceOnReason, BRANCH_RECORD_LEN,
+    branch_flags, Branch, BranchKind, Buffers, FormatError, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
 };
 use nix::errno::Errno;
 use nix::sys::ptrace::{self, Options};
@@ -182,7 +182,7 @@ impl Process {
 
 pub(super) struct Session<'a> {
     pub(super) opts: &'a RecordOptions<'a>,
-    buffers: &'a mut Buffers,
+    sink: Sink<'a>,
     pub(super) threads: IntMap<i32, Thread>,
     pub(super) procs: IntMap<i32, Process>,
     cpus: Vec<usize>,
@@ -190,12 +190,8 @@ pub(super) struct Session<'a> {
     pub(super) out: RecordOutcome,
     pub(super) detaching: Option<StopReason>,
     launched: Option<i32>,
-    rec: [u8; BRANCH_RECORD_LEN],
     /// Every process traced, for the JIT symbol maps read at the end.
     seen_pids: Vec<i32>,
-    /// Newest timestamp written per CPU: a stream's records must not go back in time (a system
-    /// call's record carries its entry time, which may precede other threads' records).
-    last_ts: Vec<u64>,
 }
 
 use itrace_format::now_ns;
@@ -221,7 +217,7 @@ fn ptrace_options(o: &RecordOptions) -> Options {
 pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutcome, RecordError> {
     let mut s = Session {
         opts,
-        buffers,
+        sink: Sink::new(buffers),
         threads: IntMap::default(),
         procs: IntMap::default(),
         cpus: allowed_cpus(0),
@@ -229,9 +225,7 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         out: RecordOutcome::default(),
         detaching: None,
         launched: None,
-        rec: [0; BRANCH_RECORD_LEN],
         seen_pids: Vec::new(),
-        last_ts: Vec::new(),
     };
     match &opts.target {
         Target::Launch { program, args, aslr, env } => s.launch(program, args, *aslr, env)?,
@@ -240,6 +234,10 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
     s.run();
     s.save_jit_maps();
     s.out.stop_reason.get_or_insert(StopReason::Exited);
+    // out counts the partial blocks of trace-off records; the sink, the branches stored.
+    s.out.branches += s.sink.branches;
+    s.out.instructions += s.sink.instructions;
+    s.out.write_error = s.sink.write_error();
     Ok(s.out)
 }
 
@@ -502,18 +500,17 @@ impl Session<'_> {
     }
 
     fn emit_mte(&mut self, m: Mte) {
-        match self.buffers.push_mte(&Record::Mte(m)) {
-            Ok(Push::Stored) => {}
-            Ok(Push::Full) => self.begin_detach(StopReason::BufferFull),
-            Err(e) => self.write_failed(e),
-        }
+        let stored = self.sink.mte(m);
+        self.after_store(stored);
     }
 
-    fn write_failed(&mut self, e: FormatError) {
-        if self.out.write_error.is_none() {
-            self.out.write_error = Some(e.to_string());
+    /// A full buffer or a failed write stops tracing everything.
+    fn after_store(&mut self, stored: Stored) {
+        match stored {
+            Stored::Yes => {}
+            Stored::Full => self.begin_detach(StopReason::BufferFull),
+            Stored::Failed => self.begin_detach(StopReason::WriteError),
         }
-        self.begin_detach(StopReason::WriteError);
     }
 
     /// JIT code symbols the traced processes published in perf map files (read at the end,
@@ -592,34 +589,20 @@ impl Session<'_> {
         insn
     }
 
-    fn push_branch(&mut self, cpu: usize, mut b: Branch) {
-        if cpu >= self.last_ts.len() {
-            self.last_ts.resize(cpu + 1, 0);
-        }
-        b.ts = b.ts.max(self.last_ts[cpu]);
-        self.last_ts[cpu] = b.ts;
-        self.out.branches += 1;
-        self.out.instructions += b.icount as u64;
-        b.encode_into(&mut self.rec);
-        match self.buffers.push_trace(cpu, &self.rec) {
-            Ok(Push::Stored) => {}
-            Ok(Push::Full) => {
-                // Not stored: its instructions go to the trace-off record's partial block.
-                self.out.branches -= 1;
-                self.out.instructions -= b.icount as u64;
-                if let Some(t) = self.threads.get_mut(&(b.tid as i32)) {
-                    t.icount += b.icount;
-                }
-                self.begin_detach(StopReason::BufferFull);
+    fn push_branch(&mut self, cpu: usize, b: Branch) {
+        let stored = self.sink.branch(cpu, b);
+        if stored == Stored::Full {
+            // Not stored: its instructions go to the trace-off record's partial block.
+            if let Some(t) = self.threads.get_mut(&(b.tid as i32)) {
+                t.icount += b.icount;
             }
-            Err(e) => self.write_failed(e),
         }
+        self.after_store(stored);
     }
 
     pub(super) fn push_control(&mut self, cpu: usize, r: Record) {
-        if let Err(e) = self.buffers.push_control(cpu, &r) {
-            self.write_failed(e);
-        }
+        let stored = self.sink.control(cpu, &r);
+        self.after_store(stored);
     }
 
     /// Stop tracing everything: threads are detached as they stop.

@@ -63,7 +63,7 @@ impl Recorder for PtraceRecorder {
             StepMethod::PtraceSingleStep
         };
         let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
-        let mut buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
         let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
         if s.region {
             wanted.push(("ITraceOn".into(), TriggerKind::RegionOn));
@@ -83,15 +83,7 @@ impl Recorder for PtraceRecorder {
             emulate_block_step: s.emulate_block_step,
             triggers: if wanted.is_empty() { None } else { Some(&resolve) },
         };
-        let outcome = match record(&opts, &mut buffers) {
-            Ok(o) => o,
-            Err(e) => {
-                drop(buffers);
-                let _ = std::fs::remove_file(&s.output);
-                return Err(e.into());
-            }
-        };
-        output::finish(s, buffers, outcome, self.arch, step.to_string())
+        output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
     }
 }
 

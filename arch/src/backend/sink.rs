@@ -1,0 +1,86 @@
+//! What a stepping recorder does with each record: store it in the per-CPU buffers, keep each
+//! CPU stream's timestamps from going back (a system call's record carries its entry time,
+//! which may precede other threads' records), count what was stored, and keep the first
+//! write error.
+
+use itrace_format::{Branch, Buffers, Mte, Push, Record, BRANCH_RECORD_LEN};
+
+/// What became of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Stored {
+    Yes,
+    /// Normal mode: a buffer is full; the record was not stored (an MTE record was) and
+    /// tracing must stop.
+    Full,
+    /// The trace file could not be written (the error is kept); tracing must stop.
+    Failed,
+}
+
+/// The buffers of one recording, as a recording loop writes them.
+pub struct Sink<'a> {
+    buffers: &'a mut Buffers,
+    rec: [u8; BRANCH_RECORD_LEN],
+    last_ts: Vec<u64>,
+    /// Taken branches stored, and the instructions they count.
+    pub branches: u64,
+    pub instructions: u64,
+    error: Option<String>,
+}
+
+impl<'a> Sink<'a> {
+    pub fn new(buffers: &'a mut Buffers) -> Self {
+        Sink { buffers, rec: [0; BRANCH_RECORD_LEN], last_ts: Vec::new(), branches: 0, instructions: 0, error: None }
+    }
+
+    /// The newest timestamp stored on `cpu`'s stream.
+    pub fn last_ts(&self, cpu: usize) -> u64 {
+        self.last_ts.get(cpu).copied().unwrap_or(0)
+    }
+
+    /// Store a taken branch on `cpu`'s stream, its timestamp no older than the stream's last.
+    pub fn branch(&mut self, cpu: usize, mut b: Branch) -> Stored {
+        if cpu >= self.last_ts.len() {
+            self.last_ts.resize(cpu + 1, 0);
+        }
+        b.ts = b.ts.max(self.last_ts[cpu]);
+        self.last_ts[cpu] = b.ts;
+        b.encode_into(&mut self.rec);
+        match self.buffers.push_trace(cpu, &self.rec) {
+            Ok(Push::Stored) => {
+                self.branches += 1;
+                self.instructions += b.icount as u64;
+                Stored::Yes
+            }
+            Ok(Push::Full) => Stored::Full,
+            Err(e) => self.failed(e),
+        }
+    }
+
+    /// Store a control record (trace on/off, lost) on `cpu`'s stream; never refused for space.
+    pub fn control(&mut self, cpu: usize, r: &Record) -> Stored {
+        match self.buffers.push_control(cpu, r) {
+            Ok(()) => Stored::Yes,
+            Err(e) => self.failed(e),
+        }
+    }
+
+    /// Store a module-table record.
+    pub fn mte(&mut self, m: Mte) -> Stored {
+        match self.buffers.push_mte(&Record::Mte(m)) {
+            Ok(Push::Stored) => Stored::Yes,
+            Ok(Push::Full) => Stored::Full,
+            Err(e) => self.failed(e),
+        }
+    }
+
+    /// The first write error, if any.
+    pub fn write_error(&self) -> Option<String> {
+        self.error.clone()
+    }
+
+    fn failed(&mut self, e: itrace_format::FormatError) -> Stored {
+        self.error.get_or_insert_with(|| e.to_string());
+        Stored::Failed
+    }
+}
