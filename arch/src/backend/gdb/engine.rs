@@ -38,26 +38,26 @@ use itrace_format::{
     branch_flags, Branch, BranchKind, Buffers, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
 };
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Longest load-reserve/store-conditional sequence stepped over (as gdb and SystemTap do).
-const MAX_ATOMIC_SEQUENCE: u64 = 16;
+pub(super) const MAX_ATOMIC_SEQUENCE: u64 = 16;
 /// Depth of signal handlers within handlers followed for their sigreturn.
-const MAX_NESTED_SIGNALS: usize = 64;
+pub(super) const MAX_NESTED_SIGNALS: usize = 64;
 /// Longest straight run decoded ahead; a longer one is run in pieces by stepping.
-const MAX_RUN: u32 = 4096;
+pub(super) const MAX_RUN: u32 = 4096;
 /// Shortest run worth a continue (a breakpoint the first time, then one round trip) over steps.
-const MIN_RUN: u32 = 2;
+pub(super) const MIN_RUN: u32 = 2;
 /// The same where a breakpoint must come out before stepping from its address and go back in
 /// the next time (two more round trips per run).
-const MIN_RUN_LIFTING: u32 = 4;
+pub(super) const MIN_RUN_LIFTING: u32 = 4;
 /// The CPU number written in records: the stub does not say where the target runs.
-const CPU: usize = 0;
+pub(super) const CPU: usize = 0;
 /// Linux auxiliary vector keys (elf.h).
-const AT_PHDR: u64 = 3;
-const AT_BASE: u64 = 7;
-const AT_ENTRY: u64 = 9;
+pub(super) const AT_PHDR: u64 = 3;
+pub(super) const AT_BASE: u64 = 7;
+pub(super) const AT_ENTRY: u64 = 9;
 
 /// How to record through a stub.
 pub struct RemoteOptions<'a> {
@@ -90,21 +90,21 @@ use itrace_format::now_ns;
 
 /// A decoded instruction and its bytes.
 #[derive(Clone, Copy, Debug)]
-struct Code {
-    insn: Insn,
-    bytes: [u8; 8],
-    nbytes: u8,
+pub(super) struct Code {
+    pub(super) insn: Insn,
+    pub(super) bytes: [u8; 8],
+    pub(super) nbytes: u8,
 }
 
 impl Code {
-    fn bytes(&self) -> &[u8] {
+    pub(super) fn bytes(&self) -> &[u8] {
         &self.bytes[..self.nbytes as usize]
     }
 }
 
 /// A system call about files, noted before it runs and completed when it returns.
 #[derive(Debug)]
-enum MappingCall {
+pub(super) enum MappingCall {
     Open(String),
     Close(u64),
     Mmap { len: u64, prot: u64, fd: u64, offset: u64 },
@@ -113,48 +113,48 @@ enum MappingCall {
 /// A straight run of read-only code: `len` instructions that cannot branch, then the
 /// instruction at `end` that can (or that needs care: a system call, a load-reserve).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Run {
-    end: u64,
-    len: u32,
+pub(super) struct Run {
+    pub(super) end: u64,
+    pub(super) len: u32,
 }
 
-struct Session<'a> {
-    conn: &'a mut Connection,
-    opts: &'a RemoteOptions<'a>,
-    info: RemoteInfo,
-    sink: Sink<'a>,
-    regs: RegisterMap,
-    pc_reg: Register,
-    nr_reg: Register,
-    arg_regs: [Register; 6],
-    ret_reg: Register,
+pub(super) struct Session<'a> {
+    pub(super) conn: &'a mut Connection,
+    pub(super) opts: &'a RemoteOptions<'a>,
+    pub(super) info: RemoteInfo,
+    pub(super) sink: Sink<'a>,
+    pub(super) regs: RegisterMap,
+    pub(super) pc_reg: Register,
+    pub(super) nr_reg: Register,
+    pub(super) arg_regs: [Register; 6],
+    pub(super) ret_reg: Register,
     /// Files the program opened, by descriptor (guest paths), for the mappings of its mmap calls.
-    fds: HashMap<u64, String>,
+    pub(super) fds: HashMap<u64, String>,
     /// Handlers the program installed, by signal (from its sigaction calls).
-    handlers: HashMap<u64, u64>,
+    pub(super) handlers: HashMap<u64, u64>,
     /// The stub answers `p` with nothing: registers come from `g`.
-    g_only: bool,
+    pub(super) g_only: bool,
     /// Decoded instructions of read-only code.
-    code: HashMap<u64, Code>,
+    pub(super) code: HashMap<u64, Code>,
     /// Address ranges of read-only code (program and loader segments, biased).
-    read_only: Vec<(u64, u64)>,
+    pub(super) read_only: Vec<(u64, u64)>,
     /// Straight runs by start address (`None`: not read-only code, or too long).
-    runs: HashMap<u64, Option<Run>>,
+    pub(super) runs: HashMap<u64, Option<Run>>,
     /// Breakpoints left in place at run ends.
-    breakpoints: HashSet<u64>,
+    pub(super) breakpoints: HashSet<u64>,
     /// Where handled signals interrupted the program, innermost last (where each sigreturn goes).
-    interrupted: Vec<u64>,
-    pid: u32,
-    tid: u32,
+    pub(super) interrupted: Vec<u64>,
+    pub(super) pid: u32,
+    pub(super) tid: u32,
     /// Instructions since the last record.
-    icount: u32,
+    pub(super) icount: u32,
     /// The instruction the target executes next.
-    pc: u64,
+    pub(super) pc: u64,
     /// The pc as the last stop reply gave it (stubs that send registers with stops).
-    stop_pc: Option<u64>,
-    out: RecordOutcome,
+    pub(super) stop_pc: Option<u64>,
+    pub(super) out: RecordOutcome,
 
-    finished: bool,
+    pub(super) finished: bool,
 }
 
 /// Connect the recorder to a stopped stub and trace until the program exits, `opts.stop` is set,
@@ -234,7 +234,7 @@ pub fn record(conn: &mut Connection, opts: &RemoteOptions, buffers: &mut Buffers
 
 impl Session<'_> {
     /// Keep the pc a stop reply carries, so that reading it costs no round trip.
-    fn note_stop(&mut self, stop: StopReply) -> StopReply {
+    pub(super) fn note_stop(&mut self, stop: StopReply) -> StopReply {
         self.stop_pc = match &stop {
             StopReply::Signal { registers, .. } => registers
                 .iter()
@@ -246,18 +246,18 @@ impl Session<'_> {
     }
 
     /// Wait for the stop after a continue (however long), with ^C when asked to stop.
-    fn wait_stop(&mut self) -> Result<StopReply, GdbError> {
+    pub(super) fn wait_stop(&mut self) -> Result<StopReply, GdbError> {
         let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
         Ok(self.note_stop(stop))
     }
 
     /// The stop reply to a step or signal delivery.
-    fn recv_stop(&mut self) -> Result<StopReply, GdbError> {
+    pub(super) fn recv_stop(&mut self) -> Result<StopReply, GdbError> {
         let stop = parse_stop_reply(&self.conn.recv()?)?;
         Ok(self.note_stop(stop))
     }
 
-    fn read_reg(&mut self, r: Register) -> Result<u64, GdbError> {
+    pub(super) fn read_reg(&mut self, r: Register) -> Result<u64, GdbError> {
         if r.number == self.pc_reg.number {
             if let Some(pc) = self.stop_pc {
                 return Ok(pc);
@@ -286,7 +286,7 @@ impl Session<'_> {
     }
 
     /// The instruction at `pc`, from the cache for read-only code.
-    fn fetch(&mut self, pc: u64) -> Result<Code, GdbError> {
+    pub(super) fn fetch(&mut self, pc: u64) -> Result<Code, GdbError> {
         if let Some(c) = self.code.get(&pc) {
             return Ok(*c);
         }
@@ -310,72 +310,7 @@ impl Session<'_> {
         Ok(c)
     }
 
-    /// Module-table records: the process, and the segments of the program (and its loader) at the
-    /// addresses the auxiliary vector says they were loaded (the stub cannot list mappings).
-    fn module_table(&mut self) -> Result<(), GdbError> {
-        let ts = now_ns();
-        let (pid, tid) = (self.pid, self.tid);
-        let name = self.opts.process_name.clone();
-        self.emit_mte(Mte::ProcessName { ts, pid, ppid: 0, name: name.clone() });
-        self.emit_mte(Mte::ThreadName { ts, pid, tid, name });
-        let Some(prog) = self.opts.program.clone() else { return Ok(()) };
-        let auxv = self.auxv();
-        let bias = if prog.position_independent {
-            match (auxv.get(&AT_ENTRY), auxv.get(&AT_PHDR)) {
-                (Some(&entry), _) => entry.wrapping_sub(prog.entry),
-                _ => 0,
-            }
-        } else {
-            0
-        };
-        self.segments(&prog, bias, ts);
-        if let (Some(interp), Some(&base)) = (&prog.interpreter, auxv.get(&AT_BASE)) {
-            let host_path = match &self.opts.sysroot {
-                Some(root) => root.join(interp.strip_prefix("/").unwrap_or(interp)),
-                None => interp.clone(),
-            };
-            if let Ok(loader) = Program::read(&host_path) {
-                let low = loader.loads.iter().map(|l| l.vaddr).min().unwrap_or(0) & !0xfff;
-                self.segments(&loader, base.wrapping_sub(low), ts);
-            }
-        }
-        Ok(())
-    }
-
-    fn segments(&mut self, prog: &Program, bias: u64, ts: u64) {
-        let path = std::fs::canonicalize(&prog.path).unwrap_or_else(|_| prog.path.clone());
-        for l in &prog.loads {
-            let start = l.vaddr.wrapping_add(bias);
-            let end = start.wrapping_add(l.memsz);
-            if l.prot & 2 == 0 {
-                self.read_only.push((start, end));
-            }
-            self.emit_mte(Mte::Segment {
-                ts,
-                pid: self.pid,
-                prot: l.prot,
-                start,
-                end,
-                offset: l.offset,
-                path: path.display().to_string(),
-            });
-        }
-    }
-
-    /// The target's auxiliary vector (empty when the stub does not offer it).
-    fn auxv(&mut self) -> HashMap<u64, u64> {
-        let Ok(data) = self.conn.qxfer("auxv", "") else { return HashMap::new() };
-        let word = if self.opts.arch.trace_arch() == itrace_format::Arch::I386 { 4 } else { 8 };
-        data.chunks_exact(2 * word)
-            .filter_map(|e| {
-                let k = registers::value(&e[..word], self.info.big_endian).ok()?;
-                let v = registers::value(&e[word..], self.info.big_endian).ok()?;
-                Some((k, v))
-            })
-            .collect()
-    }
-
-    fn run(&mut self) -> Result<(), GdbError> {
+    pub(super) fn run(&mut self) -> Result<(), GdbError> {
         while !self.finished {
             if self.opts.stop.load(Ordering::Relaxed) {
                 self.detach()?;
@@ -401,131 +336,8 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn min_run(&self) -> u32 {
-        if self.opts.stub_steps_over_breakpoints {
-            MIN_RUN
-        } else {
-            MIN_RUN_LIFTING
-        }
-    }
-
-    fn in_read_only(&self, pc: u64) -> bool {
-        self.read_only.iter().any(|&(s, e)| pc >= s && pc < e)
-    }
-
-    /// The instruction ends a straight run: it may branch, or needs stepping with care.
-    fn ends_run(&self, c: &Code) -> bool {
-        !matches!(c.insn.flow, Flow::Next | Flow::RepString)
-            || self.opts.arch.reservation(c.bytes()) != Reservation::None
-    }
-
-    /// The straight run starting at `pc`, when it lies in read-only code.
-    fn run_from(&mut self, pc: u64) -> Result<Option<Run>, GdbError> {
-        if let Some(r) = self.runs.get(&pc) {
-            return Ok(*r);
-        }
-        let mut a = pc;
-        let mut run = None;
-        for len in 0..MAX_RUN {
-            if !self.in_read_only(a) {
-                break;
-            }
-            let c = self.fetch(a)?;
-            if self.ends_run(&c) {
-                run = Some(Run { end: a, len });
-                break;
-            }
-            a = a.wrapping_add(c.insn.len as u64);
-        }
-        self.runs.insert(pc, run);
-        Ok(run)
-    }
-
-    /// Instructions from `start` up to (not including) `pc`, when `pc` is on the run from `start`.
-    fn run_count_to(&mut self, start: u64, run: Run, pc: u64) -> Result<Option<u32>, GdbError> {
-        let mut a = start;
-        for n in 0..=run.len {
-            if a == pc {
-                return Ok(Some(n));
-            }
-            a = a.wrapping_add(self.fetch(a)?.insn.len as u64);
-        }
-        Ok(None)
-    }
-
-    fn insert_breakpoint(&mut self, addr: u64) -> Result<(), GdbError> {
-        if self.breakpoints.insert(addr) {
-            let kind = self.info.breakpoint_kind;
-            self.conn.request_ok(format!("Z0,{addr:x},{kind}").as_bytes())?;
-        }
-        Ok(())
-    }
-
-    /// A continue from a breakpoint's own address stops there at once: take out the one at the
-    /// pc (a run end that is a system call or load-reserve; it goes back in when next needed).
-    fn lift_breakpoint_here(&mut self) -> Result<(), GdbError> {
-        if self.breakpoints.remove(&self.pc) {
-            let kind = self.info.breakpoint_kind;
-            self.conn.request_ok(format!("z0,{:x},{kind}", self.pc).as_bytes())?;
-        }
-        Ok(())
-    }
-
-    /// Breakpoints for one continue, where none stays already; returns those placed.
-    fn insert_temporary_breakpoints(&mut self, addrs: &[u64]) -> Result<Vec<u64>, GdbError> {
-        let kind = self.info.breakpoint_kind;
-        let mut placed = Vec::new();
-        for &addr in addrs {
-            if !self.breakpoints.contains(&addr) && !placed.contains(&addr) {
-                self.conn.request_ok(format!("Z0,{addr:x},{kind}").as_bytes())?;
-                placed.push(addr);
-            }
-        }
-        Ok(placed)
-    }
-
-    fn remove_temporary_breakpoints(&mut self, placed: &[u64]) -> Result<(), GdbError> {
-        let kind = self.info.breakpoint_kind;
-        for addr in placed {
-            self.conn.request_ok(format!("z0,{addr:x},{kind}").as_bytes())?;
-        }
-        Ok(())
-    }
-
-    /// Execute the straight run at `self.pc` with one continue to the breakpoint at its end.
-    fn continue_run(&mut self, run: Run) -> Result<(), GdbError> {
-        let start = self.pc;
-        self.insert_breakpoint(run.end)?;
-        self.conn.send(b"c")?;
-        match self.wait_stop()? {
-            StopReply::Signal { sig: 5, .. } => {
-                // The only breakpoint on the run is at its end.
-                self.icount += run.len;
-                self.pc = run.end;
-            }
-            StopReply::Signal { sig, .. } => {
-                // A signal (or our ^C) stopped it on the way: count up to where it is.
-                let pc = self.read_reg(self.pc_reg)?;
-                let Some(n) = self.run_count_to(start, run, pc)? else {
-                    return Err(GdbError::Malformed(format!(
-                        "the run from {start:#x} to {:#x} stopped at {pc:#x}, outside it",
-                        run.end
-                    )));
-                };
-                self.icount += n;
-                self.pc = pc;
-                if sig != 2 || !self.opts.stop.load(Ordering::Relaxed) {
-                    self.signal(sig)?;
-                }
-            }
-            StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
-            StopReply::Killed(sig) => self.finish(StopReason::Signaled, sig as i32),
-        }
-        Ok(())
-    }
-
     /// Stop tracing and let the program run on.
-    fn detach(&mut self) -> Result<(), GdbError> {
+    pub(super) fn detach(&mut self) -> Result<(), GdbError> {
         self.finish(StopReason::Detached, 0);
         self.out.stop_reason = Some(StopReason::Detached);
         self.remove_breakpoints()?;
@@ -534,7 +346,7 @@ impl Session<'_> {
     }
 
     /// Take out the breakpoints left at run ends (a stub need not do it on detach).
-    fn remove_breakpoints(&mut self) -> Result<(), GdbError> {
+    pub(super) fn remove_breakpoints(&mut self) -> Result<(), GdbError> {
         let kind = self.info.breakpoint_kind;
         for addr in std::mem::take(&mut self.breakpoints) {
             self.conn.request_ok(format!("z0,{addr:x},{kind}").as_bytes())?;
@@ -546,7 +358,7 @@ impl Session<'_> {
     /// the instruction, while gdbserver executes its trap instead and reports the breakpoint again
     /// (and misbehaves after that): with stubs not known to step over, the breakpoint comes out
     /// first (it goes back in when a run ends there again).
-    fn step(&mut self) -> Result<StopReply, GdbError> {
+    pub(super) fn step(&mut self) -> Result<StopReply, GdbError> {
         if !self.opts.stub_steps_over_breakpoints {
             self.lift_breakpoint_here()?;
         }
@@ -555,7 +367,7 @@ impl Session<'_> {
     }
 
     /// Step one ordinary instruction (or branch).
-    fn step_one(&mut self, c: Code) -> Result<(), GdbError> {
+    pub(super) fn step_one(&mut self, c: Code) -> Result<(), GdbError> {
         let pc = self.pc;
         let next = pc.wrapping_add(c.insn.len as u64);
         match self.step()? {
@@ -598,67 +410,11 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// After stepping the conditional branch at `from` (counted): when its two successors start
-    /// runs that end at different branches, run on with one continue to whichever end comes and
-    /// tell the way it went from where it stopped. `false` when the runs cannot tell (the caller
-    /// reads the pc).
-    fn resolve_conditional(&mut self, from: u64, flow: Flow, target: u64, next: u64) -> Result<bool, GdbError> {
-        // Where breakpoints come out before a step, the breakpoint at a run end is out half the
-        // time: plain reads of the pc and the main loop's runs do as well.
-        if !self.opts.stub_steps_over_breakpoints {
-            return Ok(false);
-        }
-        let (Some(taken), Some(fall)) = (self.run_from(target)?, self.run_from(next)?) else { return Ok(false) };
-        // A run of length 0 would stop at once on a breakpoint where it starts.
-        if taken.end == fall.end || taken.len == 0 || fall.len == 0 || target == next {
-            return Ok(false);
-        }
-        self.insert_breakpoint(taken.end)?;
-        self.insert_breakpoint(fall.end)?;
-        self.conn.send(b"c")?;
-        let stop = self.wait_stop()?;
-        let sig = match stop {
-            StopReply::Signal { sig, .. } => sig,
-            StopReply::Exited(code) => {
-                self.finish(StopReason::Exited, code as i32);
-                return Ok(true);
-            }
-            StopReply::Killed(s) => {
-                self.finish(StopReason::Signaled, s as i32);
-                return Ok(true);
-            }
-        };
-        let pc = self.read_reg(self.pc_reg)?;
-        // The two runs are disjoint (runs that meet end at the same branch), so `pc` is on one.
-        let (went_to_target, n) = if sig == 5 && pc == taken.end {
-            (true, taken.len)
-        } else if sig == 5 && pc == fall.end {
-            (false, fall.len)
-        } else if let Some(n) = self.run_count_to(target, taken, pc)? {
-            (true, n)
-        } else if let Some(n) = self.run_count_to(next, fall, pc)? {
-            (false, n)
-        } else {
-            return Err(GdbError::Malformed(format!(
-                "after the branch at {from:#x} the target stopped at {pc:#x}, on neither way"
-            )));
-        };
-        if went_to_target {
-            self.branch(now_ns(), from, target, flow.branch_kind(), 0, 0);
-        }
-        self.icount += n;
-        self.pc = pc;
-        if sig != 5 && (sig != 2 || !self.opts.stop.load(Ordering::Relaxed)) {
-            self.signal(sig)?;
-        }
-        Ok(true)
-    }
-
     /// The program received signal `sig` at `self.pc` (the instruction there did not complete):
     /// deliver it, and record the transition to wherever execution went. To a handler the
     /// program installed: a continue to a breakpoint on it (qemu's step with a signal runs the
     /// handler's first instruction too on some targets); otherwise a step with the signal.
-    fn signal(&mut self, sig: u8) -> Result<(), GdbError> {
+    pub(super) fn signal(&mut self, sig: u8) -> Result<(), GdbError> {
         let pc = self.pc;
         // Records and handlers go by Linux's numbers, the stub by GDB's.
         let linux = super::protocol::linux_signal(sig);
@@ -696,142 +452,8 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Before a system call runs: what to note when it returns, for the calls that open, close
-    /// and map files (the stub cannot list mappings; libraries the loader maps come this way).
-    fn mapping_call(&mut self, nr: u64) -> Result<Option<MappingCall>, GdbError> {
-        let calls = self.info.mapping_calls;
-        let arg = |s: &mut Self, i: usize| s.read_reg(s.arg_regs[i]);
-        Ok(Some(if nr == calls.open || nr == calls.openat {
-            let ptr = arg(self, if nr == calls.openat { 1 } else { 0 })?;
-            MappingCall::Open(self.read_c_string(ptr)?)
-        } else if nr == calls.close {
-            MappingCall::Close(arg(self, 0)?)
-        } else if nr == calls.mmap {
-            let mut args = [0u64; 6];
-            if calls.mmap_args_in_memory {
-                let base = arg(self, 0)?;
-                for (i, a) in args.iter_mut().enumerate() {
-                    // An unreadable block makes the call fail (EFAULT): nothing to note.
-                    let Some(v) = self.read_word(base + 8 * i as u64, 8)? else { return Ok(None) };
-                    *a = v;
-                }
-            } else {
-                for (i, a) in args.iter_mut().enumerate() {
-                    *a = arg(self, i)?;
-                }
-            }
-            let [_, len, prot, _, fd, offset] = args;
-            MappingCall::Mmap { len, prot, fd, offset: offset.wrapping_mul(calls.mmap_offset_unit) }
-        } else {
-            return Ok(None);
-        }))
-    }
-
-    /// After a call of [`Session::mapping_call`] returned: remember the descriptor, or write the
-    /// mapped file's segment to the module table.
-    fn mapping_call_returned(&mut self, call: MappingCall) -> Result<(), GdbError> {
-        let word = if self.opts.arch.trace_arch() == itrace_format::Arch::I386 { 32 } else { 64 };
-        let ret = self.read_reg(self.ret_reg)?;
-        // Sign-extend a 32-bit result; -4095..-1 are errors.
-        let ret = if word == 32 { ret as u32 as i32 as i64 } else { ret as i64 };
-        if (-4095..0).contains(&ret) {
-            return Ok(());
-        }
-        match call {
-            MappingCall::Open(path) => {
-                self.fds.insert(ret as u64, path);
-            }
-            MappingCall::Close(fd) => {
-                self.fds.remove(&fd);
-            }
-            MappingCall::Mmap { len, prot, fd, offset } => {
-                let fd = if word == 32 { fd as u32 as i32 as i64 } else { fd as i64 };
-                // An executable file mapping (as the ptrace recorder's module table has), at a page
-                // address (PowerPC reports errors as small positive numbers).
-                let Some(path) =
-                    self.fds.get(&(fd as u64)).filter(|_| prot & 4 != 0 && fd >= 0 && ret & 0xfff == 0 && ret > 0)
-                else {
-                    return Ok(());
-                };
-                let host = match &self.opts.sysroot {
-                    Some(root) if Path::new(path).is_absolute() => {
-                        let p = root.join(path.trim_start_matches('/'));
-                        if p.exists() {
-                            p
-                        } else {
-                            PathBuf::from(path)
-                        }
-                    }
-                    _ => PathBuf::from(path),
-                };
-                let path = std::fs::canonicalize(&host).unwrap_or(host).display().to_string();
-                let start = ret as u64;
-                if prot & 2 == 0 {
-                    // Read-only code of a library: decoded once, run in straight runs.
-                    self.read_only.push((start, start.wrapping_add(len)));
-                }
-                self.emit_mte(Mte::Segment {
-                    ts: now_ns(),
-                    pid: self.pid,
-                    prot: (prot & 7) as u32,
-                    start,
-                    end: start.wrapping_add(len),
-                    offset,
-                    path,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// A NUL-terminated string of the program's (up to 4 KiB), read in small pieces so that
-    /// the end of its page does not fail the read.
-    fn read_c_string(&mut self, mut addr: u64) -> Result<String, GdbError> {
-        let mut out = Vec::new();
-        while out.len() < 4096 {
-            let piece = self.conn.read_memory(addr, 64 - (addr % 64) as usize)?;
-            if piece.is_empty() {
-                break;
-            }
-            if let Some(end) = piece.iter().position(|&b| b == 0) {
-                out.extend_from_slice(&piece[..end]);
-                break;
-            }
-            addr += piece.len() as u64;
-            out.extend_from_slice(&piece);
-        }
-        Ok(String::from_utf8_lossy(&out).into_owned())
-    }
-
-    /// Before a sigaction call runs: remember the handler it installs.
-    fn note_sigaction(&mut self) -> Result<(), GdbError> {
-        let sig = self.read_reg(self.arg_regs[0])?;
-        let act = self.read_reg(self.arg_regs[1])?;
-        if act == 0 {
-            return Ok(()); // a query
-        }
-        let word = if self.opts.arch.trace_arch() == itrace_format::Arch::I386 { 4 } else { 8 };
-        // A bad pointer makes the call fail (EFAULT): nothing to note.
-        let Some(mut handler) = self.read_word(act, word)? else { return Ok(()) };
-        if self.info.function_descriptors && handler > 1 {
-            let Some(code) = self.read_word(handler, word)? else { return Ok(()) };
-            handler = code;
-        }
-        self.handlers.insert(sig, handler);
-        Ok(())
-    }
-
-    /// A word of the program's memory; `None` where it cannot be read.
-    fn read_word(&mut self, addr: u64, word: usize) -> Result<Option<u64>, GdbError> {
-        let bytes = self.conn.read_memory(addr, word)?;
-        if bytes.len() != word {
-            return Ok(None);
-        }
-        registers::value(&bytes, self.info.big_endian).map(Some)
-    }
-
     /// Run a system call instruction; a `U` INTRPT record, then a `K` IRET record to where it returned.
-    fn step_syscall(&mut self, c: Code) -> Result<(), GdbError> {
+    pub(super) fn step_syscall(&mut self, c: Code) -> Result<(), GdbError> {
         let pc = self.pc;
         let next = pc.wrapping_add(c.insn.len as u64);
         let nr = match self.opts.arch.syscall_nr_in_insn(c.bytes()) {
@@ -892,7 +514,7 @@ impl Session<'_> {
     }
 
     /// Step over a PowerPC load-reserve ... store-conditional sequence starting at `self.pc`.
-    fn step_atomic(&mut self, first: Code) -> Result<(), GdbError> {
+    pub(super) fn step_atomic(&mut self, first: Code) -> Result<(), GdbError> {
         let start = self.pc;
         // Find the store-conditional and the branches that leave the sequence.
         let mut exits: Vec<(u64, u64, Flow)> = Vec::new();
@@ -964,7 +586,7 @@ impl Session<'_> {
     }
 
     /// A user-space record ending the current block (its instructions are `self.icount`).
-    fn branch(&mut self, ts: u64, from: u64, to: u64, kind: BranchKind, flags: u8, aux: u64) {
+    pub(super) fn branch(&mut self, ts: u64, from: u64, to: u64, kind: BranchKind, flags: u8, aux: u64) {
         let b = Branch {
             ts,
             kernel: false,
@@ -980,12 +602,12 @@ impl Session<'_> {
     }
 
     /// The kernel's return to user space at `to` after a system call or signal delivery.
-    fn kernel_return(&mut self, to: u64, flags: u8, aux: u64) {
+    pub(super) fn kernel_return(&mut self, to: u64, flags: u8, aux: u64) {
         let b = Branch::kernel_return(now_ns(), self.tid, to, flags, aux as u16);
         self.push_branch(b);
     }
 
-    fn push_branch(&mut self, b: Branch) {
+    pub(super) fn push_branch(&mut self, b: Branch) {
         let stored = self.sink.branch(CPU, b);
         if stored == Stored::Full {
             // Not stored: its instructions go to the trace-off record's partial block.
@@ -994,18 +616,18 @@ impl Session<'_> {
         self.after_store(stored);
     }
 
-    fn push_control(&mut self, r: Record) {
+    pub(super) fn push_control(&mut self, r: Record) {
         let stored = self.sink.control(CPU, &r);
         self.after_store(stored);
     }
 
-    fn emit_mte(&mut self, m: Mte) {
+    pub(super) fn emit_mte(&mut self, m: Mte) {
         let stored = self.sink.mte(m);
         self.after_store(stored);
     }
 
     /// A full buffer or a failed write ends tracing; the program runs on.
-    fn after_store(&mut self, stored: Stored) {
+    pub(super) fn after_store(&mut self, stored: Stored) {
         match stored {
             Stored::Yes => {}
             Stored::Full => self.stop_tracing(StopReason::BufferFull),
@@ -1014,7 +636,7 @@ impl Session<'_> {
     }
 
     /// End tracing for a recorder reason (buffer full, write error): the program runs on untraced.
-    fn stop_tracing(&mut self, reason: StopReason) {
+    pub(super) fn stop_tracing(&mut self, reason: StopReason) {
         if self.finished {
             return;
         }
@@ -1026,7 +648,7 @@ impl Session<'_> {
     }
 
     /// Write the trace-off record (once).
-    fn finish(&mut self, reason: StopReason, value: i32) {
+    pub(super) fn finish(&mut self, reason: StopReason, value: i32) {
         if self.finished {
             return;
         }

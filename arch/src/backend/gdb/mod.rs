@@ -9,8 +9,10 @@
 //! starts a program under qemu-user with its stub on a free local port.
 
 pub mod engine;
+mod files;
 pub mod protocol;
 pub mod registers;
+mod runahead;
 
 pub use engine::{record, RemoteOptions, RemoteOutcome};
 pub use protocol::{Connection, GdbError};

@@ -10,9 +10,14 @@
 
 mod block;
 pub mod breakpoints;
+mod cpus;
 mod engine;
+mod events;
+mod launch;
 mod probe;
 mod region;
+mod step;
+mod tables;
 
 pub use engine::{record, RecordError, RecordOptions, Target};
 pub use probe::{probe_singleblock, BlockStep};

@@ -1,0 +1,74 @@
+//! CPU numbers without a system call per step: each traced thread is pinned to one CPU of
+//! its allowed set (round robin) while traced, and the tracer follows the thread it steps.
+
+use super::engine::*;
+
+impl Session<'_> {
+    pub(super) fn assign_cpu(&mut self) -> usize {
+        let c = self.cpus[self.next_cpu % self.cpus.len()];
+        self.next_cpu += 1;
+        c
+    }
+
+    /// Pin a thread to its CPU, remembering its affinity to restore later.
+    pub(super) fn pin_thread(&mut self, tid: i32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            if t.original_affinity.is_none() {
+                t.original_affinity = get_affinity(tid);
+            }
+            if !pin(tid, t.cpu) {
+                // Cannot pin (cpuset rules): report the CPU the tracer sees; mostly right for a ping-pong.
+                // SAFETY: sched_getcpu has no preconditions.
+                let c = unsafe { libc::sched_getcpu() };
+                t.cpu = c.max(0) as usize;
+            }
+        }
+    }
+
+    /// Keep the tracer on the CPU of the (first) traced thread: a step is a ping-pong between
+    /// the two, cheaper without a cross-CPU wake-up.
+    pub(super) fn pin_tracer(&mut self, tid: i32) {
+        if let Some(t) = self.threads.get(&tid) {
+            pin(0, t.cpu);
+        }
+    }
+}
+
+pub(super) fn allowed_cpus(pid: i32) -> Vec<usize> {
+    // SAFETY: cpu_set_t is a plain bit array: all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let v: Vec<usize> = if r == 0 {
+        // SAFETY: CPU_ISSET reads the set only, with an in-range index.
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+    } else {
+        Vec::new()
+    };
+    if v.is_empty() {
+        vec![0]
+    } else {
+        v
+    }
+}
+
+pub(super) fn get_affinity(tid: i32) -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is a plain bit array: all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    (r == 0).then_some(set)
+}
+
+pub(super) fn set_affinity(tid: i32, set: &libc::cpu_set_t) -> bool {
+    // SAFETY: set is a valid cpu_set_t of the size passed.
+    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
+}
+
+pub(super) fn pin(tid: i32, cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is a plain bit array: all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu < CPU_SETSIZE (it came from an affinity mask); set is valid.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_affinity(tid, &set)
+}
