@@ -6,7 +6,7 @@
  * trace area: [control block][CPU 0 ring]...[CPU n-1 ring][MTE ring].
  * Records in the rings have exactly the trace file's layout (see
  * docs/trace-format.md); the Rust side checks these sizes and offsets
- * (itrace/src/kmod.rs, test c_header_matches).
+ * (arch/src/backend/kmod.rs, test c_header_matches).
  */
 #ifndef ITRACE_KMOD_H
 #define ITRACE_KMOD_H
