@@ -93,7 +93,7 @@ CPU_MODEL=$(sed -n '/^model name[[:space:]]*:[[:space:]]*/{s///p;q;}' /proc/cpui
 VIRT=""
 grep -qw hypervisor /proc/cpuinfo && VIRT=" (virtual machine)"
 KERNEL=$(uname -r)
-# The baseline pinned the way itrace pins itself (arch/src/ptrace/engine.rs): the traced
+# The baseline pinned the way itrace pins itself (arch/src/backend/ptrace/cpus.rs): the traced
 # thread on the first CPU itrace may run on, and the tracer on the traced thread's CPU, so a
 # step is a ping-pong on one CPU. `taskset -c CPU raw_step` puts raw_step and its tracee
 # (affinity is inherited through fork and exec) on that same first allowed CPU.
