@@ -6,14 +6,13 @@
 
 use super::BackendError;
 type Result<T, E = BackendError> = std::result::Result<T, E>;
+use super::sink::Sink;
 use super::RecordOutcome;
 use crate::modules::ModuleTable;
 use crate::procfs;
 use itrace_format::now_ns;
 use itrace_format::shm::{self, CpuCtl, Header, Slot};
-use itrace_format::{
-    Branch, BranchKind, Buffers, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN,
-};
+use itrace_format::{Branch, BranchKind, Buffers, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -94,7 +93,7 @@ impl Drop for Shared {
 
 /// What the drain keeps between slots.
 struct Drain<'a> {
-    buffers: &'a mut Buffers,
+    sink: Sink<'a>,
     out: RecordOutcome,
     last_ts: Vec<u64>,
     /// Threads whose region is open (tid -> pid, cpu, last pc, start time).
@@ -105,8 +104,6 @@ struct Drain<'a> {
     modules: ModuleTable,
     named: HashSet<u32>,
     pids: HashSet<u32>,
-    rec: [u8; BRANCH_RECORD_LEN],
-    error: Option<String>,
     /// The MTE stream must not go back in time either.
     last_mte_ts: u64,
     /// Thread names read while the program ran (normal and wrap modes turn slots into
@@ -115,16 +112,13 @@ struct Drain<'a> {
 }
 
 impl Drain<'_> {
+    // A full buffer (normal mode) is the shared header's business: the library stops writing.
     fn control(&mut self, cpu: usize, r: Record) {
-        if let Err(e) = self.buffers.push_control(cpu, &r) {
-            self.error.get_or_insert(e.to_string());
-        }
+        let _ = self.sink.control(cpu, &r);
     }
 
     fn mte(&mut self, m: Mte) {
-        if let Err(e) = self.buffers.push_mte(&Record::Mte(m)) {
-            self.error.get_or_insert(e.to_string());
-        }
+        let _ = self.sink.mte(m);
     }
 
     /// Module-table records for a process: names at first sight, mappings that changed. They
@@ -170,15 +164,10 @@ impl Drain<'_> {
                     tid: s.tid,
                     icount: s.icount,
                 };
-                self.out.branches += 1;
-                self.out.instructions += b.icount as u64;
                 if let Some(o) = self.open.get_mut(&s.tid) {
                     o.2 = b.to;
                 }
-                b.encode_into(&mut self.rec);
-                if let Err(e) = self.buffers.push_trace(cpu, &self.rec) {
-                    self.error.get_or_insert(e.to_string());
-                }
+                let _ = self.sink.branch(cpu, b);
             }
             shm::SLOT_TRACE_ON => {
                 let pid = s.aux;
@@ -305,7 +294,7 @@ pub fn record(
     }
     let mut child = cmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", program.display()), e))?;
     let mut d = Drain {
-        buffers,
+        sink: Sink::new(buffers),
         out: RecordOutcome::default(),
         last_ts: vec![0; ncpu],
         open: HashMap::new(),
@@ -313,8 +302,6 @@ pub fn record(
         modules: ModuleTable::default(),
         named: HashSet::new(),
         pids: HashSet::new(),
-        rec: [0; BRANCH_RECORD_LEN],
-        error: None,
         last_mte_ts: 0,
         thread_names: HashMap::new(),
     };
@@ -342,7 +329,7 @@ pub fn record(
         if let Some(st) = child.try_wait().map_err(|e| BackendError::io("waiting for the program", e))? {
             break Some(st);
         }
-        if stop.load(Ordering::Relaxed) || d.error.is_some() {
+        if stop.load(Ordering::Relaxed) || d.sink.failed() {
             // Every traced thread turns its trap flag off at its next step; give them a moment.
             sh.header().stop.store(1, Ordering::Release);
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -371,7 +358,7 @@ pub fn record(
             }
         }
         // (The buffers write the Lost record for these, ahead of the surviving records.)
-        d.buffers.add_lost(cpu, lost + ctl.lost.load(Ordering::Relaxed));
+        d.sink.buffers().add_lost(cpu, lost + ctl.lost.load(Ordering::Relaxed));
     }
     left.sort_unstable();
     for (_, cpu, idx) in left {
@@ -393,7 +380,9 @@ pub fn record(
     }
     d.out.stop_reason = Some(if full { StopReason::BufferFull } else { reason });
     d.out.exit_status = status.map(super::exit_status);
-    d.out.write_error = d.error.take();
+    d.out.branches += d.sink.branches;
+    d.out.instructions += d.sink.instructions;
+    d.out.write_error = d.sink.write_error();
     if d.pids.is_empty() && !detached {
         eprintln!("itrace: warning: {} ran no traced region (ITraceOn was never called)", program.display());
     }

@@ -6,6 +6,7 @@
 
 use super::BackendError;
 type Result<T, E = BackendError> = std::result::Result<T, E>;
+use super::sink::Sink;
 use super::RecordOutcome;
 use crate::modules::ModuleTable;
 use crate::procfs::{self, Mapping};
@@ -135,9 +136,8 @@ impl Drop for Device {
 
 /// What the drain keeps between rounds.
 struct Drain<'a> {
-    buffers: &'a mut Buffers,
+    sink: Sink<'a>,
     out: RecordOutcome,
-    error: Option<String>,
     /// Executable mappings per process, as of the last snapshot.
     modules: ModuleTable,
     /// A snapshot being read: pid, its time, the segments so far.
@@ -149,13 +149,12 @@ struct Drain<'a> {
 
 impl Drain<'_> {
     fn fail(&mut self, e: impl ToString) {
-        self.error.get_or_insert(e.to_string());
+        self.sink.fail(e);
     }
 
+    // A full buffer (normal mode) is the module's business: it stops writing.
     fn mte(&mut self, m: Mte) {
-        if let Err(e) = self.buffers.push_mte(&Record::Mte(m)) {
-            self.fail(e);
-        }
+        let _ = self.sink.mte(m);
     }
 
     /// A snapshot is complete: write what changed.
@@ -195,29 +194,24 @@ impl Drain<'_> {
         }
     }
 
-    fn trace_record(&mut self, cpu: usize, r: &Record, raw: &[u8]) {
-        let res = match r {
-            Record::Branch(b) => {
-                self.out.branches += 1;
-                self.out.instructions += b.icount as u64;
-                self.buffers.push_trace(cpu, raw).map(|_| ())
-            }
+    /// A record of the module's stream `stream` (its CPU), onto that CPU's buffer.
+    fn trace_record(&mut self, stream: usize, r: &Record) {
+        let cpu = stream % self.sink.streams();
+        let _ = match r {
+            Record::Branch(b) => self.sink.branch(cpu, *b),
             Record::TraceOn(on) => {
                 if on.reason != TraceOnReason::Resume {
                     self.out.threads += 1;
                 }
-                self.buffers.push_control(cpu, r)
+                self.sink.control(cpu, r)
             }
             Record::TraceOff(off) => {
                 self.out.instructions += off.icount as u64;
-                self.buffers.push_control(cpu, r)
+                self.sink.control(cpu, r)
             }
-            Record::Lost(_) => self.buffers.push_control(cpu, r),
-            _ => Ok(()),
+            Record::Lost(_) => self.sink.control(cpu, r),
+            _ => super::sink::Stored::Yes,
         };
-        if let Err(e) = res {
-            self.fail(e);
-        }
     }
 
     /// Read stream `i` from where the last round stopped up to its head; returns the records read.
@@ -247,7 +241,7 @@ impl Drain<'_> {
             }
             match Record::decode(e, rec.bytes, 0) {
                 Ok(r) if rec.major == major::MTE => self.mte_record(r),
-                Ok(r) if i < dev.ncpu => self.trace_record(i % self.buffers.lost().len(), &r, rec.bytes),
+                Ok(r) if i < dev.ncpu => self.trace_record(i, &r),
                 Ok(_) => {}
                 Err(err) => {
                     self.fail(format!("the kernel module wrote a bad record: {err}"));
@@ -399,9 +393,8 @@ pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buf
     }
     let nstreams = dev.ncpu + 1;
     let mut d = Drain {
-        buffers,
+        sink: Sink::new(buffers),
         out: RecordOutcome::default(),
-        error: None,
         modules: ModuleTable::default(),
         snapshot: None,
         pos: vec![0; nstreams],
@@ -432,7 +425,7 @@ pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buf
                 break None;
             }
         }
-        if stop.load(Ordering::Relaxed) || d.error.is_some() {
+        if stop.load(Ordering::Relaxed) || d.sink.failed() {
             detached = true;
             break None;
         }
@@ -456,24 +449,26 @@ pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buf
     d.end_snapshot();
     for i in 0..dev.ncpu {
         let s = dev.stream(i);
-        let ncpu_out = d.buffers.lost().len();
+        let ncpu_out = d.sink.streams();
         if mode == Mode::Wrap && s.lost > 0 {
             // The oldest records were overwritten (the buffers write the lost record ahead of
             // the survivors).
             wrap_resume(&dev, &mut d, i, &s);
         }
         d.drain_stream(&dev, i, mode != Mode::Wrap);
-        d.buffers.add_lost(i % ncpu_out, s.lost);
+        d.sink.buffers().add_lost(i % ncpu_out, s.lost);
     }
     let mte_lost = dev.stream(dev.ncpu).lost;
     if mte_lost > 0 {
-        d.buffers.add_lost(0, mte_lost);
+        d.sink.buffers().add_lost(0, mte_lost);
     }
     let full = dev.ctl().full != 0;
     let (reason, _) = super::stop_reason(status, detached, full);
     d.out.stop_reason = Some(reason);
     d.out.exit_status = status.map(super::exit_status);
-    d.out.write_error = d.error.take();
+    d.out.branches += d.sink.branches;
+    d.out.instructions += d.sink.instructions;
+    d.out.write_error = d.sink.write_error();
     Ok(d.out)
 }
 
@@ -500,7 +495,7 @@ fn wrap_resume(dev: &Device, d: &mut Drain, i: usize, s: &Stream) {
                         tid: b.tid,
                         pc: b.to,
                     };
-                    d.trace_record(i % d.buffers.lost().len(), &Record::TraceOn(on), &[]);
+                    d.trace_record(i, &Record::TraceOn(on));
                 }
                 Record::TraceOn(on) => {
                     seen.insert(on.tid);
@@ -519,11 +514,12 @@ fn wrap_resume(dev: &Device, d: &mut Drain, i: usize, s: &Stream) {
         }
         if skip.contains(&rec.offset) {
             // The block's instructions before the gap are unknown: count it as lost.
-            d.buffers.add_lost(i % d.buffers.lost().len(), 1);
+            let n = d.sink.streams();
+            d.sink.buffers().add_lost(i % n, 1);
             continue;
         }
         if let Ok(r) = Record::decode(e, rec.bytes, 0) {
-            d.trace_record(i % d.buffers.lost().len(), &r, rec.bytes);
+            d.trace_record(i, &r);
         }
     }
     d.pos[i] = s.head;

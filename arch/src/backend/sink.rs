@@ -53,7 +53,7 @@ impl<'a> Sink<'a> {
                 Stored::Yes
             }
             Ok(Push::Full) => Stored::Full,
-            Err(e) => self.failed(e),
+            Err(e) => self.write_failed(e),
         }
     }
 
@@ -61,7 +61,7 @@ impl<'a> Sink<'a> {
     pub fn control(&mut self, cpu: usize, r: &Record) -> Stored {
         match self.buffers.push_control(cpu, r) {
             Ok(()) => Stored::Yes,
-            Err(e) => self.failed(e),
+            Err(e) => self.write_failed(e),
         }
     }
 
@@ -70,16 +70,36 @@ impl<'a> Sink<'a> {
         match self.buffers.push_mte(&Record::Mte(m)) {
             Ok(Push::Stored) => Stored::Yes,
             Ok(Push::Full) => Stored::Full,
-            Err(e) => self.failed(e),
+            Err(e) => self.write_failed(e),
         }
     }
 
-    /// The first write error, if any.
+    /// The first error, if any: a failed write, or what a consumer reported with [`Sink::fail`].
     pub fn write_error(&self) -> Option<String> {
         self.error.clone()
     }
 
-    fn failed(&mut self, e: itrace_format::FormatError) -> Stored {
+    /// Whether recording must stop for an error.
+    pub fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Keep `e` as the error that ends the recording, unless one came first.
+    pub fn fail(&mut self, e: impl ToString) {
+        self.error.get_or_insert_with(|| e.to_string());
+    }
+
+    /// The number of CPU streams.
+    pub fn streams(&self) -> usize {
+        self.buffers.lost().len()
+    }
+
+    /// The buffers themselves (loss counts).
+    pub fn buffers(&mut self) -> &mut Buffers {
+        self.buffers
+    }
+
+    fn write_failed(&mut self, e: itrace_format::FormatError) -> Stored {
         self.error.get_or_insert_with(|| e.to_string());
         Stored::Failed
     }
