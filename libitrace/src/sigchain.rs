@@ -67,6 +67,33 @@ pub(crate) fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     match prev.sa_sigaction {
         libc::SIG_IGN => {}
         libc::SIG_DFL => {
+            // Say why, so a SIGTRAP the recorder did not take for a step can be told from the
+            // program's own (write(2) is async-signal-safe; nothing here allocates).
+            // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+            let code = if info.is_null() { 0 } else { unsafe { (*info).si_code } };
+            let mut line = [0u8; 96];
+            let mut len = 0;
+            let mut put = |bytes: &[u8]| {
+                line[len..len + bytes.len()].copy_from_slice(bytes);
+                len += bytes.len();
+            };
+            put(b"libitrace: a SIGTRAP that is not a step (si_code ");
+            if code < 0 {
+                put(b"-");
+            }
+            let (mut digits, mut at, mut n) = ([0u8; 10], 10, code.unsigned_abs());
+            loop {
+                at -= 1;
+                digits[at] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            put(&digits[at..]);
+            put(b"): the program's default action\n");
+            // SAFETY: writing our own buffer, its length, to stderr.
+            unsafe { libc::write(2, line.as_ptr().cast(), len) };
             // Default action: die of SIGTRAP as the program would have (libc's sigaction: ours
             // would only record the request).
             // SAFETY: a zeroed sigaction is SIG_DFL with no flags and an empty mask.
