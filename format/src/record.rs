@@ -134,6 +134,12 @@ pub struct Branch {
 }
 
 impl Branch {
+    /// A taken branch in user space from `from` to `to` by thread `tid`; `flags` and `aux` as
+    /// in [`Branch`]. Its instruction count is set by the caller (0 here).
+    pub fn user(ts: u64, tid: u32, from: u64, to: u64, kind: BranchKind, flags: u8, aux: u16) -> Branch {
+        Branch { ts, kernel: false, kind, flags, aux, from, to, tid, icount: 0 }
+    }
+
     /// The kernel's return to user space at `to` after a system call or signal delivery
     /// (`flags` says which, `aux` its number): a `K` IRET record with no instructions.
     pub fn kernel_return(ts: u64, tid: u32, to: u64, flags: u8, aux: u16) -> Branch {

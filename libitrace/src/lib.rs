@@ -19,9 +19,8 @@
 //! # let _ = result;
 //! ```
 
-// Every unsafe operation sits in its own block with a `// SAFETY:` line saying why it is sound.
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
+// Every unsafe operation sits in its own block with a `// SAFETY:` line saying why it is sound
+// (the workspace lints unsafe_op_in_unsafe_fn and clippy::undocumented_unsafe_blocks deny the rest).
 
 mod entry;
 pub mod inproc;

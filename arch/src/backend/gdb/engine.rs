@@ -587,18 +587,8 @@ impl Session<'_> {
 
     /// A user-space record ending the current block (its instructions are `self.icount`).
     pub(super) fn branch(&mut self, ts: u64, from: u64, to: u64, kind: BranchKind, flags: u8, aux: u64) {
-        let b = Branch {
-            ts,
-            kernel: false,
-            kind,
-            flags,
-            aux: aux as u16,
-            from,
-            to,
-            tid: self.tid,
-            icount: std::mem::take(&mut self.icount),
-        };
-        self.push_branch(b);
+        let icount = std::mem::take(&mut self.icount);
+        self.push_branch(Branch { icount, ..Branch::user(ts, self.tid, from, to, kind, flags, aux as u16) });
     }
 
     /// The kernel's return to user space at `to` after a system call or signal delivery.

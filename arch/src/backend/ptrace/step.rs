@@ -221,17 +221,7 @@ pub(super) fn branch(
     if counts_insn {
         t.icount += 1;
     }
-    let b = Branch {
-        ts: if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL { t.syscall_ts } else { now_ns() },
-        kernel: false,
-        kind,
-        flags,
-        aux: aux as u16,
-        from,
-        to,
-        tid: t.tid as u32,
-        icount: t.icount,
-    };
-    t.icount = 0;
-    b
+    let ts = if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL { t.syscall_ts } else { now_ns() };
+    let icount = std::mem::take(&mut t.icount);
+    Branch { icount, ..Branch::user(ts, t.tid as u32, from, to, kind, flags, aux as u16) }
 }
