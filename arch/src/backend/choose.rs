@@ -2,7 +2,7 @@
 
 use super::settings::find_program;
 use super::{
-    gdb, inproc, kmod, ptrace, qemu, Backend, BackendError, RecordSettings, Recorder, Target, TriggerResolver,
+    gdb, inproc, kmod, ptrace, qemu, Backend, BackendError, Native, RecordSettings, Recorder, Target, TriggerResolver,
 };
 use itrace_format::Arch;
 use std::path::{Path, PathBuf};
@@ -72,16 +72,16 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     if !s.stop.is_empty() && s.start.is_empty() && !s.region {
         return refuse("--stop needs --start (or --region): nothing would start tracing");
     }
+    let native = Native { settings: s.clone(), program, arch };
     let (recorder, backend, why): (Box<dyn Recorder>, _, _) = if use_kmod {
         let why = if s.backend == Backend::Kmod { "asked for" } else { "the kernel module is loaded" };
-        (Box::new(kmod::KmodRecorder::new(s, program, arch)), Backend::Kmod, why)
+        (Box::new(kmod::KmodRecorder(native)), Backend::Kmod, why)
     } else if inproc {
-        let program = program.expect("inproc records launched programs");
         let why = if s.backend == Backend::Inproc { "asked for" } else { "regions of a launched program" };
-        (Box::new(inproc::InprocRecorder::new(s, program, arch)), Backend::Inproc, why)
+        (Box::new(inproc::InprocRecorder(native)), Backend::Inproc, why)
     } else {
         let why = if s.backend == Backend::Ptrace { "asked for" } else { "the default" };
-        (Box::new(ptrace::PtraceRecorder::new(s, program, arch, resolver)), Backend::Ptrace, why)
+        (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Ptrace, why)
     };
     Ok(Chosen { recorder, backend, why: why.into() })
 }

@@ -12,12 +12,15 @@ use crate::modules::ModuleTable;
 use crate::procfs;
 use itrace_format::now_ns;
 use itrace_format::shm::{self, CpuCtl, Header, Slot};
-use itrace_format::{Branch, BranchKind, Buffers, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason};
+use itrace_format::{
+    Branch, BranchKind, Buffers, LiveCounts, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
+};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The shared file, mapped.
 struct Shared {
@@ -228,35 +231,19 @@ fn drain_committed(sh: &Shared, d: &mut Drain) -> bool {
 }
 
 /// `itrace record --region` of a launched program by the in-process recorder.
-pub struct InprocRecorder {
-    settings: super::RecordSettings,
-    program: std::path::PathBuf,
-    arch: itrace_format::Arch,
-}
-
-impl InprocRecorder {
-    /// `program`: the launched program, found.
-    pub fn new(s: &super::RecordSettings, program: std::path::PathBuf, arch: itrace_format::Arch) -> Self {
-        InprocRecorder { settings: s.clone(), program, arch }
-    }
-}
+pub struct InprocRecorder(pub super::Native);
 
 impl super::Recorder for InprocRecorder {
-    fn record(
-        &mut self,
-        live: std::sync::Arc<itrace_format::LiveCounts>,
-        stop: &AtomicBool,
-    ) -> Result<super::Recorded> {
-        use super::{output, Target};
-        let s = &self.settings;
-        let Target::Launch { command, aslr } = &s.target else {
+    fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<super::Recorded> {
+        let super::Native { settings: s, program, arch } = &self.0;
+        let (super::Target::Launch { command, aslr }, Some(program)) = (&s.target, program) else {
             unreachable!("choose() gives the in-process recorder launched programs only")
         };
         let step = itrace_format::StepMethod::InProcess;
-        let arch = self.arch;
-        let buffers = output::open(s, arch, step, output::ncpu(), !aslr, live)?;
-        let launch = Launch { program: &self.program, argv: command, aslr: *aslr, env: &s.env };
-        output::record_into(s, buffers, arch, step.to_string(), |b| record(&launch, s.mode, s.ring_size(), stop, b))
+        let buffers = super::output::open(s, *arch, step, super::output::ncpu(), !aslr, live)?;
+        let launch = Launch { program, argv: command, aslr: *aslr, env: &s.env };
+        let ring = s.ring_size();
+        super::output::record_into(s, buffers, *arch, step.to_string(), |b| record(&launch, s.mode, ring, stop, b))
     }
 }
 

@@ -11,12 +11,13 @@ use super::RecordOutcome;
 use crate::modules::ModuleTable;
 use crate::procfs::{self, Mapping};
 pub use itrace_format::kmod::*;
-use itrace_format::{major, raw_records, Buffers, Endian, Mode, Mte, Record, TraceOnReason};
+use itrace_format::{major, raw_records, Buffers, Endian, LiveCounts, Mode, Mte, Record, TraceOnReason};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Whether the module is loaded.
 pub fn available() -> bool {
@@ -286,46 +287,31 @@ pub fn chosen(backend: super::Backend, start_stop: bool, arch: itrace_format::Ar
 }
 
 /// `itrace record` through the kernel module.
-pub struct KmodRecorder {
-    settings: super::RecordSettings,
-    program: Option<std::path::PathBuf>,
-    arch: itrace_format::Arch,
-}
-
-impl KmodRecorder {
-    /// `program`: the launched program, found; `None` to attach.
-    pub fn new(s: &super::RecordSettings, program: Option<std::path::PathBuf>, arch: itrace_format::Arch) -> Self {
-        KmodRecorder { settings: s.clone(), program, arch }
-    }
-}
+pub struct KmodRecorder(pub super::Native);
 
 impl super::Recorder for KmodRecorder {
-    fn record(
-        &mut self,
-        live: std::sync::Arc<itrace_format::LiveCounts>,
-        stop: &AtomicBool,
-    ) -> Result<super::Recorded> {
+    fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<super::Recorded> {
         use super::{output, Target};
-        let s = &self.settings;
-        let start = match (&s.target, &self.program) {
+        let super::Native { settings, program, arch } = &self.0;
+        let start = match (&settings.target, program) {
             (Target::Launch { command, aslr }, Some(program)) => {
-                Start::Launch { program, argv: command, aslr: *aslr, env: &s.env }
+                Start::Launch { program, argv: command, aslr: *aslr, env: &settings.env }
             }
             (Target::Attach { pid }, _) => Start::Attach { pid: *pid },
             _ => unreachable!("choose() gives the kernel module a launched program or a pid"),
         };
-        let no_aslr = matches!(s.target, Target::Launch { aslr: false, .. });
+        let no_aslr = matches!(settings.target, Target::Launch { aslr: false, .. });
         let step = itrace_format::StepMethod::Kernel;
-        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let buffers = output::open(settings, *arch, step, output::ncpu(), no_aslr, live)?;
         let opts = Options {
-            mode: s.mode,
-            ring: s.ring_size(),
-            mte: s.mte_size,
-            follow_forks: s.follow_forks,
-            follow_threads: s.follow_threads,
-            region: s.region,
+            mode: settings.mode,
+            ring: settings.ring_size(),
+            mte: settings.mte_size,
+            follow_forks: settings.follow_forks,
+            follow_threads: settings.follow_threads,
+            region: settings.region,
         };
-        output::record_into(s, buffers, self.arch, step.to_string(), |b| record(start, &opts, stop, b))
+        output::record_into(settings, buffers, *arch, step.to_string(), |b| record(start, &opts, stop, b))
     }
 }
 

@@ -77,6 +77,15 @@ pub struct Recorded {
     pub exit_status: Option<i32>,
 }
 
+/// A program on this machine, as [`choose`] found it: the settings, the launched program's
+/// path (`None` when attaching) and its architecture. The native backends start from it.
+#[derive(Clone, Debug)]
+pub struct Native {
+    pub settings: RecordSettings,
+    pub program: Option<std::path::PathBuf>,
+    pub arch: Arch,
+}
+
 /// One way of recording. Built by [`choose`]; [`Recorder::record`] runs once.
 pub trait Recorder {
     /// Record into the settings' trace file until the program ends or `stop` is set; keep

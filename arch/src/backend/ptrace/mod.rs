@@ -26,7 +26,6 @@ use super::{output, BackendError, RecordSettings, Recorded, Recorder, TriggerRes
 use crate::procfs::Mapping;
 use breakpoints::{Trigger, TriggerKind};
 use itrace_format::{Arch, LiveCounts, StepMethod};
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -39,21 +38,16 @@ pub struct PtraceRecorder {
 }
 
 impl PtraceRecorder {
-    /// `program`: the launched program, found; `None` to attach.
-    pub fn new(
-        s: &RecordSettings,
-        program: Option<PathBuf>,
-        arch: Arch,
-        resolver: Arc<dyn TriggerResolver + Send + Sync>,
-    ) -> Self {
-        let target = match (&s.target, program) {
+    pub fn new(native: super::Native, resolver: Arc<dyn TriggerResolver + Send + Sync>) -> Self {
+        let super::Native { settings, program, arch } = native;
+        let target = match (&settings.target, program) {
             (super::Target::Launch { command, aslr }, Some(program)) => {
-                Target::Launch { program, args: command.clone(), aslr: *aslr, env: s.env.clone() }
+                Target::Launch { program, args: command.clone(), aslr: *aslr, env: settings.env.clone() }
             }
             (super::Target::Attach { pid }, _) => Target::Attach { pid: *pid },
             _ => unreachable!("choose() gives ptrace a launched program or a pid"),
         };
-        PtraceRecorder { settings: s.clone(), target, arch, resolver }
+        PtraceRecorder { settings, target, arch, resolver }
     }
 }
 
