@@ -2,6 +2,9 @@
 //! minor, timestamp) followed by a payload whose layout the major and minor
 //! codes fix. All fields are in the file's byte order; records are a multiple
 //! of 4 bytes long.
+//!
+//! Why about 720 lines: every record kind's encoding and decoding sit side by side, so a
+//! change to one layout is read against the others and against docs/trace-format.md.
 
 use crate::header::Endian;
 use crate::FormatError;

@@ -3,6 +3,9 @@
 //!
 //! Tests that need a compiler, binutils or the cross tools fail with the
 //! tool's name when it is missing (scripts/install-test-deps.sh installs them).
+//!
+//! Why over 1,000 lines: one test file per layer keeps its test programs built once; each
+//! test is short and stands alone.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;

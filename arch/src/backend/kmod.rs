@@ -3,6 +3,10 @@
 //! that this side maps read-only (/dev/itrace, ABI in kmod-shim/itrace_kmod.h and docs/kmod.md).
 //! This side checks each record, turns the module's mapping snapshots into segment and unmap
 //! records, and hands everything to the trace file's buffers.
+//!
+//! Why one file of about 650 lines: the device ABI mirror, the ring reader and the consumer
+//! change together with the module, and the tests at the end check the mirror against the C
+//! header.
 
 use super::BackendError;
 type Result<T, E = BackendError> = std::result::Result<T, E>;

@@ -3,6 +3,10 @@
 //! the ptrace recorder does (taken branches with instruction counts, system
 //! calls as a `U` INTRPT record and a `K` IRET record).
 //!
+//! Why about 660 lines: the session state and the step loop (single steps, system calls,
+//! signals, atomic sequences) share every field; running ahead ([`super::runahead`]) and the
+//! file and mapping calls ([`super::files`]) are in their own files.
+//!
 //! Round trips are the cost (about 8,000 per second on loopback), so the
 //! recorder avoids them where the code tells the answer:
 //! - in read-only code (decoded once), a straight run of instructions that
