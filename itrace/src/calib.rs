@@ -87,9 +87,9 @@ fn profile(command: &[OsString], dir: &Path, trace_path: &Path) -> Result<Run> {
         // Bind the PLT at load: a lazy first resolution would be charged to one interval.
         ("LD_BIND_NOW".into(), "1".into()),
     ];
-    let (recorded, backend) = crate::record::run(&settings)?;
+    let (recorded, chosen) = crate::record::run(&settings)?;
     // The summary, without the temporary trace's name (it is deleted unless --trace keeps it).
-    crate::record::summary_of(&recorded, &settings, backend, None).print();
+    crate::record::summary_of(&recorded, &settings, &chosen, None).print();
     let mut logs = Vec::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let p = e?.path();

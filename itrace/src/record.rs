@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 /// program's status.
 pub fn command(args: RecordArgs) -> Result<ExitCode> {
     let settings = settings(&args)?;
-    let (recorded, backend) = run(&settings)?;
-    let summary = summary_of(&recorded, &settings, backend, Some(settings.output.clone()));
+    let (recorded, chosen) = run(&settings)?;
+    let summary = summary_of(&recorded, &settings, &chosen, Some(settings.output.clone()));
     summary.print();
     if args.arc {
         let arc_path = settings.output.with_extension("arc");
@@ -91,7 +91,7 @@ fn qemu_arch(name: &str) -> Result<itrace_format::Arch> {
 
 /// Record as `s` say, with a status line on a terminal; the trace is complete in `s.output`
 /// when this returns Ok.
-pub fn run(s: &RecordSettings) -> Result<(Recorded, Backend)> {
+pub fn run(s: &RecordSettings) -> Result<(Recorded, Chosen)> {
     let resolver = Arc::new(SymbolResolver::default());
     let mut chosen = backend::choose(s, resolver)?;
     crate::signals::install(s.duration)?;
@@ -99,19 +99,30 @@ pub fn run(s: &RecordSettings) -> Result<(Recorded, Backend)> {
     let status = StatusLine::start(Arc::clone(&live), s.duration);
     let recorded = chosen.recorder.record(live, &crate::signals::STOP);
     status.finish();
-    Ok((recorded?, chosen.backend))
+    Ok((recorded?, Chosen { backend: chosen.backend, why: chosen.why }))
+}
+
+/// The backend that recorded, and why it was chosen.
+pub struct Chosen {
+    pub backend: Backend,
+    pub why: String,
 }
 
 /// The summary of a recording; `output` is `None` for a file the user never sees.
-pub fn summary_of(r: &Recorded, s: &RecordSettings, backend: Backend, output: Option<PathBuf>) -> RecordSummary {
-    let emulated = matches!(backend, Backend::Gdb | Backend::Qemu);
+pub fn summary_of(r: &Recorded, s: &RecordSettings, chosen: &Chosen, output: Option<PathBuf>) -> RecordSummary {
+    let emulated = matches!(chosen.backend, Backend::Gdb | Backend::Qemu);
+    // Say why auto chose a backend other than the default one.
+    let step = match (s.backend, chosen.backend) {
+        (Backend::Auto, Backend::Kmod | Backend::Inproc) => format!("{} (auto: {})", r.step, chosen.why),
+        _ => r.step.clone(),
+    };
     RecordSummary {
         records: r.records,
         instructions: r.instructions,
         branches: r.branches,
         lost: r.lost,
         mode: s.mode,
-        step: r.step.clone(),
+        step,
         arch: (emulated || r.arch != itrace_format::Arch::X86_64).then_some(r.arch),
         bytes: r.bytes,
         output,
