@@ -117,17 +117,24 @@ pub fn exe(pid: i32) -> String {
 /// "ignore" would survive exec) and, unless `aslr`, turn address-space randomisation off so
 /// traces repeat. Only async-signal-safe calls.
 pub fn prepare_child_for_exec(aslr: bool) {
-    // SAFETY: signal and personality are async-signal-safe and take no pointers.
+    restore_signal_defaults();
+    // SAFETY: personality is async-signal-safe and takes no pointers.
     unsafe {
-        for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
-            libc::signal(sig, libc::SIG_DFL);
-        }
         if !aslr {
             let cur = libc::personality(0xffff_ffff);
             if cur != -1 {
                 libc::personality((cur as libc::c_ulong) | libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
             }
         }
+    }
+}
+
+/// In a child between fork and exec: the default disposition for the signals itrace catches or
+/// ignores (an ignored SIGPIPE or SIGXFSZ would be inherited through exec).
+pub fn restore_signal_defaults() {
+    for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
+        // SAFETY: signal is async-signal-safe and takes no pointers.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
 }
 

@@ -245,6 +245,14 @@ impl Recorder for QemuRecorder {
             qcmd.arg("-L").arg(root);
         }
         qcmd.arg("-plugin").arg(spec).arg(program).args(command.iter().skip(1));
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+        unsafe {
+            qcmd.pre_exec(|| {
+                crate::procfs::restore_signal_defaults();
+                Ok(())
+            });
+        }
         let mut child = qcmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), e))?;
         // The plugin writes the file: its size is all the status line can show. A stop request
         // does not reach it (--duration is refused); Ctrl-C reaches qemu through the terminal.

@@ -101,6 +101,14 @@ pub fn launch_qemu(
     }
     cmd.arg("-g").arg(port.to_string());
     cmd.arg(program).args(args.iter().skip(1)).stdin(Stdio::inherit());
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            crate::procfs::restore_signal_defaults();
+            Ok(())
+        });
+    }
     let child = cmd.spawn().map_err(spawn_err)?;
     let mut q = Qemu { child, port };
     let start = Instant::now();
