@@ -578,13 +578,20 @@ impl Session<'_> {
                 if pc >= start && pc <= end {
                     self.icount += ((pc - start) / 4) as u32;
                 }
-                self.pc = pc;
-                if sig != 2 || !self.opts.stop.load(Ordering::Relaxed) {
-                    self.signal(sig)?;
-                }
+                self.stopped_by_signal(pc, sig)?;
             }
             StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
             StopReply::Killed(sig) => self.finish(StopReason::Signaled, sig as i32),
+        }
+        Ok(())
+    }
+
+    /// The target stopped at `pc` for signal `sig` in the middle of a run or a sequence: pass
+    /// the signal on, unless it is a trap of ours (SIGTRAP) or our own ^C for a stop request.
+    pub(super) fn stopped_by_signal(&mut self, pc: u64, sig: u8) -> Result<(), GdbError> {
+        self.pc = pc;
+        if sig != 5 && (sig != 2 || !self.opts.stop.load(Ordering::Relaxed)) {
+            self.signal(sig)?;
         }
         Ok(())
     }

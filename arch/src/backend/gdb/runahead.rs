@@ -7,7 +7,6 @@ use super::protocol::{GdbError, StopReply};
 use crate::Reservation;
 use itrace_decoders::Flow;
 use itrace_format::{now_ns, StopReason};
-use std::sync::atomic::Ordering;
 
 impl Session<'_> {
     pub(super) fn min_run(&self) -> u32 {
@@ -122,10 +121,7 @@ impl Session<'_> {
                     )));
                 };
                 self.icount += n;
-                self.pc = pc;
-                if sig != 2 || !self.opts.stop.load(Ordering::Relaxed) {
-                    self.signal(sig)?;
-                }
+                self.stopped_by_signal(pc, sig)?;
             }
             StopReply::Exited(code) => self.finish(StopReason::Exited, code as i32),
             StopReply::Killed(sig) => self.finish(StopReason::Signaled, sig as i32),
@@ -188,10 +184,7 @@ impl Session<'_> {
             self.branch(now_ns(), from, target, flow.branch_kind(), 0, 0);
         }
         self.icount += n;
-        self.pc = pc;
-        if sig != 5 && (sig != 2 || !self.opts.stop.load(Ordering::Relaxed)) {
-            self.signal(sig)?;
-        }
+        self.stopped_by_signal(pc, sig)?;
         Ok(true)
     }
 }
