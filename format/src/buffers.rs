@@ -75,20 +75,34 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    /// Buffers writing into `writer` (whose header is already written).
-    pub fn new(cfg: BufferConfig, writer: TraceWriter) -> Self {
-        let cpu_store = || match cfg.mode {
-            Mode::Normal => Store::Linear(Vec::with_capacity(cfg.buffer_size.min(1 << 26))),
-            Mode::Wrap => Store::Ring(VecDeque::with_capacity(cfg.buffer_size)),
-            Mode::Continuous => Store::Segment(Vec::with_capacity(cfg.segment_size)),
+    /// Buffers writing into `writer` (whose header is already written). Their memory is
+    /// reserved here, all of it, so sizes the machine cannot give are an error now rather than
+    /// an abort later.
+    pub fn new(cfg: BufferConfig, writer: TraceWriter) -> Result<Self, FormatError> {
+        let too_big = |per_cpu: usize| FormatError::NoMemory { per_cpu: per_cpu as u64, ncpu: cfg.ncpu };
+        let vec = |n: usize| -> Result<Vec<u8>, FormatError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| too_big(n))?;
+            Ok(v)
         };
-        let cpus = (0..cfg.ncpu).map(|_| cpu_store()).collect();
+        let cpu_store = || -> Result<Store, FormatError> {
+            Ok(match cfg.mode {
+                Mode::Normal => Store::Linear(vec(cfg.buffer_size)?),
+                Mode::Wrap => {
+                    let mut ring = VecDeque::new();
+                    ring.try_reserve_exact(cfg.buffer_size).map_err(|_| too_big(cfg.buffer_size))?;
+                    Store::Ring(ring)
+                }
+                Mode::Continuous => Store::Segment(vec(cfg.segment_size)?),
+            })
+        };
+        let cpus = (0..cfg.ncpu).map(|_| cpu_store()).collect::<Result<_, _>>()?;
         let cfg_ncpu = cfg.ncpu;
         let mte = match cfg.mode {
             Mode::Normal => Store::Linear(Vec::new()),
-            Mode::Wrap | Mode::Continuous => Store::Segment(Vec::with_capacity(cfg.segment_size)),
+            Mode::Wrap | Mode::Continuous => Store::Segment(vec(cfg.segment_size)?),
         };
-        Buffers {
+        Ok(Buffers {
             records: vec![0; cfg.ncpu],
             lost: vec![0; cfg.ncpu],
             cfg,
@@ -101,7 +115,7 @@ impl Buffers {
             live: Arc::default(),
             branches: 0,
             instructions: 0,
-        }
+        })
     }
 
     /// Keep the running totals in `live` (shared with a status line made before the buffers).

@@ -18,6 +18,12 @@ pub enum FormatError {
     UnsupportedVersion { path: PathBuf, major: u16, minor: u16 },
     #[error("corrupt trace at offset {offset:#x}: {what}")]
     Corrupt { offset: u64, what: String },
+    #[error(
+        "cannot reserve {} of trace buffer per CPU for {ncpu} CPUs: more memory than this machine gives \
+         (use a smaller --buffer-size or --segment-size)",
+        crate::human_size(*per_cpu)
+    )]
+    NoMemory { per_cpu: u64, ncpu: usize },
     #[error("record of {len} bytes is too large for the trace format (limit 65532)")]
     RecordTooLarge { len: usize },
 }

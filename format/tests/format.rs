@@ -39,7 +39,7 @@ fn branch(i: u64, cpu: usize) -> Branch {
 fn record(path: &Path, mode: Mode, ncpu: usize, buffer: usize, segment: usize, n: u64) -> (Vec<Branch>, Push) {
     let w = TraceWriter::create(path, &header(mode, ncpu as u16)).unwrap();
     let cfg = BufferConfig { mode, ncpu, buffer_size: buffer, segment_size: segment, mte_size: 1 << 20 };
-    let mut b = Buffers::new(cfg, w);
+    let mut b = Buffers::new(cfg, w).unwrap();
     b.push_mte(&Record::Mte(Mte::ProcessName { ts: 999, pid: 100, ppid: 1, name: "prog".into() })).unwrap();
     let mut pushed = Vec::new();
     let mut last = Push::Stored;
@@ -258,7 +258,7 @@ fn pushing_runs_of_records_equals_pushing_them_one_by_one() {
         let p = d.path().join(format!("{mode}.itr"));
         let w = TraceWriter::create(&p, &header(mode, 1)).unwrap();
         let cfg = BufferConfig { mode, ncpu: 1, buffer_size: buffer, segment_size: segment, mte_size: 1 << 20 };
-        let mut b = Buffers::new(cfg, w);
+        let mut b = Buffers::new(cfg, w).unwrap();
         // Runs of 37 records' worth of bytes, cut at record boundaries.
         let mut at = 0;
         let mut refused = false;

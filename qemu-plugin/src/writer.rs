@@ -58,7 +58,7 @@ pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), Stri
         segment_size: cfg.segment_size,
         mte_size: cfg.mte_size,
     };
-    let buffers = Buffers::new(bcfg, writer);
+    let buffers = Buffers::new(bcfg, writer).map_err(|e| e.to_string())?;
     let continuous = cfg.mode == itrace_format::Mode::Continuous;
     let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
     let h = std::thread::Builder::new()

@@ -121,6 +121,23 @@ fn bad_buffer_size() {
     assert!(line.contains("12Q"), "the error should name the value: {line}");
 }
 
+/// A buffer the machine cannot give (24 GiB of memory here) is one line before anything runs,
+/// in every mode that reserves buffers per CPU: no abort, no trace file, no program run.
+#[test]
+fn buffer_larger_than_memory() {
+    let dir = test_dir("bad_input-buffer_larger_than_memory");
+    for mode in ["wrap", "normal"] {
+        let trace = dir.join(format!("{mode}.itr"));
+        let marker = dir.join(format!("{mode}.ran"));
+        let options = ["--mode", mode, "--buffer-size", "100G"];
+        let out = record(&trace, &options, Path::new("/usr/bin/touch"), &[marker.to_str().unwrap()]);
+        let line = out.assert_clean_error();
+        assert!(line.contains("--buffer-size"), "{mode}: the error should name the option: {line}");
+        assert!(!trace.exists(), "{mode}: the trace file was left behind");
+        assert!(!marker.exists(), "{mode}: the program ran");
+    }
+}
+
 #[test]
 fn missing_trace_file() {
     let dir = test_dir("bad_input-missing_trace");

@@ -32,7 +32,11 @@ pub fn open(
         segment_size: s.segment_size,
         mte_size: s.mte_size,
     };
-    Ok(Buffers::new(cfg, writer).with_live(live))
+    let buffers = Buffers::new(cfg, writer);
+    if buffers.is_err() {
+        let _ = std::fs::remove_file(&s.output);
+    }
+    Ok(buffers?.with_live(live))
 }
 
 /// Run a backend's recording loop into `buffers` and finish the file; when the loop fails
