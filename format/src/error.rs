@@ -7,10 +7,27 @@ pub enum FormatError {
     Open { path: PathBuf, source: std::io::Error },
     #[error("cannot write trace file: {0}")]
     Write(std::io::Error),
+    #[error("{path} is {kind}, not a trace file (a trace is a regular file)")]
+    NotAFile { path: PathBuf, kind: &'static str },
     #[error("{path} is empty: not a trace file")]
     Empty { path: PathBuf },
     #[error("{path} is not an itrace trace file (its first bytes are {}, not \"ITRC\")", hex_bytes(found))]
     NotATrace { path: PathBuf, found: Vec<u8> },
+    #[error(
+        "{path} ends after {len} bytes, inside its {}-byte file header: nothing of the trace is left",
+        crate::HEADER_LEN
+    )]
+    HeaderCut { path: PathBuf, len: u64 },
+    #[error("{path}: the file header is damaged: {what}")]
+    HeaderDamaged { path: PathBuf, what: String },
+    #[error("{path}: the file header is invalid: {what}")]
+    HeaderInvalid { path: PathBuf, what: String },
+    #[error(
+        "{path} was written by an older itrace (trace format {major}.{minor}); this itrace reads format {}.x: \
+         record it again",
+        crate::VERSION_MAJOR
+    )]
+    OlderVersion { path: PathBuf, major: u16, minor: u16 },
     #[error(
         "{path}: trace format version {major}.{minor} is not supported (this itrace reads {}.x)",
         crate::VERSION_MAJOR

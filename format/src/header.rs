@@ -1,16 +1,26 @@
-//! The fixed 64-byte file header.
+//! The fixed 64-byte file header, which ends with a CRC of the bytes before it: nothing in it
+//! is used before that CRC matches.
 
 use crate::FormatError;
 use std::path::Path;
 
 /// First four bytes of every trace file.
 pub const MAGIC: [u8; 4] = *b"ITRC";
-/// Readers refuse files with another major version.
-pub const VERSION_MAJOR: u16 = 1;
+/// Readers refuse files with another major version. 2: header and chunk headers carry their own
+/// CRC (1.0 had none, so a damaged length or header field went unnoticed).
+pub const VERSION_MAJOR: u16 = 2;
 /// Minor versions only add record kinds; readers skip kinds they do not know.
 pub const VERSION_MINOR: u16 = 0;
 /// Size of the file header in bytes.
 pub const HEADER_LEN: usize = 64;
+/// Where the header's CRC lies: the last 4 bytes of the header, over every byte before them.
+/// Kept there (at header length - 4) by every later version, so that a reader checks the
+/// header before it believes the version in it.
+const HEADER_CRC_AT: usize = HEADER_LEN - 4;
+/// Header flag bits this version defines.
+const KNOWN_FLAGS: u32 = FLAG_ICOUNT | FLAG_NO_ASLR;
+/// Stream numbers from here up name the MTE and end streams, so a CPU count stays below.
+const MAX_NCPU: u16 = 0xFFFE;
 
 /// Byte order of every multi-byte field after the magic (the writer's own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +121,13 @@ code_enum! {
     }
 }
 
+/// Whether a file of this minor version is newer than this reader: it may set flag bits this
+/// reader does not know (fields it does not know are reserved zeros to this reader otherwise).
+#[allow(clippy::absurd_extreme_comparisons)] // VERSION_MINOR is 0 today; the rule is for later ones.
+pub(crate) fn later_minor(minor: u16) -> bool {
+    minor > VERSION_MINOR
+}
+
 /// Header flag: branch records carry instruction counts.
 pub const FLAG_ICOUNT: u32 = 1;
 /// Header flag: address-space randomisation was disabled for the tracee.
@@ -191,11 +208,17 @@ impl FileHeader {
         b[32..40].copy_from_slice(&self.segment_size.to_ne_bytes());
         b[40..48].copy_from_slice(&self.start_realtime_ns.to_ne_bytes());
         b[48..56].copy_from_slice(&self.start_monotonic_ns.to_ne_bytes());
+        let crc = crate::writer::crc32(&b[..HEADER_CRC_AT]);
+        b[HEADER_CRC_AT..].copy_from_slice(&crc.to_ne_bytes());
         b
     }
 
-    /// Decode and validate; `path` is only used in error messages.
+    /// Decode and validate; `path` is only used in error messages. The bytes that say how
+    /// to check the rest (byte order, header length) are checked one by one, then the CRC,
+    /// then the version, then every field.
     pub fn decode(path: &Path, b: &[u8]) -> Result<Self, FormatError> {
+        let damaged = |what: String| FormatError::HeaderDamaged { path: path.into(), what };
+        let invalid = |what: String| FormatError::HeaderInvalid { path: path.into(), what };
         if b.is_empty() {
             return Err(FormatError::Empty { path: path.into() });
         }
@@ -203,18 +226,43 @@ impl FileHeader {
             return Err(FormatError::NotATrace { path: path.into(), found: b[..b.len().min(4)].to_vec() });
         }
         if b.len() < HEADER_LEN {
-            return Err(FormatError::Corrupt {
-                offset: b.len() as u64,
-                what: format!("file ends inside the {HEADER_LEN}-byte header"),
-            });
+            return Err(FormatError::HeaderCut { path: path.into(), len: b.len() as u64 });
         }
         let endian = match b[4] {
             1 => Endian::Little,
             2 => Endian::Big,
-            x => return Err(corrupt(4, format!("unknown byte-order code {x}"))),
+            x => {
+                return Err(damaged(format!(
+                    "its byte-order byte (offset 4) is {x:#04x}, not 1 (little-endian) or 2 (big-endian)"
+                )))
+            }
         };
         let version_major = endian.u16(&b[6..]);
         let version_minor = endian.u16(&b[8..]);
+        // Format 1.0 had no header CRC: its last 8 bytes were reserved zeros.
+        if version_major == 1 && version_minor == 0 && b[5] as usize == HEADER_LEN && b[56..64] == [0; 8] {
+            return Err(FormatError::OlderVersion { path: path.into(), major: 1, minor: 0 });
+        }
+        let len = b[5] as usize;
+        if len < HEADER_LEN || !len.is_multiple_of(4) {
+            return Err(damaged(format!("its header-length byte (offset 5) is {len}; format 2 headers are 64 bytes")));
+        }
+        if b.len() < len {
+            return Err(damaged(format!("its header-length byte (offset 5) says {len}, longer than the file")));
+        }
+        let crc_at = len - 4;
+        let stored = endian.u32(&b[crc_at..]);
+        if crate::writer::crc32(&b[..crc_at]) != stored {
+            // Name the byte when it is the one damaged: the header checks out as 64 bytes long.
+            if len != HEADER_LEN {
+                let mut h: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("64 bytes");
+                h[5] = HEADER_LEN as u8;
+                if crate::writer::crc32(&h[..HEADER_CRC_AT]) == endian.u32(&h[HEADER_CRC_AT..]) {
+                    return Err(damaged(format!("its header-length byte (offset 5) is {len}, not {HEADER_LEN}")));
+                }
+            }
+            return Err(damaged("its checksum does not match".into()));
+        }
         if version_major != VERSION_MAJOR {
             return Err(FormatError::UnsupportedVersion {
                 path: path.into(),
@@ -222,15 +270,30 @@ impl FileHeader {
                 minor: version_minor,
             });
         }
+        // From here on the bytes are as written: a value out of range is a writer's mistake.
+        if len != HEADER_LEN {
+            return Err(invalid(format!("header length {len} (offset 5); format 2 headers are 64 bytes")));
+        }
         let arch_code = endian.u16(&b[10..]);
-        let arch =
-            Arch::from_code(arch_code).ok_or_else(|| corrupt(10, format!("unknown architecture code {arch_code}")))?;
-        let mode = Mode::from_code(b[12] as u16).ok_or_else(|| corrupt(12, format!("unknown mode code {}", b[12])))?;
+        let arch = Arch::from_code(arch_code)
+            .ok_or_else(|| invalid(format!("unknown architecture code {arch_code} (offset 10)")))?;
+        let mode =
+            Mode::from_code(b[12] as u16).ok_or_else(|| invalid(format!("unknown mode code {} (offset 12)", b[12])))?;
         let step_method = StepMethod::from_code(b[13] as u16)
-            .ok_or_else(|| corrupt(13, format!("unknown step method code {}", b[13])))?;
+            .ok_or_else(|| invalid(format!("unknown step method code {} (offset 13)", b[13])))?;
         let ncpu = endian.u16(&b[14..]);
-        if ncpu == 0 {
-            return Err(corrupt(14, "CPU count is 0".into()));
+        if ncpu == 0 || ncpu >= MAX_NCPU {
+            return Err(invalid(format!("CPU count {ncpu} (offset 14); 1 to {} expected", MAX_NCPU - 1)));
+        }
+        let flags = endian.u32(&b[16..]);
+        // A later minor version may define more flags; this one's writer sets only its own.
+        if !later_minor(version_minor) && flags & !KNOWN_FLAGS != 0 {
+            return Err(invalid(format!("unknown flag bits {:#x} (offset 16)", flags & !KNOWN_FLAGS)));
+        }
+        for (at, n) in [(20, 4), (56, 4)] {
+            if b[at..at + n].iter().any(|&x| x != 0) {
+                return Err(invalid(format!("reserved bytes at offset {at} are not zero")));
+            }
         }
         Ok(FileHeader {
             endian,
@@ -240,15 +303,11 @@ impl FileHeader {
             mode,
             step_method,
             ncpu,
-            flags: endian.u32(&b[16..]),
+            flags,
             buffer_size: endian.u64(&b[24..]),
             segment_size: endian.u64(&b[32..]),
             start_realtime_ns: endian.u64(&b[40..]),
             start_monotonic_ns: endian.u64(&b[48..]),
         })
     }
-}
-
-fn corrupt(offset: u64, what: String) -> FormatError {
-    FormatError::Corrupt { offset, what }
 }

@@ -4,7 +4,7 @@
 //! anywhere else is an error naming the offset.
 
 use crate::record::{record_len, Summary};
-use crate::writer::{CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END, STREAM_MTE};
+use crate::writer::{CHUNK_FLAG_WRAPPED, CHUNK_HEADER_CRC_AT, CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END, STREAM_MTE};
 use crate::{FileHeader, FormatError, Record, HEADER_LEN, RECORD_HEADER_LEN};
 use std::path::{Path, PathBuf};
 
@@ -51,13 +51,36 @@ impl Data {
 impl TraceFile {
     /// Open, validate the header and index the chunks.
     pub fn open(path: &Path) -> Result<Self, FormatError> {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let open_err = |source| FormatError::Open { path: path.into(), source };
-        let file = std::fs::File::open(path).map_err(open_err)?;
-        let len = file.metadata().map_err(open_err)?.len();
-        if file.metadata().map_err(open_err)?.is_dir() {
-            return Err(open_err(std::io::Error::other("is a directory")));
+        // Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
+        let file =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(open_err)?;
+        let meta = file.metadata().map_err(open_err)?;
+        let ft = meta.file_type();
+        let kind = if ft.is_dir() {
+            Some("a directory")
+        } else if ft.is_fifo() {
+            Some("a FIFO (named pipe)")
+        } else if ft.is_char_device() {
+            Some("a character device")
+        } else if ft.is_block_device() {
+            Some("a block device")
+        } else if ft.is_socket() {
+            Some("a socket")
+        } else {
+            None
+        };
+        if let Some(kind) = kind {
+            return Err(FormatError::NotAFile { path: path.into(), kind });
         }
-        let data = if len == 0 {
+        let data = if meta.len() == 0 {
+            // A regular file of size 0 may still have content (/proc, /sys): say which it is.
+            let mut first = [0u8; 4];
+            let n = std::io::Read::read(&mut &file, &mut first).unwrap_or(0);
+            if n > 0 {
+                return Err(FormatError::NotAFile { path: path.into(), kind: "a file that gives its size as 0" });
+            }
             Data::Empty
         } else {
             // SAFETY: the map is read-only and private to this process; itrace
@@ -72,50 +95,104 @@ impl TraceFile {
         Ok(t)
     }
 
+    /// Index the chunks, checking each header (magic, its CRC, sequence, stream, flags, length)
+    /// before using it and each whole payload against its CRC. Only the last chunk may be cut
+    /// short by the file's end: its header checks out, so its length is as written and the file
+    /// really ends inside it. Its records before the cut are used unverified (there is no CRC of
+    /// a part), each still bounds-checked as it is decoded.
     fn index(&mut self) -> Result<(), FormatError> {
         let b = self.data.bytes();
         let e = self.header.endian;
         let ncpu = self.header.ncpu;
         let mut off = HEADER_LEN;
+        let mut seq = 0u32;
+        let mut end_chunk = None;
         while off < b.len() {
-            if b.len() - off < CHUNK_HEADER_LEN {
+            let rest = &b[off..];
+            if end_chunk.is_some() {
+                return Err(corrupt(off, format!("{} bytes after the end chunk", rest.len())));
+            }
+            let magic = &rest[..rest.len().min(4)];
+            if magic != &CHUNK_MAGIC[..magic.len()] {
+                return Err(corrupt(off, format!("expected a chunk header (\"CHNK\"), found bytes {magic:02x?}")));
+            }
+            if rest.len() < CHUNK_HEADER_LEN {
                 self.truncated_at = Some(off as u64);
                 break;
             }
-            let h = &b[off..off + CHUNK_HEADER_LEN];
-            if h[0..4] != CHUNK_MAGIC {
-                return Err(corrupt(off, format!("expected a chunk header, found bytes {:02x?}", &h[0..4])));
+            let h = &rest[..CHUNK_HEADER_LEN];
+            if crate::writer::crc32(&h[..CHUNK_HEADER_CRC_AT]) != e.u32(&h[CHUNK_HEADER_CRC_AT..]) {
+                return Err(corrupt(off, "the chunk header is damaged (its checksum does not match)".into()));
             }
             let stream = e.u16(&h[4..]);
+            let flags = e.u16(&h[6..]);
+            let want = e.u32(&h[8..]) as usize;
+            let payload_crc = e.u32(&h[12..]);
+            let n = e.u32(&h[16..]);
+            if n != seq {
+                return Err(corrupt(
+                    off,
+                    format!("chunk number {n} where chunk {seq} belongs: chunks are missing or repeated"),
+                ));
+            }
             if stream >= ncpu && stream != STREAM_MTE && stream != STREAM_END {
                 return Err(corrupt(off + 4, format!("chunk for stream {stream}, but the trace has {ncpu} CPUs")));
             }
-            let flags = e.u16(&h[6..]);
-            let want = e.u32(&h[8..]) as usize;
+            if !crate::header::later_minor(self.header.version_minor) && flags & !CHUNK_FLAG_WRAPPED != 0 {
+                return Err(corrupt(off + 6, format!("unknown chunk flag bits {:#x}", flags & !CHUNK_FLAG_WRAPPED)));
+            }
+            if want == 0 || !want.is_multiple_of(4) {
+                return Err(corrupt(off + 8, format!("chunk payload length {want} is not a positive multiple of 4")));
+            }
             let start = off + CHUNK_HEADER_LEN;
             let have = want.min(b.len() - start);
             let truncated = have < want;
-            if !truncated && crate::writer::chunk_crc(&h[4..12], &b[start..start + want]) != e.u32(&h[12..]) {
+            if !truncated && crate::writer::crc32(&b[start..start + want]) != payload_crc {
                 return Err(corrupt(off, format!("checksum mismatch in the {want}-byte chunk of stream {stream}")));
             }
-            self.chunks.push(ChunkInfo { offset: off as u64, stream, flags, len: have, truncated });
+            let info = ChunkInfo { offset: off as u64, stream, flags, len: have, truncated };
+            if stream == STREAM_END {
+                end_chunk = Some(info.clone());
+            }
+            self.chunks.push(info);
             if truncated {
                 self.truncated_at = Some(b.len() as u64);
                 break;
             }
+            seq = seq.wrapping_add(1);
             off = start + want;
         }
-        if let Some(c) = self.chunks.iter().rev().find(|c| c.stream == STREAM_END) {
-            let c = c.clone();
-            let mut found = None;
-            for r in StreamRecords::new(self, vec![c]) {
-                if let (_, Record::Summary(s)) = r? {
-                    found = Some(s);
-                }
-            }
-            self.summary = found;
+        if let Some(c) = end_chunk {
+            self.summary = self.read_summary(c)?;
         }
         Ok(())
+    }
+
+    /// The end chunk holds one summary record, for the header's CPUs; `None` when it was cut.
+    fn read_summary(&self, c: ChunkInfo) -> Result<Option<Summary>, FormatError> {
+        let truncated = c.truncated;
+        let mut records = StreamRecords::new(self, vec![c.clone()]);
+        let found = match records.next().transpose()? {
+            Some((_, Record::Summary(s))) => s,
+            Some((at, _)) => {
+                return Err(corrupt(at as usize, "the end chunk holds a record that is not the summary".into()))
+            }
+            None if truncated => return Ok(None),
+            None => return Err(corrupt(c.offset as usize, "the end chunk has no summary record".into())),
+        };
+        if let Some(r) = records.next() {
+            let at = r.map(|(at, _)| at as usize)?;
+            return Err(corrupt(at, "a record after the summary in the end chunk".into()));
+        }
+        let ncpu = self.header.ncpu as usize;
+        if found.records.len() != ncpu {
+            let at = c.offset as usize + CHUNK_HEADER_LEN;
+            return Err(corrupt(
+                at,
+                format!("the summary counts {} CPUs, the file header {ncpu}", found.records.len()),
+            ));
+        }
+        Ok(Some(found))
     }
 
     /// Path of the file.

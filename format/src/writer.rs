@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 /// First four bytes of every chunk.
 pub const CHUNK_MAGIC: [u8; 4] = *b"CHNK";
-/// Size of a chunk header.
-pub const CHUNK_HEADER_LEN: usize = 16;
+/// Size of a chunk header: magic, stream, flags, payload length, payload CRC, sequence number,
+/// and a CRC of those, so that a reader trusts a length before it uses it.
+pub const CHUNK_HEADER_LEN: usize = 24;
 /// Stream id of the module-table stream.
 pub const STREAM_MTE: u16 = 0xFFFE;
 /// Stream id of the end chunk, which holds the summary record.
@@ -25,13 +26,15 @@ pub struct TraceWriter {
     path: PathBuf,
     good_len: u64,
     failed: bool,
+    /// Sequence number of the next chunk: a reader sees a chunk lost or repeated.
+    next_seq: u32,
 }
 
 impl TraceWriter {
     /// Create (or truncate) `path` and write the header.
     pub fn create(path: &Path, header: &FileHeader) -> Result<Self, FormatError> {
         let file = File::create(path).map_err(|source| FormatError::Open { path: path.into(), source })?;
-        let mut w = TraceWriter { file, path: path.into(), good_len: 0, failed: false };
+        let mut w = TraceWriter { file, path: path.into(), good_len: 0, failed: false, next_seq: 0 };
         w.write_all(&header.encode())?;
         Ok(w)
     }
@@ -56,15 +59,22 @@ impl TraceWriter {
         if payload.is_empty() {
             return Ok(());
         }
+        let len = u32::try_from(payload.len()).map_err(|_| {
+            FormatError::Write(std::io::Error::other("a chunk of 4 GiB or more does not fit the format"))
+        })?;
         let mut h = [0u8; CHUNK_HEADER_LEN];
         h[0..4].copy_from_slice(&CHUNK_MAGIC);
         h[4..6].copy_from_slice(&stream.to_ne_bytes());
         h[6..8].copy_from_slice(&flags.to_ne_bytes());
-        h[8..12].copy_from_slice(&(payload.len() as u32).to_ne_bytes());
-        let crc = chunk_crc(&h[4..12], payload);
-        h[12..16].copy_from_slice(&crc.to_ne_bytes());
+        h[8..12].copy_from_slice(&len.to_ne_bytes());
+        h[12..16].copy_from_slice(&crc32(payload).to_ne_bytes());
+        h[16..20].copy_from_slice(&self.next_seq.to_ne_bytes());
+        let hcrc = crc32(&h[..CHUNK_HEADER_CRC_AT]);
+        h[CHUNK_HEADER_CRC_AT..].copy_from_slice(&hcrc.to_ne_bytes());
         self.write_all(&h)?;
-        self.write_all(payload)
+        self.write_all(payload)?;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        Ok(())
     }
 
     fn write_all(&mut self, b: &[u8]) -> Result<(), FormatError> {
@@ -106,10 +116,11 @@ impl TraceWriter {
     }
 }
 
-/// Checksum of a chunk: its stream, flags and length fields, then its payload.
-pub(crate) fn chunk_crc(fields: &[u8], payload: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(fields);
-    h.update(payload);
-    h.finalize()
+/// The CRC of every check in the file: CRC-32/ISO-HDLC (zlib's; polynomial 0x04C11DB7,
+/// reflected, initial value and final XOR 0xFFFFFFFF), as crc32fast computes it.
+pub(crate) fn crc32(b: &[u8]) -> u32 {
+    crc32fast::hash(b)
 }
+
+/// Where a chunk header's own CRC lies: it covers the bytes before it.
+pub(crate) const CHUNK_HEADER_CRC_AT: usize = 20;
