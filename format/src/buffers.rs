@@ -8,7 +8,10 @@
 //!   file in segments and never overwritten.
 //! - continuous: each CPU (and the MTE stream) fills a segment of
 //!   `segment_size` bytes, written to the file as a chunk when full; memory
-//!   stays constant and nothing is lost unless the write fails.
+//!   stays constant and nothing is lost unless the write fails. Segments are also written
+//!   when their oldest record is [`FLUSH_AFTER_NS`] old (checked every [`CHECK_EVERY`] pushes
+//!   and by [`Buffers::flush_if_due`], which recording loops call when they wake), so a
+//!   recorder killed with SIGKILL leaves a valid file that lacks at most its last second.
 
 use crate::record::{major, raw_records, record_len, Lost, Record, Summary, TraceOn, TraceOnReason};
 use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
@@ -27,7 +30,23 @@ pub struct LiveCounts {
     pub instructions: AtomicU64,
     /// Bytes written to the trace file.
     pub bytes: AtomicU64,
+    /// What reached the file: CPU-stream records (trace-on/off included), the taken branches
+    /// among them and the instructions they count (partial blocks of trace-off records
+    /// included). Differs from the totals above only when a write failed.
+    pub written_records: AtomicU64,
+    pub written_branches: AtomicU64,
+    pub written_instructions: AtomicU64,
+    /// CPU-stream records stored in memory whose chunk could not be written.
+    pub unwritten_records: AtomicU64,
 }
+
+/// Continuous mode: a segment whose oldest record is this old is written as a chunk even if
+/// it is not full. Half the promised second: a check can come up to ~0.5 s late (recording
+/// loops wake at least every 500 ms), and the loss bound is the sum.
+pub const FLUSH_AFTER_NS: u64 = 500_000_000;
+/// Pushes between two readings of the clock for [`FLUSH_AFTER_NS`] (a clock reading costs
+/// about as much as a push; this keeps it under 0.1% of them).
+pub const CHECK_EVERY: u32 = 1024;
 
 /// Sizes and mode of the buffers.
 #[derive(Clone, Debug)]
@@ -72,6 +91,10 @@ pub struct Buffers {
     live: Arc<LiveCounts>,
     branches: u64,
     instructions: u64,
+    /// Continuous mode: when the oldest record not yet in the file was stored (`u64::MAX`:
+    /// nothing waits), and pushes left before the clock is read again.
+    oldest: u64,
+    until_check: u32,
 }
 
 impl Buffers {
@@ -115,6 +138,8 @@ impl Buffers {
             live: Arc::default(),
             branches: 0,
             instructions: 0,
+            oldest: u64::MAX,
+            until_check: CHECK_EVERY,
         })
     }
 
@@ -161,7 +186,7 @@ impl Buffers {
                 v.extend_from_slice(data);
                 self.records[cpu] += n;
                 self.count_live(data);
-                return Ok(Push::Stored);
+                return self.stored_segment().map(|_| Push::Stored);
             }
         }
         let mut at = 0;
@@ -185,6 +210,7 @@ impl Buffers {
                     v.extend_from_slice(&data[at..end]);
                     self.records[cpu] += n;
                     self.count_live(&data[at..end]);
+                    self.stored_segment()?;
                     at = end;
                     continue;
                 }
@@ -235,7 +261,7 @@ impl Buffers {
                     Ok(())
                 };
                 v.extend_from_slice(&s);
-                r.map(|_| Push::Stored)
+                r.and_then(|_| self.stored_segment()).map(|_| Push::Stored)
             }
             Store::Ring(_) => unreachable!("the MTE stream never wraps"),
         };
@@ -282,6 +308,12 @@ impl Buffers {
                     flush(&mut self.writer, &self.live, cpu as u16, 0, v)?;
                 }
                 v.extend_from_slice(rec);
+                self.records[cpu] += 1;
+                if !control {
+                    self.count_live(rec);
+                }
+                self.stored_segment()?;
+                return Ok(Push::Stored);
             }
         }
         self.records[cpu] += 1;
@@ -289,6 +321,53 @@ impl Buffers {
             self.count_live(rec);
         }
         Ok(Push::Stored)
+    }
+
+    /// A record went into a segment: note when, if nothing else waits, and now and then see
+    /// whether the oldest waiting record is due.
+    #[inline]
+    fn stored_segment(&mut self) -> Result<(), FormatError> {
+        if self.cfg.mode != Mode::Continuous {
+            return Ok(()); // wrap mode's MTE segments go with the rings, at the end
+        }
+        if self.oldest == u64::MAX {
+            self.oldest = crate::now_ns();
+        }
+        self.until_check -= 1;
+        if self.until_check == 0 {
+            self.until_check = CHECK_EVERY;
+            return self.flush_if_due();
+        }
+        Ok(())
+    }
+
+    /// Continuous mode: write every segment that holds anything, as chunks (the MTE stream
+    /// first), when the oldest record waiting is [`FLUSH_AFTER_NS`] old. Recording loops call
+    /// this whenever they wake (a record, a timeout, EINTR); it reads the clock only when
+    /// something waits. The other modes keep their buffers until [`Buffers::finish`].
+    pub fn flush_if_due(&mut self) -> Result<(), FormatError> {
+        if self.oldest == u64::MAX || crate::now_ns().saturating_sub(self.oldest) < FLUSH_AFTER_NS {
+            return Ok(());
+        }
+        self.flush_now()
+    }
+
+    /// Continuous mode: write every segment that holds anything now, as chunks (the MTE stream
+    /// first, so the modules any branch needs are in the file before it).
+    pub fn flush_now(&mut self) -> Result<(), FormatError> {
+        if self.cfg.mode != Mode::Continuous {
+            return Ok(());
+        }
+        self.oldest = u64::MAX;
+        if let Store::Segment(m) = &mut self.mte {
+            flush(&mut self.writer, &self.live, STREAM_MTE, 0, m)?;
+        }
+        for (cpu, store) in self.cpus.iter_mut().enumerate() {
+            if let Store::Segment(v) = store {
+                flush(&mut self.writer, &self.live, cpu as u16, 0, v)?;
+            }
+        }
+        Ok(())
     }
 
     /// Records stored per CPU (in wrap mode: those still in the ring).
@@ -317,15 +396,25 @@ impl Buffers {
         summary.records = self.records.clone();
         summary.lost = self.lost.clone();
         summary.mte_records = self.mte_records;
+        // After a failed write every buffer is still counted (as unwritten) before the error
+        // is returned, so the totals say what reached the file.
+        let mut first_err = None;
+        let mut keep = |r: Result<(), FormatError>| {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        };
         // MTE first: readers apply module changes before the branches that need them.
         match std::mem::replace(&mut self.mte, Store::Linear(Vec::new())) {
-            Store::Linear(mut v) | Store::Segment(mut v) => flush(&mut self.writer, &self.live, STREAM_MTE, 0, &mut v)?,
+            Store::Linear(mut v) | Store::Segment(mut v) => {
+                keep(flush(&mut self.writer, &self.live, STREAM_MTE, 0, &mut v))
+            }
             Store::Ring(_) => unreachable!(),
         }
         for cpu in 0..self.cpus.len() {
             match std::mem::replace(&mut self.cpus[cpu], Store::Linear(Vec::new())) {
                 Store::Linear(mut v) | Store::Segment(mut v) => {
-                    flush(&mut self.writer, &self.live, cpu as u16, 0, &mut v)?
+                    keep(flush(&mut self.writer, &self.live, cpu as u16, 0, &mut v))
                 }
                 Store::Ring(mut ring) => {
                     let lost = self.lost[cpu];
@@ -345,9 +434,12 @@ impl Buffers {
                     }
                     out.extend_from_slice(data);
                     let flags = if lost > 0 { CHUNK_FLAG_WRAPPED } else { 0 };
-                    flush(&mut self.writer, &self.live, cpu as u16, flags, &mut out)?;
+                    keep(flush(&mut self.writer, &self.live, cpu as u16, flags, &mut out));
                 }
             }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
         }
         let mut end = Vec::new();
         Record::Summary(summary).encode(&mut end)?;
@@ -384,7 +476,116 @@ fn note_evicted(starts: &mut std::collections::HashMap<u32, u64>, r: &[u8]) {
 
 fn flush(w: &mut TraceWriter, live: &LiveCounts, stream: u16, flags: u16, v: &mut Vec<u8>) -> Result<(), FormatError> {
     let r = w.write_chunk_atomic(stream, flags, v);
+    if stream != STREAM_MTE && stream != STREAM_END {
+        count_flushed(live, v, r.is_ok());
+    }
     v.clear();
     live.bytes.store(w.len(), Ordering::Relaxed);
     r
+}
+
+/// Count a CPU chunk's records as written or not: the summary of a recording whose writes
+/// failed says what reached the file. One walk over the chunk, as it leaves memory.
+fn count_flushed(live: &LiveCounts, data: &[u8], written: bool) {
+    let e = Endian::native();
+    let (mut records, mut branches, mut instructions) = (0u64, 0u64, 0u64);
+    for rec in raw_records(e, data).map_while(Result::ok) {
+        match rec.major {
+            // The Lost and resume records wrap mode puts before a ring are not the program's.
+            major::LOST => continue,
+            major::TRACE_ON if e.u32(&rec.bytes[4..]) == TraceOnReason::Resume as u32 => continue,
+            major::BRANCH_USER | major::BRANCH_KERNEL if rec.bytes.len() >= 40 => {
+                branches += 1;
+                instructions += e.u32(&rec.bytes[36..]) as u64;
+            }
+            major::TRACE_OFF if rec.bytes.len() >= 36 => instructions += e.u32(&rec.bytes[32..]) as u64,
+            _ => {}
+        }
+        records += 1;
+    }
+    if written {
+        live.written_records.fetch_add(records, Ordering::Relaxed);
+        live.written_branches.fetch_add(branches, Ordering::Relaxed);
+        live.written_instructions.fetch_add(instructions, Ordering::Relaxed);
+    } else {
+        live.unwritten_records.fetch_add(records, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Arch, Branch, BranchKind, FileHeader, Mte, StepMethod, TraceFile, BRANCH_RECORD_LEN};
+
+    fn continuous(path: &std::path::Path, ncpu: usize) -> Buffers {
+        let header =
+            FileHeader::starting_now(Arch::X86_64, Mode::Continuous, StepMethod::PtraceSingleStep, 2, 0, 0, 1 << 20);
+        let w = TraceWriter::create(path, &header).unwrap();
+        let cfg = BufferConfig { mode: Mode::Continuous, ncpu, buffer_size: 0, segment_size: 1 << 20, mte_size: 0 };
+        Buffers::new(cfg, w).unwrap()
+    }
+
+    fn push_branch(b: &mut Buffers, cpu: usize, i: u64) {
+        let br = Branch { icount: 3, ..Branch::user(1000 + i, 7, 0x1000 + i, 0x2000 + i, BranchKind::Jump, 0, 0) };
+        let mut a = [0u8; BRANCH_RECORD_LEN];
+        br.encode_into(&mut a);
+        b.push_trace(cpu, &a).unwrap();
+    }
+
+    /// A segment that waited long enough is in the file without `finish`, as chunks that read
+    /// back like full ones, the MTE stream first; nothing is written before it is due.
+    #[test]
+    fn due_segments_reach_the_file_before_they_fill() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.itr");
+        let mut b = continuous(&path, 2);
+        b.push_mte(&Record::Mte(Mte::ProcessName { ts: 999, pid: 7, ppid: 1, name: "p".into() })).unwrap();
+        for i in 0..10 {
+            push_branch(&mut b, (i % 2) as usize, i);
+        }
+        b.flush_if_due().unwrap();
+        assert_eq!(b.file_len(), crate::HEADER_LEN as u64, "written before it was due");
+        b.oldest -= FLUSH_AFTER_NS; // as if half a second went by
+        b.flush_if_due().unwrap();
+        assert_eq!(b.oldest, u64::MAX);
+        let t = TraceFile::open(&path).unwrap();
+        let streams: Vec<u16> = t.chunks().iter().map(|c| c.stream).collect();
+        assert_eq!(streams, vec![STREAM_MTE, 0, 1]);
+        assert!(t.summary().is_none() && t.truncated_at().is_none());
+        let tos: Vec<u64> = t
+            .merged()
+            .filter_map(|e| match e.unwrap().record {
+                Record::Branch(br) => Some(br.to),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tos, (0..10).map(|i| 0x2000 + i).collect::<Vec<_>>());
+        let live = b.live();
+        assert_eq!(live.written_records.load(Ordering::Relaxed), 10);
+        assert_eq!(live.written_instructions.load(Ordering::Relaxed), 30);
+        // The next records go on in new chunks of the same streams; finish adds the rest.
+        for i in 10..14 {
+            push_branch(&mut b, 0, i);
+        }
+        b.finish(Summary::default()).unwrap();
+        let t = TraceFile::open(&path).unwrap();
+        let n = t.merged().filter(|e| matches!(e.as_ref().unwrap().record, Record::Branch(_))).count();
+        assert_eq!(n, 14);
+        assert!(t.summary().is_some());
+    }
+
+    /// The clock is read every CHECK_EVERY pushes: a busy recorder flushes without being asked.
+    #[test]
+    fn pushes_check_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.itr");
+        let mut b = continuous(&path, 1);
+        push_branch(&mut b, 0, 0);
+        b.oldest -= FLUSH_AFTER_NS;
+        for i in 1..CHECK_EVERY as u64 {
+            push_branch(&mut b, 0, i);
+        }
+        assert!(b.file_len() > crate::HEADER_LEN as u64);
+        assert_eq!(b.live().written_branches.load(Ordering::Relaxed), CHECK_EVERY as u64);
+    }
 }
