@@ -312,6 +312,8 @@ pub fn record(
         // millisecond of records.
         if mode == Mode::Continuous {
             drain_committed(&sh, &mut d);
+            // A failed write is kept in the sink and stops the loop below.
+            let _ = d.sink.tick();
         }
         if let Some(st) = child.try_wait().map_err(|e| BackendError::io("waiting for the program", e))? {
             break Some(st);

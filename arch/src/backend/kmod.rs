@@ -405,6 +405,8 @@ pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buf
                 d.drain_stream(&dev, i, true);
             }
         }
+        // Write what has waited too long; a failed write is kept in the sink and stops below.
+        let _ = d.sink.tick();
         if let Some(c) = child.as_mut() {
             if let Some(st) = c.try_wait().map_err(|e| BackendError::io("waiting for the program", e))? {
                 break Some(st);

@@ -76,17 +76,16 @@ pub fn finish(
         instructions: outcome.instructions,
         ..Default::default()
     };
+    let live = buffers.live();
     let finished = buffers.finish(summary);
     let bytes = std::fs::metadata(&s.output).map(|m| m.len()).unwrap_or(0);
     if let Some(e) = outcome.trigger_error {
         return Err(BackendError::Failed(e));
     }
-    if let Some(e) = outcome.write_error {
-        return Err(BackendError::Failed(format!(
-            "{e}; tracing stopped, the trace up to the failure is in {} ({})",
-            s.output.display(),
-            human_size(bytes)
-        )));
+    // A write that failed while recording or at the end: say what reached the file, which is
+    // all a reader will find, and what did not.
+    if let Some(e) = outcome.write_error.or_else(|| finished.as_ref().err().map(|e| e.to_string())) {
+        return Err(BackendError::Failed(write_failed(&e, &s.output, bytes, &live)));
     }
     finished?;
     Ok(Recorded {
@@ -101,6 +100,23 @@ pub fn finish(
         why: None,
         exit_status: outcome.exit_status,
     })
+}
+
+/// The one line for a recording whose trace file could not be written (a full disk, a file
+/// size limit): the error, then the totals of what reached the file and what did not.
+pub fn write_failed(error: &str, output: &std::path::Path, bytes: u64, live: &LiveCounts) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let disk_full = if error.contains("os error 28") { " (the file system is full)" } else { "" };
+    format!(
+        "{error}{disk_full}; tracing stopped. {} ({}) holds what reached it: {} records ({} instructions, {} taken \
+         branches); {} records were not written",
+        output.display(),
+        human_size(bytes),
+        live.written_records.load(Relaxed),
+        live.written_instructions.load(Relaxed),
+        live.written_branches.load(Relaxed),
+        live.unwritten_records.load(Relaxed),
+    )
 }
 
 /// The number of CPUs the buffers have a stream for.

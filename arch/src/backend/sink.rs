@@ -74,6 +74,20 @@ impl<'a> Sink<'a> {
         }
     }
 
+    /// Write what has waited in memory long enough (continuous mode: the oldest record
+    /// half a second old), so that a recorder killed now loses at most
+    /// about the last second. Recording loops call this whenever they wake, EINTR and
+    /// timeouts included; it costs a clock reading when something waits, nothing otherwise.
+    pub fn tick(&mut self) -> Stored {
+        if self.error.is_some() {
+            return Stored::Yes; // already stopping; the error is kept
+        }
+        match self.buffers.flush_if_due() {
+            Ok(()) => Stored::Yes,
+            Err(e) => self.write_failed(e),
+        }
+    }
+
     /// The first error, if any: a failed write, or what a consumer reported with [`Sink::fail`].
     pub fn write_error(&self) -> Option<String> {
         self.error.clone()

@@ -251,6 +251,9 @@ impl Session<'_> {
 
     /// Wait for the stop after a continue (however long), with ^C when asked to stop.
     pub(super) fn wait_stop(&mut self) -> Result<StopReply, GdbError> {
+        // Nothing wakes this loop while the stub runs the program: write what is due first.
+        let st = self.sink.tick();
+        self.after_store(st);
         let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
         Ok(self.note_stop(stop))
     }
@@ -330,6 +333,9 @@ impl Session<'_> {
             }
             let current = self.fetch(self.pc)?;
             if current.insn.flow == Flow::Syscall {
+                // The call may block in the stub for long: write what is due before it.
+                let st = self.sink.tick();
+                self.after_store(st);
                 self.step_syscall(current)?;
             } else if self.opts.arch.reservation(current.bytes()) == Reservation::Load {
                 self.step_atomic(current)?;

@@ -299,13 +299,28 @@ impl Session<'_> {
     }
 
     pub(super) fn run(&mut self) {
+        // Stops between two looks at the flush clock; the stores look too, every so many records.
+        const TICK_EVERY: u32 = 256;
+        let mut until_tick = TICK_EVERY;
         while !self.threads.is_empty() {
             if self.detaching.is_none() && self.opts.stop.load(Ordering::Relaxed) {
                 self.begin_detach(StopReason::Detached);
             }
+            until_tick -= 1;
+            if until_tick == 0 {
+                until_tick = TICK_EVERY;
+                let st = self.sink.tick();
+                self.after_store(st);
+            }
             let status = match waitpid(None, Some(WaitPidFlag::__WALL)) {
                 Ok(s) => s,
-                Err(Errno::EINTR) => continue,
+                Err(Errno::EINTR) => {
+                    // itrace's periodic signal: the traced threads may all be blocked, so
+                    // write what has waited too long now.
+                    let st = self.sink.tick();
+                    self.after_store(st);
+                    continue;
+                }
                 Err(_) => break, // ECHILD: nothing left
             };
             match status {
