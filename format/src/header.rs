@@ -1,6 +1,7 @@
 //! The fixed 64-byte file header, which ends with a CRC of the bytes before it: nothing in it
 //! is used before that CRC matches.
 
+use crate::writer::crc32;
 use crate::FormatError;
 use std::path::Path;
 
@@ -208,7 +209,7 @@ impl FileHeader {
         b[32..40].copy_from_slice(&self.segment_size.to_ne_bytes());
         b[40..48].copy_from_slice(&self.start_realtime_ns.to_ne_bytes());
         b[48..56].copy_from_slice(&self.start_monotonic_ns.to_ne_bytes());
-        let crc = crate::writer::crc32(&b[..HEADER_CRC_AT]);
+        let crc = crc32(&b[..HEADER_CRC_AT]);
         b[HEADER_CRC_AT..].copy_from_slice(&crc.to_ne_bytes());
         b
     }
@@ -252,14 +253,25 @@ impl FileHeader {
         }
         let crc_at = len - 4;
         let stored = endian.u32(&b[crc_at..]);
-        if crate::writer::crc32(&b[..crc_at]) != stored {
+        if crc32(&b[..crc_at]) != stored {
             // Name the byte when it is the one damaged: the header checks out as 64 bytes long.
             if len != HEADER_LEN {
                 let mut h: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("64 bytes");
                 h[5] = HEADER_LEN as u8;
-                if crate::writer::crc32(&h[..HEADER_CRC_AT]) == endian.u32(&h[HEADER_CRC_AT..]) {
+                if crc32(&h[..HEADER_CRC_AT]) == endian.u32(&h[HEADER_CRC_AT..]) {
                     return Err(damaged(format!("its header-length byte (offset 5) is {len}, not {HEADER_LEN}")));
                 }
+            }
+            // Or the byte-order byte: the header checks out read in the other order.
+            let mut h: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("64 bytes");
+            h[4] ^= 3;
+            let other = if endian == Endian::Little { Endian::Big } else { Endian::Little };
+            if len == HEADER_LEN && crc32(&h[..HEADER_CRC_AT]) == other.u32(&h[HEADER_CRC_AT..]) {
+                return Err(damaged(format!(
+                    "its byte-order byte (offset 4) is {}, but the header was written {}",
+                    b[4],
+                    if other == Endian::Little { "little-endian (1)" } else { "big-endian (2)" }
+                )));
             }
             return Err(damaged("its checksum does not match".into()));
         }

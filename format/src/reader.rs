@@ -75,11 +75,11 @@ impl TraceFile {
             return Err(FormatError::NotAFile { path: path.into(), kind });
         }
         let data = if meta.len() == 0 {
-            // A regular file of size 0 may still have content (/proc, /sys): say which it is.
+            // A regular file of size 0 may still have content (/proc, /sys): say what it starts with.
             let mut first = [0u8; 4];
             let n = std::io::Read::read(&mut &file, &mut first).unwrap_or(0);
             if n > 0 {
-                return Err(FormatError::NotAFile { path: path.into(), kind: "a file that gives its size as 0" });
+                return Err(FormatError::NotATrace { path: path.into(), found: first[..n].to_vec() });
             }
             Data::Empty
         } else {

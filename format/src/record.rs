@@ -469,6 +469,12 @@ impl Record {
             offset,
             what: format!("record of {} bytes is too short for its kind (needs {need})", b.len()),
         };
+        if b.len() < RECORD_HEADER_LEN {
+            return Err(FormatError::Corrupt {
+                offset,
+                what: format!("record of {} bytes is shorter than a record header", b.len()),
+            });
+        }
         let maj = e.u16(&b[2..]);
         let minor = e.u32(&b[4..]);
         let ts = e.u64(&b[8..]);
