@@ -48,6 +48,178 @@ if [ "$(cat /etc/kmod-what)" = bench ]; then
     finish
 fi
 
+# 8. Fault injection (issue 14): itrace is killed while it traces a program, which must run on
+# as if untouched. /t/victim: two threads, a SIGALRM handler every 5 ms (signal frames), a
+# result that depends only on its rounds. Each run: the victim starts (on all CPUs or pinned to
+# CPU 1), `itrace record --backend kmod -p` attaches, and after a random delay (0 to 10 ms in
+# the first runs, then up to 300 ms) itrace gets SIGINT, SIGTERM, SIGHUP or SIGKILL (for
+# SIGKILL every other run kills every itrace process, as a supervised recorder child would be
+# killed too). Harmed: the victim's output or exit status is wrong, its affinity changed, or a
+# SIGTRAP is pending for it. Left over: an itrace process, or a thread the module still knows
+# once itrace is gone. Also: launched programs (itrace killed by SIGKILL: the program may die
+# with itrace, but never of SIGTRAP), a victim stopped (SIGSTOP) when itrace dies, and --region
+# through the device (the recorder dies while the program's regions run).
+rnd() { od -An -N4 -tu4 /dev/urandom | tr -d ' '; }
+# Threads the module knows, after waiting up to 0.5 s for them to go.
+mod_threads() {
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        n=$(/t/kmodstat | sed -n 's/threads=\([0-9]*\).*/\1/p')
+        [ "$n" = 0 ] && break
+        usleep 50000
+    done
+    echo "$n"
+}
+# 1 when an itrace process is still there after up to 1 s.
+itrace_left() {
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        pidof itrace > /dev/null || { echo 0; return; }
+        usleep 100000
+    done
+    echo 1
+}
+# Why victim V (affinity list AFF wanted) is harmed so far, or nothing: affinity, pending SIGTRAP.
+victim_state() { # PID AFF
+    [ -d /proc/$1 ] || return
+    a=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/$1/status)
+    [ -z "$a" ] || [ "$a" = "$2" ] || echo "affinity $a, was $2"
+    for f in /proc/$1/task/*/status; do
+        for m in $(sed -n 's/^\(SigPnd\|ShdPnd\):[[:space:]]*//p' "$f" 2>/dev/null); do
+            [ $((0x$m & 0x10)) = 0 ] || { echo "SIGTRAP pending"; return; }
+        done
+    done
+}
+FAULT_HARMS=""
+fault_note() { # SIGNAL harmed|left DETAIL
+    echo "KMOD: fault $1 $2: $3"
+    FAULT_HARMS="$FAULT_HARMS $1:$2"
+}
+# One attach run: SIGNAL DELAY_US PIN KILLALL [STOP]
+fault_attach() {
+    sig=$1 d=$2 pin=$3 all=$4 stop=${5:-0}
+    if [ "$pin" = 1 ]; then
+        taskset 2 /t/victim > /tmp/fv.out 2>&1 &
+        aff=1
+    else
+        /t/victim > /tmp/fv.out 2>&1 &
+        aff=$ALLCPUS
+    fi
+    V=$!
+    itrace record --backend kmod -p $V -o /tmp/fv.itr > /tmp/fv.log 2>&1 &
+    I=$!
+    if [ "$stop" = 1 ]; then
+        # the victim is traced, then stopped (job control) when itrace dies
+        usleep 150000
+        kill -STOP $V
+        usleep 20000
+    else
+        usleep "$d"
+    fi
+    if [ "$all" = 1 ]; then killall -$sig itrace 2>/dev/null; else kill -$sig $I; fi
+    wait $I 2>/dev/null
+    h=$(victim_state $V $aff)
+    [ "$(itrace_left)" = 0 ] || { fault_note $sig left "an itrace process is left"; killall -9 itrace 2>/dev/null; }
+    n=$(mod_threads)
+    [ "$n" = 0 ] || fault_note $sig left "the module still knows $n threads after itrace is gone$([ "$stop" = 1 ] && echo " (victim stopped)")"
+    [ "$stop" = 1 ] && kill -CONT $V
+    [ -n "$h" ] || h=$(victim_state $V $aff)
+    wait $V
+    rc=$?
+    if [ "$rc" != 0 ] || ! cmp -s /tmp/fv.out /tmp/victim.want || [ -n "$h" ]; then
+        fault_note $sig harmed "victim exit $rc, $(tr '\n' ' ' < /tmp/fv.out | cut -c1-80) $h (delay ${d} us, pinned $pin, all $all, stopped $stop; itrace: $(tail -1 /tmp/fv.log | cut -c1-100))"
+    fi
+}
+fault_block() {
+    f0=$(cut -d. -f1 /proc/uptime)
+    echo 1 > /proc/sys/kernel/print-fatal-signals
+    traps0=$(dmesg | grep -c "fatal signal 5")
+    ALLCPUS=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+    /t/victim 40 0 > /tmp/victim.want
+    /t/region_loop 30 0 | grep result= > /tmp/frl.want
+    summary=""
+    for sig in INT TERM HUP KILL; do
+        FAULT_HARMS=""
+        runs=0
+        for i in 1 2 3 4 5 6 7 8 9 10; do
+            case $i in
+            1) d=0 ;; 2) d=2000 ;; 3) d=5000 ;; 4) d=10000 ;;
+            *) d=$(( $(rnd) % 300000 + 10000 )) ;;
+            esac
+            all=0
+            [ "$sig" = KILL ] && [ $((i % 2)) = 0 ] && all=1
+            fault_attach $sig $d $((i % 3 == 0)) $all
+            runs=$((runs + 1))
+        done
+        # a victim stopped when itrace dies
+        fault_attach $sig 0 0 0 1
+        runs=$((runs + 1))
+        harmed=$(echo "$FAULT_HARMS" | tr ' ' '\n' | grep -c ":harmed")
+        left=$(echo "$FAULT_HARMS" | tr ' ' '\n' | grep -c ":left")
+        summary="$summary SIG$sig $runs/$harmed/$left"
+        line="kill -$sig of itrace -p: $runs runs, $harmed harmed, $left leftovers"
+        [ "$harmed" = 0 ] && [ "$left" = 0 ] && pass "$line" || fail "$line"
+    done
+    # Launched programs, itrace killed by SIGKILL (alone or with every itrace process).
+    FAULT_HARMS=""
+    for i in 1 2 3 4; do
+        case $i in 1) d=0 ;; 2) d=5000 ;; *) d=$(( $(rnd) % 300000 + 10000 )) ;; esac
+        itrace record --backend kmod -o /tmp/fl.itr -- /t/victim > /tmp/fl.out 2> /tmp/fl.log &
+        I=$!
+        usleep "$d"
+        if [ $((i % 2)) = 0 ]; then killall -9 itrace 2>/dev/null; else kill -9 $I; fi
+        wait $I 2>/dev/null
+        [ "$(itrace_left)" = 0 ] || { fault_note launch left "an itrace process is left"; killall -9 itrace 2>/dev/null; }
+        for j in $(seq 1 50); do pidof victim > /dev/null || break; usleep 100000; done
+        pidof victim > /dev/null && fault_note launch left "the launched program is still running after 5 s"
+        n=$(mod_threads)
+        [ "$n" = 0 ] || fault_note launch left "the module still knows $n threads"
+        # finished: its output is right; killed with itrace: nothing printed (never a SIGTRAP, below)
+        [ ! -s /tmp/fl.out ] || cmp -s /tmp/fl.out /tmp/victim.want ||
+            fault_note launch harmed "output $(tr '\n' ' ' < /tmp/fl.out | cut -c1-80) (delay $d us)"
+    done
+    # --region through the device: the recorder (-p, and launched) dies by SIGKILL while the
+    # program's regions run; the program goes on and prints its usual result.
+    for i in 1 2; do
+        /t/region_loop 30 10000 > /tmp/frl.out &
+        RL=$!
+        usleep 100000
+        itrace record --backend kmod --region -p $RL -o /tmp/frl.itr 2> /tmp/frl.log &
+        I=$!
+        usleep $(( $(rnd) % 200000 + 50000 ))
+        if [ $i = 1 ]; then kill -9 $I; else killall -9 itrace 2>/dev/null; fi
+        wait $I 2>/dev/null
+        h=$(victim_state $RL $ALLCPUS)
+        wait $RL
+        rc=$?
+        grep -q "$(sed 's/.*result=//' /tmp/frl.want)" /tmp/frl.out && [ "$rc" = 0 ] && [ -z "$h" ] ||
+            fault_note region harmed "region_loop exit $rc, $(tail -1 /tmp/frl.out) $h"
+        [ "$(mod_threads)" = 0 ] || fault_note region left "the module still knows threads"
+    done
+    itrace record --backend kmod --region -o /tmp/frl.itr -- /t/region_loop 30 10000 > /tmp/frl.out 2> /tmp/frl.log &
+    I=$!
+    usleep 300000
+    kill -9 $I
+    wait $I 2>/dev/null
+    for j in $(seq 1 50); do pidof region_loop > /dev/null || break; usleep 100000; done
+    [ ! -s /tmp/frl.out ] || [ "$(grep -c . /tmp/frl.out)" = 1 ] || grep -q "$(sed 's/.*result=//' /tmp/frl.want)" /tmp/frl.out ||
+        fault_note region harmed "launched region_loop: $(tail -1 /tmp/frl.out)"
+    [ "$(mod_threads)" = 0 ] || fault_note region left "the module still knows threads"
+    harmed=$(echo "$FAULT_HARMS" | tr ' ' '\n' | grep -c ":harmed")
+    left=$(echo "$FAULT_HARMS" | tr ' ' '\n' | grep -c ":left")
+    summary="$summary launched+region 7/$harmed/$left"
+    line="itrace killed by SIGKILL: 4 launched victims, 3 --region recorders: $harmed harmed, $left leftovers"
+    [ "$harmed" = 0 ] && [ "$left" = 0 ] && pass "$line" || fail "$line"
+    traps=$(( $(dmesg | grep -c "fatal signal 5") - traps0 ))
+    [ "$traps" = 0 ] && pass "no process of the fault runs died of SIGTRAP" ||
+        fail "$traps processes died of SIGTRAP: $(dmesg | grep "fatal signal 5" | tail -3 | tr '\n' '|')"
+    echo 0 > /proc/sys/kernel/print-fatal-signals
+    echo "KMOD-FAULTS: runs/harmed/leftovers:$summary; $(( $(cut -d. -f1 /proc/uptime) - f0 )) s"
+}
+if [ "$(cat /etc/kmod-what)" = faults ]; then
+    fault_block
+    rmmod itrace && pass "faults: rmmod at the end" || fail "faults: rmmod failed"
+    finish
+fi
+
 # 0. Bad ioctl arguments and mmap ranges are refused.
 if /t/badioctl > /tmp/bad.log 2>&1; then
     pass "device: bad ioctl arguments and mmap ranges refused (kmod-shim/tests/badioctl.c)"
@@ -268,6 +440,8 @@ else
     fail "permission: $(cat /tmp/perm.log)"
 fi
 wait $SP
+
+fault_block
 
 # 7. Unload with a thread still traced: itrace is killed, the module removed while the
 # program sleeps traced; the program must run to its end (no stray SIGTRAP).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests the itrace kernel shim in a booted guest (never on this machine's kernel):
-#   kmod-shim/test-in-guest.sh [test|bench]
+#   kmod-shim/test-in-guest.sh [test|bench|faults]
+#   (faults: only the fault-injection checks, section 8 of guest-init.sh)
 #
 # 1. refreshes the package lists and finds Debian's current kernel ABI and the version of its
 #    headers (scripts/kernel-abi.sh, as scripts/install-test-deps.sh does), installs what is
@@ -103,6 +104,9 @@ for p in tests/programs/signal.c tests/programs/spinner.c kmod-shim/tests/syscal
     gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Ikmod-shim -o "$B/prog/$(basename "$p" .c)" "$p"
 done
 gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -pthread -o "$B/prog/threads" tests/programs/threads.c
+# The fault-injection target and the module's status (section 8 of guest-init.sh).
+gcc -static -O1 -Wall -Wextra -pthread -o "$B/prog/victim" kmod-shim/tests/victim.c
+gcc -static -O1 -Wall -Wextra -Ikmod-shim -o "$B/prog/kmodstat" kmod-shim/tests/kmodstat.c
 # forkexec execs itself; the callgrind client requests in it are no-ops outside valgrind.
 gcc -static -g -O1 -fno-omit-frame-pointer -Wall -Wextra -o "$B/prog/forkexec" tests/programs/forkexec.c
 # A 32-bit program (the module stops tracing a thread that execs one).
