@@ -4,6 +4,15 @@
 use itrace_format::*;
 use std::path::Path;
 
+/// A directory in memory when there is one: the loops below write a file thousands of times,
+/// and a disk file system flushes a truncated-and-rewritten file on close.
+fn fast_tempdir() -> tempfile::TempDir {
+    match std::path::Path::new("/dev/shm") {
+        shm if shm.is_dir() => tempfile::tempdir_in(shm).unwrap_or_else(|_| tempfile::tempdir().unwrap()),
+        _ => tempfile::tempdir().unwrap(),
+    }
+}
+
 fn header(mode: Mode, ncpu: u16) -> FileHeader {
     FileHeader {
         endian: Endian::native(),
@@ -172,7 +181,7 @@ fn continuous_mode_loses_nothing_with_small_segments() {
 
 #[test]
 fn a_file_cut_anywhere_reads_up_to_its_last_whole_record() {
-    let d = tempfile::tempdir().unwrap();
+    let d = fast_tempdir();
     let p = d.path().join("t.itr");
     let (pushed, _) = record(&p, Mode::Continuous, 2, 0, 512, 300);
     let full = std::fs::read(&p).unwrap();
@@ -307,4 +316,208 @@ fn raw_records_walk_whole_records_and_stop_at_damage() {
     bytes.truncate(end - 4);
     let got: Vec<Result<usize, usize>> = raw_records(e, &bytes).map(|r| r.map(|r| r.offset)).collect();
     assert_eq!(got, vec![Ok(0), Err(second)]);
+}
+
+/// The chunks of a trace written by this crate's writer on this machine: (offset, payload
+/// length), read with the documented layout (24-byte chunk headers after the 64-byte header).
+fn chunk_offsets(b: &[u8]) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    let mut off = HEADER_LEN;
+    while off < b.len() {
+        let len = u32::from_ne_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
+        v.push((off, len));
+        off += CHUNK_HEADER_LEN + len;
+    }
+    v
+}
+
+fn open_bytes(dir: &Path, b: &[u8]) -> Result<TraceFile, FormatError> {
+    let p = dir.join("damaged.itr");
+    std::fs::write(&p, b).unwrap();
+    TraceFile::open(&p)
+}
+
+fn err_text(r: Result<TraceFile, FormatError>) -> String {
+    match r {
+        Ok(_) => panic!("damage went unnoticed"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Every bit of the file header flipped: an error that says the header is damaged, naming
+/// the byte when it is the byte order or the header length (the magic's bytes: not a trace).
+#[test]
+fn every_header_bit_flipped_is_a_damaged_header() {
+    let d = fast_tempdir();
+    let p = d.path().join("t.itr");
+    record(&p, Mode::Continuous, 2, 0, 512, 50);
+    let full = std::fs::read(&p).unwrap();
+    for at in 0..HEADER_LEN {
+        for bit in 0..8 {
+            let mut b = full.clone();
+            b[at] ^= 1 << bit;
+            let r = open_bytes(d.path(), &b);
+            let what = format!("bit {bit} of byte {at}");
+            match (at, r) {
+                (0..4, Err(FormatError::NotATrace { .. })) => {}
+                (4, Err(e @ FormatError::HeaderDamaged { .. })) => {
+                    assert!(e.to_string().contains("byte-order byte (offset 4) is"), "{what}: {e}")
+                }
+                (5, Err(e @ FormatError::HeaderDamaged { .. })) => {
+                    assert!(e.to_string().contains("header-length byte (offset 5) is"), "{what}: {e}")
+                }
+                (6.., Err(e @ FormatError::HeaderDamaged { .. })) => {
+                    assert!(
+                        e.to_string().ends_with("the file header is damaged: its checksum does not match"),
+                        "{what}: {e}"
+                    )
+                }
+                (_, Err(e)) => panic!("{what}: unexpected error {e}"),
+                (_, Ok(_)) => panic!("{what}: went unnoticed"),
+            }
+        }
+    }
+}
+
+/// A flipped bit in the length of a chunk in the middle: corruption at that chunk, not a file
+/// cut short (format 1.0 read the rest as records and dropped the later chunks, exit 0).
+#[test]
+fn a_damaged_chunk_length_is_corruption_at_its_chunk() {
+    let d = fast_tempdir();
+    let p = d.path().join("t.itr");
+    record(&p, Mode::Continuous, 2, 0, 512, 300);
+    let full = std::fs::read(&p).unwrap();
+    let chunks = chunk_offsets(&full);
+    assert!(chunks.len() > 10);
+    let (mid, _) = chunks[chunks.len() / 2];
+    for bit in 0..32 {
+        let mut b = full.clone();
+        b[mid + 8 + bit / 8] ^= 1 << (bit % 8);
+        assert_eq!(
+            err_text(open_bytes(d.path(), &b)),
+            format!("corrupt trace at offset {mid:#x}: the chunk header is damaged (its checksum does not match)"),
+            "bit {bit} of the length"
+        );
+    }
+}
+
+/// A whole chunk missing, a chunk repeated, bytes after the end chunk: each an error at the
+/// offset where the file stops making sense.
+#[test]
+fn missing_repeated_and_trailing_chunks_are_corruption() {
+    let d = fast_tempdir();
+    let p = d.path().join("t.itr");
+    record(&p, Mode::Continuous, 2, 0, 512, 300);
+    let full = std::fs::read(&p).unwrap();
+    let chunks = chunk_offsets(&full);
+    let (mid, len) = chunks[chunks.len() / 2];
+    let end = mid + CHUNK_HEADER_LEN + len;
+    let n = chunks.len() / 2;
+
+    let missing = [&full[..mid], &full[end..]].concat();
+    assert_eq!(
+        err_text(open_bytes(d.path(), &missing)),
+        format!(
+            "corrupt trace at offset {mid:#x}: chunk number {} where chunk {n} belongs: chunks are missing or repeated",
+            n + 1
+        )
+    );
+    let repeated = [&full[..end], &full[mid..]].concat();
+    assert_eq!(
+        err_text(open_bytes(d.path(), &repeated)),
+        format!(
+            "corrupt trace at offset {end:#x}: chunk number {n} where chunk {} belongs: chunks are missing or repeated",
+            n + 1
+        )
+    );
+    for tail in [&b"x"[..], b"CHNK", &full[mid..end]] {
+        let trailing = [&full[..], tail].concat();
+        assert_eq!(
+            err_text(open_bytes(d.path(), &trailing)),
+            format!("corrupt trace at offset {:#x}: {} bytes after the end chunk", full.len(), tail.len())
+        );
+    }
+}
+
+/// Headers that check out but say what no writer of this version writes.
+#[test]
+fn implausible_header_fields_are_invalid() {
+    let d = fast_tempdir();
+    let p = d.path().join("h.itr");
+    for (ncpu, flags, want) in [
+        (0xFFFF, FLAG_ICOUNT, "CPU count 65535 (offset 14); 1 to 65533 expected"),
+        (0, FLAG_ICOUNT, "CPU count 0 (offset 14); 1 to 65533 expected"),
+        (2, FLAG_ICOUNT | 0x100, "unknown flag bits 0x100 (offset 16)"),
+    ] {
+        let mut h = header(Mode::Normal, ncpu);
+        h.flags = flags;
+        std::fs::write(&p, h.encode()).unwrap();
+        assert_eq!(err_text(TraceFile::open(&p)), format!("{}: the file header is invalid: {want}", p.display()));
+    }
+}
+
+/// A summary for another number of CPUs than the header's, a second record in the end chunk:
+/// the file's own parts disagree.
+#[test]
+fn the_summary_must_match_the_header() {
+    let d = fast_tempdir();
+    let p = d.path().join("s.itr");
+    for (summary_cpus, extra, want) in [
+        (3, false, "the summary counts 3 CPUs, the file header 2"),
+        (2, true, "a record after the summary in the end chunk"),
+    ] {
+        let mut w = TraceWriter::create(&p, &header(Mode::Normal, 2)).unwrap();
+        let mut end = Vec::new();
+        let s = Summary { ts: 5, records: vec![0; summary_cpus], lost: vec![0; summary_cpus], ..Default::default() };
+        Record::Summary(s.clone()).encode(&mut end).unwrap();
+        let first_len = end.len();
+        if extra {
+            Record::Summary(s).encode(&mut end).unwrap();
+        }
+        w.write_chunk(STREAM_END, 0, &end).unwrap();
+        drop(w);
+        let at = HEADER_LEN + CHUNK_HEADER_LEN + if extra { first_len } else { 0 };
+        assert_eq!(err_text(TraceFile::open(&p)), format!("corrupt trace at offset {at:#x}: {want}"));
+    }
+}
+
+/// A file of format 1.0 (no header or chunk-header checksums) is refused by name.
+#[test]
+fn a_format_1_0_file_is_refused_as_older() {
+    let d = fast_tempdir();
+    let p = d.path().join("t.itr");
+    record(&p, Mode::Continuous, 1, 0, 512, 20);
+    let mut b = std::fs::read(&p).unwrap();
+    // The 1.0 header: the same fields, major 1, and zeros where 2.0 has its reserved word and CRC.
+    b[6..8].copy_from_slice(&1u16.to_ne_bytes());
+    b[56..64].fill(0);
+    std::fs::write(&p, &b).unwrap();
+    assert_eq!(
+        err_text(TraceFile::open(&p)),
+        format!(
+            "{} was written by an older itrace (trace format 1.0); this itrace reads format 2.x: record it again",
+            p.display()
+        )
+    );
+}
+
+/// What is not a regular file is refused by its kind, at once: a FIFO without a writer would
+/// block a plain open.
+#[test]
+fn directories_fifos_and_devices_are_refused_without_blocking() {
+    let d = fast_tempdir();
+    let fifo = d.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (path, kind) in [
+        (d.path(), "a directory"),
+        (fifo.as_path(), "a FIFO (named pipe)"),
+        (Path::new("/dev/zero"), "a character device"),
+    ] {
+        assert_eq!(
+            err_text(TraceFile::open(path)),
+            format!("{} is {kind}, not a trace file (a trace is a regular file)", path.display())
+        );
+    }
 }
