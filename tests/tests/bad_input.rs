@@ -316,3 +316,204 @@ fn disk_full() {
         check_write_failure(&out, &trace);
     }
 }
+
+/// count_loop in 4 KiB segments: a trace of a dozen chunks, its bytes, and its chunks.
+fn chunked_trace(test: &str) -> (PathBuf, PathBuf, Vec<u8>, Vec<(usize, usize)>) {
+    let dir = test_dir(test);
+    let trace = dir.join("t.itr");
+    record(&trace, &["--segment-size", "4K"], &program("count_loop"), &[]).assert_success();
+    let bytes = fs::read(&trace).unwrap();
+    let chunks = chunks_of(&bytes);
+    assert!(chunks.len() >= 5, "expected several chunks, got {}", chunks.len());
+    (dir, trace, bytes, chunks)
+}
+
+/// (offset, payload length) of each chunk, read with the layout docs/trace-format.md gives:
+/// a 64-byte file header, then chunks of a 24-byte header (payload length at offset 8) and the
+/// payload, in the recording machine's byte order (this one's).
+fn chunks_of(b: &[u8]) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    let mut off = 64;
+    while off < b.len() {
+        let len = u32::from_ne_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
+        v.push((off, len));
+        off += 24 + len;
+    }
+    v
+}
+
+fn dump_of(trace: &Path) -> Output {
+    itrace([OsStr::new("dump"), trace.as_os_str()])
+}
+
+/// `report -i`, `arc` and `dump` of `trace`: each one line, this one.
+fn assert_every_reader_says(trace: &Path, want: &str) {
+    let report = itrace([OsStr::new("report"), OsStr::new("-i"), trace.as_os_str()]);
+    for out in [report, arc_of(trace), dump_of(trace)] {
+        assert_eq!(out.assert_clean_error(), want, "{}", out.command);
+    }
+}
+
+/// A flipped bit in the length of a chunk in the middle of the file, one that makes it run
+/// past the end of the file and one that does not: corruption at that chunk, exit 1. Format 1.0
+/// took the first for a file cut short, read the bytes after it as records and exited 0.
+#[test]
+fn damaged_chunk_length() {
+    let (dir, _, bytes, chunks) = chunked_trace("bad_input-damaged_chunk_length");
+    let (mid, len) = chunks[chunks.len() / 2];
+    for bit in [20, 2] {
+        let mut b = bytes.clone();
+        b[mid + 8 + bit / 8] ^= 1 << (bit % 8);
+        let new_len = u32::from_ne_bytes(b[mid + 8..mid + 12].try_into().unwrap()) as usize;
+        assert_eq!(new_len > bytes.len(), bit == 20, "length {len} -> {new_len}");
+        let bad = dir.join(format!("bit{bit}.itr"));
+        fs::write(&bad, &b).unwrap();
+        let want = format!(
+            "itrace: cannot read {}: corrupt trace at offset {mid:#x}: the chunk header is damaged (its checksum does \
+             not match)",
+            bad.display()
+        );
+        assert_every_reader_says(&bad, &want);
+    }
+}
+
+/// Each field of the file header changed: one line that says the header is damaged, and which
+/// byte when it is the byte order or the header length.
+#[test]
+fn damaged_file_header() {
+    let (dir, _, bytes, _) = chunked_trace("bad_input-damaged_header");
+    let checksum = "the file header is damaged: its checksum does not match";
+    let mut cases = vec![
+        ("byte-order", 4, 3, "the file header is damaged: its byte-order byte (offset 4) is 0x03, not 1 (little-endian) or 2 (big-endian)".to_string()),
+        ("header-length-65", 5, 65, "the file header is damaged: its header-length byte (offset 5) is 65; format 2 headers are 64 bytes".into()),
+        ("header-length-72", 5, 72, "the file header is damaged: its header-length byte (offset 5) is 72, not 64".into()),
+        ("header-length-0", 5, 0, "the file header is damaged: its header-length byte (offset 5) is 0; format 2 headers are 64 bytes".into()),
+        ("version", 6, 3, checksum.into()),
+        ("arch", 10, 99, checksum.into()),
+        ("mode", 12, 7, checksum.into()),
+        ("step-method", 13, 9, checksum.into()),
+        ("cpu-count", 15, 0xff, checksum.into()),
+        ("flags", 16, 0x80, checksum.into()),
+        ("buffer-size", 30, 0x01, checksum.into()),
+        ("checksum", 61, 0x00, checksum.into()),
+    ];
+    if cfg!(target_endian = "little") {
+        cases.push(("byte-order-swapped", 4, 2, "the file header is damaged: its byte-order byte (offset 4) is 2, but the header was written little-endian (1)".into()));
+    }
+    for (name, at, value, want) in cases {
+        let mut b = bytes.clone();
+        assert_ne!(b[at], value, "{name}: the value is already there");
+        b[at] = value;
+        let bad = dir.join(format!("{name}.itr"));
+        fs::write(&bad, &b).unwrap();
+        assert_every_reader_says(&bad, &format!("itrace: {}: {want}", bad.display()));
+    }
+    // All 16 bits of the CPU count: a count of 65535 with the streams of a 2-CPU machine.
+    let mut b = bytes.clone();
+    b[14..16].fill(0xff);
+    let bad = dir.join("cpu-count-65535.itr");
+    fs::write(&bad, &b).unwrap();
+    assert_every_reader_says(&bad, &format!("itrace: {}: {checksum}", bad.display()));
+}
+
+/// A trace of format 1.0 (no checksum over its header or chunk headers) is refused by name.
+#[test]
+fn trace_of_an_older_itrace() {
+    let (dir, _, mut bytes, _) = chunked_trace("bad_input-older_trace");
+    // The 1.0 header: major 1, zeros in the 8 bytes where 2.0 has a reserved word and the CRC.
+    bytes[6..8].copy_from_slice(&1u16.to_ne_bytes());
+    bytes[56..64].fill(0);
+    let old = dir.join("old.itr");
+    fs::write(&old, &bytes).unwrap();
+    let want = format!(
+        "itrace: {} was written by an older itrace (trace format 1.0); this itrace reads format 2.x: record it again",
+        old.display()
+    );
+    assert_every_reader_says(&old, &want);
+}
+
+/// Things that are not trace files, named for what they are, the OS's words once: /dev/zero
+/// is not "empty", a FIFO does not block the reader.
+#[test]
+fn not_trace_files() {
+    let dir = test_dir("bad_input-not_trace_files");
+    let fifo = dir.join("fifo");
+    let _ = fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let missing = dir.join("missing.itr");
+    let empty = dir.join("empty.itr");
+    fs::write(&empty, b"").unwrap();
+    let short = dir.join("short.itr");
+    fs::write(&short, b"ITRC\x01\x40").unwrap();
+    let kind =
+        |p: &Path, k: &str| format!("itrace: {} is {k}, not a trace file (a trace is a regular file)", p.display());
+    let cases = [
+        (Path::new("/dev/zero").to_path_buf(), kind(Path::new("/dev/zero"), "a character device")),
+        (dir.clone(), kind(&dir, "a directory")),
+        (fifo.clone(), kind(&fifo, "a FIFO (named pipe)")),
+        (
+            missing.clone(),
+            format!("itrace: cannot open trace file {}: No such file or directory (os error 2)", missing.display()),
+        ),
+        (empty.clone(), format!("itrace: {} is empty: not a trace file", empty.display())),
+        (
+            short.clone(),
+            format!(
+                "itrace: {} ends after 6 bytes, inside its 64-byte file header: nothing of the trace is left",
+                short.display()
+            ),
+        ),
+    ];
+    for (path, want) in cases {
+        assert_every_reader_says(&path, &want);
+    }
+}
+
+/// A file cut short is read up to the cut with a warning, exit 0: cut inside a chunk header,
+/// exactly the chunks before it; cut inside a payload, those and the whole records of the cut
+/// chunk before the cut.
+#[test]
+fn truncated_trace_keeps_what_precedes_the_cut() {
+    let (dir, _, bytes, chunks) = chunked_trace("bad_input-truncated_exact");
+    let full = dump_of(&dir.join("t.itr"));
+    full.assert_success();
+    let records = |text: &str| -> Vec<(usize, String)> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| (usize::from_str_radix(&l[2..10], 16).unwrap(), l.to_string()))
+            .collect()
+    };
+    let all = records(&full.stdout);
+    let (mid, len) = chunks[chunks.len() / 2];
+    for (cut, warn_at) in [(mid + 10, mid), (mid + 24 + len / 2, mid + 24 + len / 2)] {
+        let p = dir.join(format!("cut{cut}.itr"));
+        fs::write(&p, &bytes[..cut]).unwrap();
+        let out = dump_of(&p);
+        out.assert_success();
+        assert_eq!(
+            out.stderr.trim_end(),
+            format!(
+                "itrace: warning: {} is truncated at offset {warn_at:#x}; read up to its last whole record",
+                p.display()
+            )
+        );
+        let got = records(&out.stdout);
+        let before: Vec<_> = all.iter().filter(|(off, _)| *off < mid).cloned().collect();
+        let kept: Vec<_> = got.iter().filter(|(off, _)| *off < mid).cloned().collect();
+        assert_eq!(kept, before, "cut at {cut:#x}: every record of the chunks before the cut");
+        let in_cut_chunk: Vec<_> = got.iter().filter(|(off, _)| *off >= mid).collect();
+        if cut < mid + 24 {
+            assert!(in_cut_chunk.is_empty(), "cut at {cut:#x}: records of the cut chunk {in_cut_chunk:?}");
+        } else {
+            assert!(!in_cut_chunk.is_empty(), "cut at {cut:#x}: no record of the cut chunk");
+            for r in in_cut_chunk {
+                assert!(
+                    r.0 + 16 <= cut && all.contains(r),
+                    "cut at {cut:#x}: {r:?} is not a whole record of the trace"
+                );
+            }
+        }
+    }
+}
