@@ -131,10 +131,30 @@ pub fn prepare_child_for_exec(aslr: bool) {
 
 /// In a child between fork and exec: the default disposition for the signals itrace catches or
 /// ignores (an ignored SIGPIPE or SIGXFSZ would be inherited through exec).
+/// In a child between fork and exec: die (SIGKILL) when the itrace thread that forked it
+/// does, so a helper process itrace started (qemu waiting for its debugger, say) is never left
+/// behind. Not for a launched program, which must outlive a detach. Async-signal-safe.
+pub fn die_with_parent() {
+    // SAFETY: prctl with integer arguments is a plain system call.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+}
+
 pub fn restore_signal_defaults() {
     for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
         // SAFETY: signal is async-signal-safe and takes no pointers.
         unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    // itrace blocks these around its own start-up (and a helper thread may block them);
+    // the program gets them unblocked, as a shell would start it.
+    // SAFETY: set is initialised by sigemptyset; sigprocmask only changes this thread's mask
+    // and is async-signal-safe.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM, libc::SIGRTMIN() + 3] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
 }
 

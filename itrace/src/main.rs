@@ -11,6 +11,7 @@ mod signals;
 mod size;
 mod status;
 mod summary;
+mod supervise;
 
 use clap::error::ErrorKind;
 use clap::Parser;
@@ -22,11 +23,18 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e),
     };
     let result = match cli.command {
-        cli::Command::Record(args) => record::command(*args),
+        cli::Command::Record(args) => {
+            let on_death = if args.pid.is_some() || args.gdb.is_some() {
+                supervise::OnSupervisorDeath::Detach
+            } else {
+                supervise::OnSupervisorDeath::Kill
+            };
+            supervised(on_death, || record::command(*args))
+        }
         cli::Command::Arc(args) => read::arc(args),
         cli::Command::Report(args) => read::report(args),
         cli::Command::Dump(args) => dump::run(args),
-        cli::Command::Calib(args) => calib::run(args),
+        cli::Command::Calib(args) => supervised(supervise::OnSupervisorDeath::Kill, || calib::run(args)),
         cli::Command::Completions(args) => shell::completions(args),
         cli::Command::Man(args) => shell::man(args),
     };
@@ -38,6 +46,14 @@ fn main() -> ExitCode {
             eprintln!("itrace: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Run `record` in a recording process of its own (see [`supervise`]).
+fn supervised(on_death: supervise::OnSupervisorDeath, record: impl FnOnce() -> anyhow::Result<ExitCode>) -> anyhow::Result<ExitCode> {
+    match supervise::split(on_death)? {
+        supervise::Side::Recorder => record(),
+        supervise::Side::Supervisor(code) => Ok(code),
     }
 }
 

@@ -95,6 +95,10 @@ pub fn run(s: &RecordSettings) -> Result<(Recorded, Chosen)> {
     let resolver = Arc::new(SymbolResolver::default());
     let mut chosen = backend::choose(s, resolver)?;
     crate::signals::install(s.duration)?;
+    // A stop asked for while itrace was starting: nothing was launched or attached yet.
+    if crate::signals::STOP.load(std::sync::atomic::Ordering::Relaxed) {
+        anyhow::bail!("interrupted before tracing started; nothing was traced");
+    }
     let live = Arc::new(LiveCounts::default());
     let status = StatusLine::start(Arc::clone(&live), s.duration);
     let recorded = chosen.recorder.record(live, &crate::signals::STOP);

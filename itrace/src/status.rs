@@ -25,7 +25,12 @@ impl StatusLine {
         }
         let flag = Arc::clone(&done);
         let thread =
-            std::thread::Builder::new().name("itrace-status".into()).spawn(move || draw(&live, duration, &flag)).ok();
+            std::thread::Builder::new().name("itrace-status".into()).spawn(move || {
+            // Signals to itrace are for the recording thread.
+            crate::signals::block_in_this_thread(true);
+            draw(&live, duration, &flag)
+        })
+        .ok();
         StatusLine { done, thread }
     }
 

@@ -102,10 +102,11 @@ pub fn launch_qemu(
     cmd.arg("-g").arg(port.to_string());
     cmd.arg(program).args(args.iter().skip(1)).stdin(Stdio::inherit());
     use std::os::unix::process::CommandExt;
-    // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+    // SAFETY: only async-signal-safe calls (signal, prctl) between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
             crate::procfs::restore_signal_defaults();
+            crate::procfs::die_with_parent();
             Ok(())
         });
     }

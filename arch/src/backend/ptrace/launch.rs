@@ -61,8 +61,18 @@ impl Session<'_> {
                 libc::close(go_w_fd);
                 libc::close(err_r_fd);
                 let mut b = 0u8;
-                // Wait until the parent has seized us, so the exec is seen.
-                libc::read(go_r_fd, (&mut b as *mut u8).cast(), 1);
+                // Wait until the parent has seized us, so the exec is seen. A signal may
+                // interrupt the read; end of file means itrace died before it could seize
+                // us: then the program is not run at all.
+                let n = loop {
+                    let n = libc::read(go_r_fd, (&mut b as *mut u8).cast(), 1);
+                    if n != -1 || *libc::__errno_location() != libc::EINTR {
+                        break n;
+                    }
+                };
+                if n != 1 {
+                    libc::_exit(127);
+                }
                 libc::close(go_r_fd);
                 procfs::prepare_child_for_exec(aslr);
                 libc::execve(prog.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
@@ -80,13 +90,19 @@ impl Session<'_> {
         drop(go_w);
         if let Err(errno) = seized {
             let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = waitpid(Pid::from_raw(pid), None);
+            wait_gone(pid);
             return Err(RecordError::Ptrace { what: "PTRACE_SEIZE of the launched program", errno });
         }
         let mut e = [0u8; 4];
-        let n = nix::unistd::read(err_r.as_raw_fd(), &mut e).unwrap_or(0);
+        // End of file (the exec closed the pipe) or the errno the child could not exec with.
+        let n = loop {
+            match nix::unistd::read(err_r.as_raw_fd(), &mut e) {
+                Err(Errno::EINTR) => continue,
+                r => break r.unwrap_or(0),
+            }
+        };
         if n == 4 {
-            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL));
+            wait_gone(pid);
             return Err(exec_err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(e))));
         }
         self.launched = Some(pid);
@@ -153,6 +169,11 @@ impl Session<'_> {
         }
         self.threads.clear();
     }
+}
+
+/// Reap a child we killed or that failed to exec, through signals that interrupt the wait.
+pub(super) fn wait_gone(pid: i32) {
+    while let Err(Errno::EINTR) = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL)) {}
 }
 
 pub(super) fn ptrace_options(o: &RecordOptions) -> Options {

@@ -50,12 +50,20 @@ pub const PTRACE_SINGLEBLOCK: libc::c_uint = 33;
 pub fn probe_singleblock() -> BlockStep {
     let start = itrace_probe_start as *const () as usize as u64;
     let target = itrace_probe_target as *const () as usize as u64;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the child only calls async-signal-safe functions before it is stopped and
     // moved onto the probe code, which exits with a raw system call.
     let pid = match unsafe { libc::fork() } {
         -1 => return BlockStep::Unavailable("fork failed".into()),
-        // SAFETY: in the child: PTRACE_TRACEME, raise and _exit are async-signal-safe.
+        // SAFETY: in the child: prctl, getppid, PTRACE_TRACEME, raise and _exit are
+        // async-signal-safe system calls.
         0 => unsafe {
+            // Never left stopped and traced by nobody if itrace dies during the probe.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
             libc::raise(libc::SIGSTOP);
             libc::_exit(0);
@@ -63,7 +71,7 @@ pub fn probe_singleblock() -> BlockStep {
         pid => Pid::from_raw(pid),
     };
     let result = (|| {
-        match waitpid(pid, None) {
+        match wait_no_eintr(pid) {
             Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => {}
             other => return BlockStep::Unavailable(format!("probe child did not stop: {other:?}")),
         }
@@ -77,7 +85,7 @@ pub fn probe_singleblock() -> BlockStep {
         if r != 0 {
             return BlockStep::Unavailable(format!("PTRACE_SINGLEBLOCK refused: {}", std::io::Error::last_os_error()));
         }
-        match waitpid(pid, None) {
+        match wait_no_eintr(pid) {
             Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {}
             other => return BlockStep::Unavailable(format!("unexpected stop after a block step: {other:?}")),
         }
@@ -89,6 +97,16 @@ pub fn probe_singleblock() -> BlockStep {
         }
     })();
     let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-    let _ = waitpid(pid, None);
+    let _ = wait_no_eintr(pid);
     result
+}
+
+/// waitpid, through the signals (Ctrl-C, the tick) that interrupt it.
+fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
+    loop {
+        match waitpid(pid, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => return r,
+        }
+    }
 }

@@ -1,0 +1,166 @@
+//! A recording runs in a child process of the `itrace` the user started, so that no way of
+//! killing that process harms the traced program.
+//!
+//! Linux does not clear the trap flag of a tracee whose tracer dies, nor take out the
+//! tracer's breakpoints or restore the affinity it set: `kill -9` of a ptrace stepper leaves
+//! its target to die of SIGTRAP. So the process the user sees (the supervisor) only forwards
+//! the stop signals and waits; the recording process is its child and has
+//! `PR_SET_PDEATHSIG`: when the supervisor dies, even of SIGKILL, the recorder gets a stop
+//! signal, detaches the way Ctrl-C does and finishes the trace. A launched program is killed
+//! with itrace, as before (the recorder gets SIGKILL and ptrace's EXITKILL ends the program),
+//! unless a stop was already asked for, in which case the detach the user asked for finishes.
+//!
+//! The stop signals are blocked from before the fork until each side has its handlers, so a
+//! signal in the first milliseconds is never lost and never kills a half-started itrace.
+
+use crate::signals;
+use anyhow::{Context, Result};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// What the recording process does when the supervisor dies before a stop was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnSupervisorDeath {
+    /// Detach and finish the trace (an attached program, a remote target).
+    Detach,
+    /// Die, and take the launched program along (ptrace's EXITKILL).
+    Kill,
+}
+
+/// Which side of the fork this is.
+pub enum Side {
+    /// The recording process: go on and record.
+    Recorder,
+    /// The supervisor, after the recorder ended: exit with this.
+    Supervisor(ExitCode),
+}
+
+/// The recorder's pid, for the forwarding handler.
+static RECORDER: AtomicI32 = AtomicI32::new(0);
+
+/// The name the recording process shows in `ps` and `/proc/PID/comm`.
+const RECORDER_NAME: &[u8] = b"itrace-record\0";
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = RECORDER.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe; pid is our own child, not yet reaped (the
+        // supervisor reaps it only after it stops forwarding).
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Fork the recording process. In the supervisor this returns only when the recorder has
+/// ended, with its exit status; in the recorder it returns at once.
+pub fn split(on_death: OnSupervisorDeath) -> Result<Side> {
+    let stop_set = stop_signal_set();
+    let mut old: libc::sigset_t = empty_set();
+    // SAFETY: both sets are initialised; sigprocmask only changes this thread's mask (the
+    // process has one thread here: nothing has been started yet).
+    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &stop_set, &mut old) };
+    // SAFETY: getpid has no preconditions.
+    let supervisor = unsafe { libc::getpid() };
+    // SAFETY: the process is single-threaded here (record and calib fork before they start
+    // any thread), so the child may go on running ordinary Rust code.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => {
+            let e = std::io::Error::last_os_error();
+            restore_mask(&old);
+            Err(e).context("cannot start the recording process")
+        }
+        0 => {
+            recorder_side(supervisor, on_death, &old)?;
+            Ok(Side::Recorder)
+        }
+        child => Ok(Side::Supervisor(supervise(child, &old))),
+    }
+}
+
+fn recorder_side(supervisor: i32, on_death: OnSupervisorDeath, old: &libc::sigset_t) -> Result<()> {
+    let death_signal = match on_death {
+        OnSupervisorDeath::Detach => libc::SIGTERM,
+        OnSupervisorDeath::Kill => libc::SIGKILL,
+    };
+    signals::install_handlers().context("cannot install signal handlers")?;
+    signals::finish_on_parent_death_after_stop(libc::SIGTERM);
+    // SAFETY: prctl with integer arguments; RECORDER_NAME is NUL-terminated and within the
+    // 16 bytes PR_SET_NAME reads.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, death_signal as libc::c_ulong, 0, 0, 0);
+        libc::prctl(libc::PR_SET_NAME, RECORDER_NAME.as_ptr() as libc::c_ulong, 0, 0, 0);
+    }
+    // The supervisor may have died before the prctl: then nothing would tell us.
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != supervisor {
+        // SAFETY: _exit ends this process at once; nothing has been started that needs undoing.
+        unsafe { libc::_exit(128 + libc::SIGKILL) };
+    }
+    restore_mask(old);
+    Ok(())
+}
+
+/// Forward the stop signals to the recorder and wait for it to end.
+fn supervise(child: i32, old: &libc::sigset_t) -> ExitCode {
+    RECORDER.store(child, Ordering::Relaxed);
+    for sig in signals::STOP_SIGNALS {
+        // SAFETY: the handler only loads an atomic and calls kill, both async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = forward as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+    restore_mask(old);
+    let mut status = 0;
+    loop {
+        // SAFETY: status is a valid int for waitpid to fill; child is our child.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        if r == child {
+            break;
+        }
+        if r == -1 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            eprintln!("itrace: lost the recording process {child}: {}", std::io::Error::last_os_error());
+            return ExitCode::FAILURE;
+        }
+    }
+    RECORDER.store(0, Ordering::Relaxed);
+    if libc::WIFEXITED(status) {
+        return ExitCode::from(libc::WEXITSTATUS(status) as u8);
+    }
+    let sig = libc::WTERMSIG(status);
+    eprintln!(
+        "itrace: the recording process {child} was killed by {}; the trace holds what it wrote until then",
+        signal_name(sig)
+    );
+    ExitCode::from((128 + sig).clamp(0, 255) as u8)
+}
+
+fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+fn empty_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the zeroed set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        set
+    }
+}
+
+fn stop_signal_set() -> libc::sigset_t {
+    let mut set = empty_set();
+    for sig in signals::STOP_SIGNALS {
+        // SAFETY: set is initialised; sig is a valid signal number.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    set
+}
+
+fn restore_mask(old: &libc::sigset_t) {
+    // SAFETY: old is the initialised mask sigprocmask returned.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
