@@ -61,7 +61,7 @@ impl TraceFile {
         let kind = if ft.is_dir() {
             Some("a directory")
         } else if ft.is_fifo() {
-            Some("a FIFO (named pipe)")
+            Some("a pipe or FIFO")
         } else if ft.is_char_device() {
             Some("a character device")
         } else if ft.is_block_device() {

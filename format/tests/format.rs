@@ -510,11 +510,9 @@ fn directories_fifos_and_devices_are_refused_without_blocking() {
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo with a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    for (path, kind) in [
-        (d.path(), "a directory"),
-        (fifo.as_path(), "a FIFO (named pipe)"),
-        (Path::new("/dev/zero"), "a character device"),
-    ] {
+    for (path, kind) in
+        [(d.path(), "a directory"), (fifo.as_path(), "a pipe or FIFO"), (Path::new("/dev/zero"), "a character device")]
+    {
         assert_eq!(
             err_text(TraceFile::open(path)),
             format!("{} is {kind}, not a trace file (a trace is a regular file)", path.display())

@@ -2,13 +2,14 @@
 
 use crate::cli::DumpArgs;
 use anyhow::Result;
-use itrace_format::{Record, TraceFile};
+use itrace_format::Record;
 use std::io::Write;
 use std::process::ExitCode;
 
 pub fn run(args: DumpArgs) -> Result<ExitCode> {
     let path = args.input.path();
-    let t = TraceFile::open(&path).map_err(|e| crate::read::naming(e, &path))?;
+    // As arc and report: a missing default file gets the hint, errors name the file once.
+    let t = crate::read::open_trace(&path)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let h = t.header();
     writeln!(

@@ -452,7 +452,7 @@ fn not_trace_files() {
     let cases = [
         (Path::new("/dev/zero").to_path_buf(), kind(Path::new("/dev/zero"), "a character device")),
         (dir.clone(), kind(&dir, "a directory")),
-        (fifo.clone(), kind(&fifo, "a FIFO (named pipe)")),
+        (fifo.clone(), kind(&fifo, "a pipe or FIFO")),
         (
             missing.clone(),
             format!("itrace: cannot open trace file {}: No such file or directory (os error 2)", missing.display()),
