@@ -42,6 +42,13 @@ use writer::{now_ns, Msg, Totals};
 pub const MAX_VCPUS: usize = 1024;
 /// Bytes of records a vCPU gathers before handing them to the writer.
 const SEGMENT: usize = 256 * 1024;
+/// A vCPU hands its records to the writer once the oldest is this old, even if its segment is
+/// not full (looked at each time it reads the clock: every 64 branch records, every system
+/// call); the writer then writes them within its own half second. Together under a second.
+const VCPU_FLUSH_NS: u64 = 250_000_000;
+/// At a system call (which may block for long, with nothing to wake the vCPU), the records go
+/// to the writer once the oldest is this old.
+const SYSCALL_FLUSH_NS: u64 = 50_000_000;
 
 /// The plugin API version we need; qemu refuses to load a plugin outside its supported range.
 #[no_mangle]
@@ -151,6 +158,8 @@ struct Vcpu {
     last_ts: u64,
     /// Records left before the clock is read again (reading it costs more than a block).
     ts_left: u32,
+    /// The clock when `buf` got its oldest record.
+    buf_since: u64,
 }
 
 /// Branch records that share one clock reading: their timestamps are those of the first.
@@ -186,6 +195,7 @@ fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
             buf_records: 0,
             last_ts: 0,
             ts_left: 0,
+            buf_since: 0,
         });
         p = Box::into_raw(v);
         slot.store(p, Release);
@@ -217,18 +227,31 @@ impl Vcpu {
 
     #[inline]
     fn push_branch(&mut self, s: &State, b: Branch) {
+        if self.buf.is_empty() {
+            self.buf_since = self.last_ts;
+        }
         let mut a = [0u8; BRANCH_RECORD_LEN];
         b.encode_into(&mut a);
         self.buf.extend_from_slice(&a);
         self.buf_insns += b.icount as u64;
         self.buf_branches += 1;
         self.buf_records += 1;
-        if self.buf.len() + BRANCH_RECORD_LEN > SEGMENT {
+        // ts_left is full right after a clock reading: only then is the age worth a look.
+        if self.buf.len() + BRANCH_RECORD_LEN > SEGMENT || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
             self.flush(s);
         }
     }
 
+    /// Whether the oldest record in `buf` is `ns` old, as of the last clock reading.
+    #[inline]
+    fn waited(&self, ns: u64) -> bool {
+        !self.buf.is_empty() && self.last_ts.saturating_sub(self.buf_since) >= ns
+    }
+
     fn push_control(&mut self, s: &State, r: Record) {
+        if self.buf.is_empty() {
+            self.buf_since = self.last_ts;
+        }
         if let Record::TraceOff(off) = &r {
             self.buf_insns += off.icount as u64;
         }
@@ -524,6 +547,9 @@ extern "C" fn on_syscall(
         icount: std::mem::take(&mut v.icount),
     };
     v.push_branch(s, b);
+    if v.waited(SYSCALL_FLUSH_NS) {
+        v.flush(s);
+    }
     if s.arch.is_exit_syscall(num as u64) {
         v.stop(s, StopReason::Exited, p.fall, a1 as i32);
         return;
@@ -531,7 +557,7 @@ extern "C" fn on_syscall(
     if num == s.nr.execve {
         // qemu-user runs the new program itself (natively, or fails): the trace ends here.
         v.stop(s, StopReason::Detached, p.fall, 0);
-        finish(s);
+        finish(s, None);
         return;
     }
     v.in_syscall = Some(num);
@@ -592,15 +618,68 @@ extern "C" fn on_exit(_id: ffi::PluginId, _udata: *mut c_void) {
         return;
     }
     if let Some(s) = state() {
-        finish(s);
+        finish(s, None);
     }
 }
 
-/// End every thread still traced, write the file's end, and report to itrace.
-fn finish(s: &State) {
+/// qemu-user 7.2 ends a program that a signal kills (a guest SIGSEGV, abort) without any
+/// plugin callback: it sets the host signal to SIG_DFL and calls `kill(getpid(), sig)`. When
+/// itrace preloads the plugin into qemu (LD_PRELOAD, hidden from the guest with `-U`), this
+/// definition is the `kill` qemu calls, so the trace ends at the crash, summary included,
+/// before the signal is sent. Every other call goes straight to the system call. Loaded by
+/// dlopen only, it is not in qemu's symbol scope and never called.
+#[no_mangle]
+pub extern "C" fn kill(pid: libc::pid_t, sig: c_int) -> c_int {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    if sig > 0 && pid == me && !DISABLED.load(Relaxed) {
+        if let Some(s) = state() {
+            if s.pid == me as u32 {
+                crashed(s, sig);
+            }
+        }
+    }
+    // SAFETY: the kill system call with the caller's arguments, as libc's kill makes it.
+    unsafe { libc::syscall(libc::SYS_kill, pid, sig) as c_int }
+}
+
+/// The program dies of signal `sig`: its threads' trace ends here.
+fn crashed(s: &State, sig: i32) {
+    let tid = gettid();
+    for slot in VCPUS.iter() {
+        let p = slot.load(Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: qemu has stopped the other vCPUs (stop_all_tasks, before its core dump) and
+        // this one is in its signal path, outside any callback.
+        let v = unsafe { &mut *p };
+        if !v.active || v.tid != tid || v.prev.is_null() {
+            continue;
+        }
+        // SAFETY: an active vCPU's prev is a leaked TbInfo.
+        let tb = unsafe { &*v.prev };
+        // The fault is somewhere in the block running now, whose instructions were counted
+        // when it started: count none of them (a trace never counts what may not have run)
+        // and end at its start. After a system call (abort's tgkill), at its return address.
+        let pc = if v.in_syscall.is_some() {
+            tb.fall
+        } else {
+            v.icount = v.icount.saturating_sub(tb.insns);
+            tb.start
+        };
+        v.stop(s, StopReason::Signaled, pc, sig);
+    }
+    finish(s, Some((StopReason::Signaled, sig)));
+}
+
+/// End every thread still traced (`signal`: the process dies of it), write the file's end,
+/// and report to itrace.
+fn finish(s: &State, signal: Option<(StopReason, i32)>) {
     if s.finished.swap(true, AcqRel) {
         return;
     }
+    let (reason, value) = signal.unwrap_or((StopReason::Exited, 0));
     for slot in VCPUS.iter() {
         let p = slot.load(Acquire);
         if p.is_null() {
@@ -610,17 +689,17 @@ fn finish(s: &State) {
         // is the calling vCPU's thread and others have no records in flight worth keeping).
         let v = unsafe { &mut *p };
         let pc = v.next_pc();
-        v.stop(s, StopReason::Exited, pc, 0);
+        v.stop(s, reason, pc, value);
         v.flush(s);
     }
     DISABLED.store(true, Relaxed);
-    let _ = s.tx.send(Msg::Finish { ts: now_ns() });
+    let _ = s.tx.send(Msg::Finish { ts: now_ns(), stop: signal.map(|(r, _)| r) });
     let totals = s.writer.lock().ok().and_then(|mut w| w.take()).and_then(|h| h.join().ok());
     if let Some(t) = totals {
         let stop = t.stop.map(|r| r as u32).unwrap_or(0);
         let mut line = format!(
-            "done records={} instructions={} branches={} lost={} bytes={} stop={stop}",
-            t.records, t.instructions, t.branches, t.lost, t.bytes
+            "done records={} instructions={} branches={} lost={} bytes={} unwritten={} stop={stop}",
+            t.records, t.instructions, t.branches, t.lost, t.bytes, t.unwritten
         );
         if let Some(e) = &t.error {
             line.push_str(&format!(" error={e}"));

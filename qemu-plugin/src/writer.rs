@@ -12,6 +12,9 @@ use std::thread::JoinHandle;
 
 /// Segments in flight between the vCPUs and the writer: bounds memory when the disk is slower.
 const CHANNEL_DEPTH: usize = 32;
+/// Longest the writer sleeps without looking at its buffers' flush clock (continuous mode
+/// writes a segment whose oldest record is half a second old).
+const TICK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Work for the writer.
 pub enum Msg {
@@ -20,8 +23,9 @@ pub enum Msg {
     Records { stream: u16, data: Vec<u8>, records: u64, instructions: u64, branches: u64 },
     /// A module-table record.
     Mte(Record),
-    /// Write what is buffered and the summary, then stop.
-    Finish { ts: u64 },
+    /// Write what is buffered and the summary, then stop; `stop` says why tracing ended when
+    /// it is not the program's exit (a fatal signal).
+    Finish { ts: u64, stop: Option<StopReason> },
 }
 
 /// What the recording came to, for the status file.
@@ -32,6 +36,8 @@ pub struct Totals {
     pub instructions: u64,
     pub branches: u64,
     pub bytes: u64,
+    /// Records that could not be written (a write failed).
+    pub unwritten: u64,
     pub stop: Option<StopReason>,
     pub error: Option<String>,
 }
@@ -102,7 +108,15 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
     let mut w =
         Writer { buffers, t: Totals::default(), full: vec![false; n], stopped: false, buffers_continuous: continuous };
     let mut end_ts = 0;
-    while let Ok(m) = rx.recv() {
+    loop {
+        let m = match rx.recv_timeout(TICK) {
+            Ok(m) => m,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                w.tick();
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         match m {
             Msg::Records { stream, data, records, instructions, branches } => {
                 if w.buffers_continuous {
@@ -113,15 +127,20 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
                 recycle(data);
             }
             Msg::Mte(r) => w.mte(&r),
-            Msg::Finish { ts } => {
+            Msg::Finish { ts, stop } => {
                 end_ts = ts;
+                if let Some(r) = stop {
+                    w.t.stop.get_or_insert(r);
+                }
                 break;
             }
         }
+        w.tick();
     }
     let Writer { buffers, mut t, .. } = w;
     t.records = buffers.records().iter().sum();
     t.lost = buffers.lost().iter().sum();
+    let live = buffers.live();
     let stop = *t.stop.get_or_insert(StopReason::Exited);
     let summary = Summary {
         ts: end_ts.max(now_ns()),
@@ -135,10 +154,29 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
             t.error.get_or_insert_with(|| e.to_string());
         }
     }
+    if t.error.is_some() {
+        // Report what reached the file, which is all a reader will find.
+        use std::sync::atomic::Ordering::Relaxed;
+        t.records = live.written_records.load(Relaxed);
+        t.instructions = live.written_instructions.load(Relaxed);
+        t.branches = live.written_branches.load(Relaxed);
+        t.unwritten = live.unwritten_records.load(Relaxed);
+        t.bytes = live.bytes.load(Relaxed);
+    }
     t
 }
 
 impl Writer {
+    /// Write what has waited in memory long enough (continuous mode).
+    fn tick(&mut self) {
+        if self.stopped {
+            return;
+        }
+        if let Err(err) = self.buffers.flush_if_due() {
+            self.failed(err.to_string());
+        }
+    }
+
     /// Continuous mode: the vCPU counted the instructions; store the records in runs.
     fn bulk(&mut self, stream: usize, data: &[u8], records: u64, instructions: u64, branches: u64) {
         if self.stopped || stream >= self.full.len() {

@@ -136,6 +136,7 @@ struct Done {
     branches: u64,
     lost: u64,
     bytes: u64,
+    unwritten: u64,
     stop: u32,
     error: Option<String>,
 }
@@ -157,6 +158,7 @@ fn parse_done(status: &str) -> Option<Done> {
             "branches" => d.branches = v,
             "lost" => d.lost = v,
             "bytes" => d.bytes = v,
+            "unwritten" => d.unwritten = v,
             "stop" => d.stop = v as u32,
             _ => {}
         }
@@ -244,6 +246,26 @@ impl Recorder for QemuRecorder {
         if let Some(root) = &sysroot {
             qcmd.arg("-L").arg(root);
         }
+        // The plugin, preloaded into qemu itself, sees the kill() with which qemu-user ends a
+        // program a signal kills (no plugin callback tells it), and ends the trace there. The
+        // guest must not get it: -U takes it out of the guest's environment, -E gives back a
+        // preload of the user's own.
+        let user_preload = s
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "LD_PRELOAD")
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var_os("LD_PRELOAD"));
+        qcmd.env("LD_PRELOAD", &plugin);
+        match user_preload {
+            Some(v) => qcmd.arg("-E").arg({
+                let mut kv = OsString::from("LD_PRELOAD=");
+                kv.push(v);
+                kv
+            }),
+            None => qcmd.arg("-U").arg("LD_PRELOAD"),
+        };
         qcmd.arg("-plugin").arg(spec).arg(program).args(command.iter().skip(1));
         use std::os::unix::process::CommandExt;
         // SAFETY: only async-signal-safe calls (signal) between fork and exec.
@@ -276,8 +298,8 @@ impl Recorder for QemuRecorder {
             use std::os::unix::process::ExitStatusExt;
             if let Some(sig) = exit.signal() {
                 fail!(
-                    "the program was killed by signal {sig} and qemu-user does not tell plugins: the end of the trace \
-                     (its last segment and summary) is missing from {}",
+                    "qemu-user was killed by signal {sig} before the itrace plugin could finish the trace: {} holds \
+                     the trace without its last second and summary",
                     s.output.display()
                 );
             }
@@ -287,10 +309,16 @@ impl Recorder for QemuRecorder {
             );
         };
         if let Some(e) = &done.error {
+            let disk_full = if e.contains("os error 28") { " (the file system is full)" } else { "" };
             fail!(
-                "{e}; tracing stopped, the trace up to the failure is in {} ({})",
+                "{e}{disk_full}; tracing stopped. {} ({}) holds what reached it: {} records ({} instructions, {} taken \
+                 branches); {} records were not written",
                 s.output.display(),
-                human_size(done.bytes)
+                human_size(done.bytes),
+                done.records,
+                done.instructions,
+                done.branches,
+                done.unwritten
             );
         }
         let stop_reason = StopReason::from_code(done.stop).unwrap_or(StopReason::Exited);
