@@ -115,6 +115,8 @@ pub fn decode(pc: u64, bytes: &[u8]) -> Insn {
     if flow == Flow::Next && capstone_decodes(pc, &bytes[..len as usize]) == Some(false) {
         return Insn { len, flow: Flow::Invalid, target: None };
     }
+    // A relative branch with mask 0 (`jnop`, `jgnop`) never branches: no target either.
+    let target = if flow == Flow::Next { None } else { target };
     Insn { len, flow, target }
 }
 
@@ -166,6 +168,9 @@ mod tests {
             (0x10006c8, &[0x0a, 0xaf], "svc 175", Flow::Syscall, None),
             (0x101f406, &[0x0a, 0x00], "svc 0", Flow::Syscall, None),
             (0x10003c6, &[0x07, 0x07], "nopr %r7", Flow::Next, None),
+            // Found by fuzz/ (decode): mask 0 never branches, so no target (it had one).
+            (0, &[0xa7, 0x04, 0x00, 0x03], "jnop 6", Flow::Next, None),
+            (4, &[0xc0, 0x04, 0x00, 0x00, 0x00, 0x04], "jgnop c", Flow::Next, None),
         ];
         for &(pc, bytes, text, flow, target) in cases {
             let i = decode(pc, bytes);
