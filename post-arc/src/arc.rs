@@ -181,7 +181,7 @@ pub fn write_arc<W: Write>(trace: &Trace, out: W, progress: &mut dyn FnMut(u64))
     )?;
     replay(trace, true, &mut sink, progress)?;
     if let Some(s) = trace.summary() {
-        let lost: u64 = s.lost.iter().sum();
+        let lost = crate::summary_lost(s);
         writeln!(
             sink.out,
             "# total: {} instructions in {} lines, {lost} records lost",

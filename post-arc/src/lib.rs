@@ -34,3 +34,9 @@ pub fn open(path: &Path) -> Result<Trace, PostError> {
 
 /// How often (in records) progress callbacks run.
 const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// Records lost on all CPUs by the end summary; a count past u64::MAX (only a damaged file
+/// says so) stays at u64::MAX instead of overflowing.
+fn summary_lost(s: &itrace_format::Summary) -> u64 {
+    s.lost.iter().fold(0u64, |sum, &n| sum.saturating_add(n))
+}

@@ -219,7 +219,7 @@ impl Sink for ReportSink {
     }
 
     fn lost(&mut self, _cpu: u16, lost: &Lost) -> Result<(), PostError> {
-        self.lost += lost.count;
+        self.lost = self.lost.saturating_add(lost.count);
         Ok(())
     }
 }
@@ -270,7 +270,7 @@ pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, Pos
         .collect();
     let h = trace.header();
     let lost = match trace.summary() {
-        Some(s) => s.lost.iter().sum::<u64>().max(sink.lost),
+        Some(s) => crate::summary_lost(s).max(sink.lost),
         None => sink.lost,
     };
     Ok(Report {
