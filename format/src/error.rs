@@ -3,8 +3,9 @@ use std::path::PathBuf;
 /// What can go wrong writing or reading a trace file.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("cannot open trace file {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
+    // `err`, not `source`: the message says it, so it is not also a cause to print again.
+    #[error("cannot open trace file {path}: {err}")]
+    Open { path: PathBuf, err: std::io::Error },
     #[error("cannot write trace file: {0}")]
     Write(std::io::Error),
     #[error("{path} is {kind}, not a trace file (a trace is a regular file)")]

@@ -52,7 +52,7 @@ impl TraceFile {
     /// Open, validate the header and index the chunks.
     pub fn open(path: &Path) -> Result<Self, FormatError> {
         use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-        let open_err = |source| FormatError::Open { path: path.into(), source };
+        let open_err = |err| FormatError::Open { path: path.into(), err };
         // Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
         let file =
             std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(open_err)?;

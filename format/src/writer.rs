@@ -33,7 +33,7 @@ pub struct TraceWriter {
 impl TraceWriter {
     /// Create (or truncate) `path` and write the header.
     pub fn create(path: &Path, header: &FileHeader) -> Result<Self, FormatError> {
-        let file = File::create(path).map_err(|source| FormatError::Open { path: path.into(), source })?;
+        let file = File::create(path).map_err(|err| FormatError::Open { path: path.into(), err })?;
         let mut w = TraceWriter { file, path: path.into(), good_len: 0, failed: false, next_seq: 0 };
         w.write_all(&header.encode())?;
         Ok(w)

@@ -20,8 +20,8 @@ pub fn open(
     let flags = FLAG_ICOUNT | if no_aslr { FLAG_NO_ASLR } else { 0 };
     let header = FileHeader::starting_now(arch, s.mode, step, ncpu, flags, s.buffer_size as u64, s.segment_size as u64);
     let writer = TraceWriter::create(&s.output, &header).map_err(|e| match e {
-        itrace_format::FormatError::Open { source, .. } => {
-            BackendError::io(format!("cannot create trace file {}", s.output.display()), source)
+        itrace_format::FormatError::Open { err, .. } => {
+            BackendError::io(format!("cannot create trace file {}", s.output.display()), err)
         }
         e => e.into(),
     })?;

@@ -268,10 +268,11 @@ impl Recorder for QemuRecorder {
         };
         qcmd.arg("-plugin").arg(spec).arg(program).args(command.iter().skip(1));
         use std::os::unix::process::CommandExt;
-        // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+        // SAFETY: only async-signal-safe calls (signal, prctl) between fork and exec.
         unsafe {
             qcmd.pre_exec(|| {
                 crate::procfs::restore_signal_defaults();
+                crate::procfs::die_with_parent();
                 Ok(())
             });
         }
