@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Build and run the libFuzzer targets of fuzz/ with the stable toolchain: the
+# sanitizer-coverage instrumentation libFuzzer feeds on is plain -C flags (what cargo-fuzz
+# passes with --sanitizer none), and libfuzzer-sys builds libFuzzer itself with the C++
+# compiler. No nightly, no cargo-fuzz. See fuzz/README.md.
+#
+#   fuzz/fuzz.sh build                      build every target (release, debug assertions on)
+#   fuzz/fuzz.sh run TARGET [SECS] [ARGS]   fuzz TARGET for SECS seconds (default 300), new inputs
+#                                           to fuzz/corpus-work/TARGET, crashes to fuzz/artifacts/TARGET;
+#                                           ARGS go to libFuzzer (-fork=1, -jobs=...)
+#   fuzz/fuzz.sh merge TARGET [DIRS]        minimise fuzz/corpus/TARGET plus fuzz/corpus-work/TARGET
+#                                           (and DIRS) into a new fuzz/corpus/TARGET
+#   fuzz/fuzz.sh repro TARGET FILES...      run TARGET once on each file (a crash shows its stack)
+#   fuzz/fuzz.sh targets                    list the targets
+#
+# Environment: FUZZ_NICE (default 19) for the run and merge commands.
+set -euo pipefail
+FUZZ=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TARGETS=(trace_reader arc report decode)
+
+die() { echo "fuzz.sh: $*" >&2; exit 1; }
+
+# Longest input per target: a trace of a small program, or one instruction with its ISA and address.
+max_len() {
+    case "$1" in
+        trace_reader | arc | report) echo 65536 ;;
+        decode) echo 32 ;;
+        *) die "unknown target '$1' (targets: ${TARGETS[*]})" ;;
+    esac
+}
+
+host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p') || true
+[ -n "$host" ] || die "rustc not found: install a Rust toolchain (rustup, stable)"
+BIN_DIR="$FUZZ/target/$host/release"
+
+build() {
+    command -v c++ >/dev/null 2>&1 \
+        || die "no C++ compiler (c++): libfuzzer-sys compiles libFuzzer with it; install g++ (scripts/install-test-deps.sh does)"
+    # --target keeps these flags off build scripts and proc macros, which are not linked with libFuzzer.
+    local flags=(
+        -Cpasses=sancov-module
+        -Cllvm-args=-sanitizer-coverage-level=4
+        -Cllvm-args=-sanitizer-coverage-inline-8bit-counters
+        -Cllvm-args=-sanitizer-coverage-pc-table
+        -Cllvm-args=-sanitizer-coverage-trace-compares
+        -Cllvm-args=-sanitizer-coverage-stack-depth
+        -Cllvm-args=-simplifycfg-branch-fold-threshold=0
+        --cfg fuzzing
+    )
+    RUSTFLAGS="${flags[*]}" cargo build --release --manifest-path "$FUZZ/Cargo.toml" --target "$host" --bins
+}
+
+bin() {
+    local t=$1
+    max_len "$t" >/dev/null
+    [ -x "$BIN_DIR/$t" ] || die "$BIN_DIR/$t is not built: run fuzz/fuzz.sh build"
+    echo "$BIN_DIR/$t"
+}
+
+# libFuzzer options every run gets.
+common_opts() {
+    echo "-max_len=$(max_len "$1") -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1"
+}
+
+run() {
+    local t=$1 secs=${2:-300}
+    shift $(($# < 2 ? $# : 2))
+    local b
+    b=$(bin "$t")
+    mkdir -p "$FUZZ/corpus-work/$t" "$FUZZ/artifacts/$t" "$FUZZ/corpus/$t"
+    # An empty working directory: module paths in fuzzed traces are looked up relative to it.
+    local scratch
+    scratch=$(mktemp -d)
+    local rc=0
+    # shellcheck disable=SC2046 # the options are words
+    (cd "$scratch" && exec nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -max_total_time="$secs" \
+        -artifact_prefix="$FUZZ/artifacts/$t/" "$@" "$FUZZ/corpus-work/$t" "$FUZZ/corpus/$t") || rc=$?
+    rm -rf "$scratch"
+    return $rc
+}
+
+merge() {
+    local t=$1
+    shift
+    local b
+    b=$(bin "$t")
+    local new="$FUZZ/corpus/$t.new"
+    rm -rf "$new"
+    mkdir -p "$new" "$FUZZ/corpus/$t" "$FUZZ/corpus-work/$t"
+    local scratch
+    scratch=$(mktemp -d)
+    # shellcheck disable=SC2046
+    (cd "$scratch" && nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -merge=1 "$new" \
+        "$FUZZ/corpus/$t" "$FUZZ/corpus-work/$t" "$@")
+    rm -rf "$scratch"
+    rm -rf "$FUZZ/corpus/$t"
+    mv "$new" "$FUZZ/corpus/$t"
+    echo "fuzz.sh: corpus/$t: $(find "$FUZZ/corpus/$t" -type f | wc -l) files, $(du -sb "$FUZZ/corpus/$t" | cut -f1) bytes"
+}
+
+repro() {
+    local t=$1
+    shift
+    local b
+    b=$(bin "$t")
+    # shellcheck disable=SC2046
+    "$b" $(common_opts "$t") -runs=1 "$@"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+    build) build ;;
+    run) [ $# -ge 1 ] || die "usage: fuzz.sh run TARGET [SECS] [LIBFUZZER-ARGS]"; run "$@" ;;
+    merge) [ $# -ge 1 ] || die "usage: fuzz.sh merge TARGET [DIRS]"; merge "$@" ;;
+    repro) [ $# -ge 2 ] || die "usage: fuzz.sh repro TARGET FILES..."; repro "$@" ;;
+    targets) printf '%s\n' "${TARGETS[@]}" ;;
+    *) die "usage: fuzz.sh build | run TARGET [SECS] [ARGS] | merge TARGET [DIRS] | repro TARGET FILES... | targets" ;;
+esac
