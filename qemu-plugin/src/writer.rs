@@ -56,7 +56,8 @@ pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), Stri
         cfg.segment_size as u64,
     );
     let writer = TraceWriter::create(&cfg.out, &header)
-        .map_err(|e| format!("cannot create trace file {}: {e}", cfg.out.display()))?;
+        // The error names the file already ("cannot open trace file PATH: why").
+        .map_err(|e| e.to_string())?;
     let bcfg = BufferConfig {
         mode: cfg.mode,
         ncpu: cfg.streams,
