@@ -5,15 +5,20 @@
 # compiler. No nightly, no cargo-fuzz. See fuzz/README.md.
 #
 #   fuzz/fuzz.sh build                      build every target (release, debug assertions on)
-#   fuzz/fuzz.sh run TARGET [SECS] [ARGS]   fuzz TARGET for SECS seconds (default 300), new inputs
-#                                           to fuzz/corpus-work/TARGET, crashes to fuzz/artifacts/TARGET;
-#                                           ARGS go to libFuzzer (-fork=1, -jobs=...)
-#   fuzz/fuzz.sh merge TARGET [DIRS]        minimise fuzz/corpus/TARGET plus fuzz/corpus-work/TARGET
-#                                           (and DIRS) into a new fuzz/corpus/TARGET
+#   fuzz/fuzz.sh run TARGET [SECS] [ARGS]   fuzz TARGET for SECS seconds (default 300) from its corpus
+#                                           (fuzz/corpus/trace or fuzz/corpus/decode), new inputs to
+#                                           fuzz/corpus-work/TARGET, crashes to fuzz/artifacts/TARGET;
+#                                           ARGS go to libFuzzer after the corpus directories (-fork=1,
+#                                           more seed directories, ...)
+#   fuzz/fuzz.sh merge trace|decode [DIRS]  minimise the corpus plus the corpus-work of its targets (and
+#                                           DIRS) into a new fuzz/corpus/trace or decode: what covers arc,
+#                                           then what adds to report, then to trace_reader
 #   fuzz/fuzz.sh repro TARGET FILES...      run TARGET once on each file (a crash shows its stack)
 #   fuzz/fuzz.sh targets                    list the targets
+#   fuzz/fuzz.sh corpus TARGET              the committed corpus directory TARGET runs on
 #
-# Environment: FUZZ_NICE (default 19) for the run and merge commands.
+# Environment: FUZZ_NICE (default 19): niceness of run and merge; FUZZ_OUT: for run, a directory
+# that gets the new inputs (FUZZ_OUT/new) and crash artifacts (FUZZ_OUT/artifacts) instead.
 set -euo pipefail
 FUZZ=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TARGETS=(trace_reader arc report decode)
@@ -25,6 +30,15 @@ max_len() {
     case "$1" in
         trace_reader | arc | report) echo 65536 ;;
         decode) echo 32 ;;
+        *) die "unknown target '$1' (targets: ${TARGETS[*]})" ;;
+    esac
+}
+
+# The committed corpus of a target: the three trace targets read the same inputs and share one.
+corpus_of() {
+    case "$1" in
+        trace_reader | arc | report) echo trace ;;
+        decode) echo decode ;;
         *) die "unknown target '$1' (targets: ${TARGETS[*]})" ;;
     esac
 }
@@ -67,35 +81,53 @@ run() {
     shift $(($# < 2 ? $# : 2))
     local b
     b=$(bin "$t")
-    mkdir -p "$FUZZ/corpus-work/$t" "$FUZZ/artifacts/$t" "$FUZZ/corpus/$t"
+    local work="$FUZZ/corpus-work/$t" artifacts="$FUZZ/artifacts/$t"
+    if [ -n "${FUZZ_OUT:-}" ]; then
+        work="$FUZZ_OUT/new" artifacts="$FUZZ_OUT/artifacts"
+    fi
+    local corpus
+    corpus="$FUZZ/corpus/$(corpus_of "$t")"
+    mkdir -p "$work" "$artifacts" "$corpus"
     # An empty working directory: module paths in fuzzed traces are looked up relative to it.
     local scratch
     scratch=$(mktemp -d)
     local rc=0
     # shellcheck disable=SC2046 # the options are words
     (cd "$scratch" && exec nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -max_total_time="$secs" \
-        -artifact_prefix="$FUZZ/artifacts/$t/" "$@" "$FUZZ/corpus-work/$t" "$FUZZ/corpus/$t") || rc=$?
+        -artifact_prefix="$artifacts/" "$work" "$corpus" "$@") || rc=$?
     rm -rf "$scratch"
     return $rc
 }
 
 merge() {
-    local t=$1
+    local c=$1
     shift
-    local b
-    b=$(bin "$t")
-    local new="$FUZZ/corpus/$t.new"
+    local targets
+    case "$c" in
+        trace) targets=(arc report trace_reader) ;;
+        decode) targets=(decode) ;;
+        *) die "unknown corpus '$c' (trace, decode)" ;;
+    esac
+    local new="$FUZZ/corpus/$c.new" scratch t b
     rm -rf "$new"
-    mkdir -p "$new" "$FUZZ/corpus/$t" "$FUZZ/corpus-work/$t"
-    local scratch
+    mkdir -p "$new" "$FUZZ/corpus/$c"
     scratch=$(mktemp -d)
-    # shellcheck disable=SC2046
-    (cd "$scratch" && nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -merge=1 "$new" \
-        "$FUZZ/corpus/$t" "$FUZZ/corpus-work/$t" "$@")
-    rm -rf "$scratch"
-    rm -rf "$FUZZ/corpus/$t"
-    mv "$new" "$FUZZ/corpus/$t"
-    echo "fuzz.sh: corpus/$t: $(find "$FUZZ/corpus/$t" -type f | wc -l) files, $(du -sb "$FUZZ/corpus/$t" | cut -f1) bytes"
+    local sources=("$FUZZ/corpus/$c")
+    for t in "${targets[@]}"; do
+        [ -d "$FUZZ/corpus-work/$t" ] && sources+=("$FUZZ/corpus-work/$t")
+    done
+    # The first target keeps what covers its code; each next one adds what covers more of its own.
+    # Edges only (-use_counters=0): inputs that differ only in how often a loop runs stay in the
+    # long runs' own corpora, and the committed one stays small.
+    for t in "${targets[@]}"; do
+        b=$(bin "$t")
+        # shellcheck disable=SC2046
+        (cd "$scratch" && nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -use_counters=0 -merge=1 "$new" \
+            "${sources[@]}" "$@")
+    done
+    rm -rf "$scratch" "$FUZZ/corpus/$c"
+    mv "$new" "$FUZZ/corpus/$c"
+    echo "fuzz.sh: corpus/$c: $(find "$FUZZ/corpus/$c" -type f | wc -l) files, $(du -sb "$FUZZ/corpus/$c" | cut -f1) bytes"
 }
 
 repro() {
@@ -112,8 +144,9 @@ shift || true
 case "$cmd" in
     build) build ;;
     run) [ $# -ge 1 ] || die "usage: fuzz.sh run TARGET [SECS] [LIBFUZZER-ARGS]"; run "$@" ;;
-    merge) [ $# -ge 1 ] || die "usage: fuzz.sh merge TARGET [DIRS]"; merge "$@" ;;
+    merge) [ $# -ge 1 ] || die "usage: fuzz.sh merge trace|decode [DIRS]"; merge "$@" ;;
     repro) [ $# -ge 2 ] || die "usage: fuzz.sh repro TARGET FILES..."; repro "$@" ;;
     targets) printf '%s\n' "${TARGETS[@]}" ;;
-    *) die "usage: fuzz.sh build | run TARGET [SECS] [ARGS] | merge TARGET [DIRS] | repro TARGET FILES... | targets" ;;
+    corpus) [ $# -eq 1 ] || die "usage: fuzz.sh corpus TARGET"; echo "$FUZZ/corpus/$(corpus_of "$1")" ;;
+    *) die "usage: fuzz.sh build | run TARGET [SECS] [ARGS] | merge trace|decode [DIRS] | repro TARGET FILES... | targets" ;;
 esac

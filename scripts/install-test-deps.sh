@@ -84,3 +84,18 @@ if command -v rustup >/dev/null 2>&1; then
         fi
     done
 fi
+
+# --- fuzz smoke test (scripts/fuzz-smoke.sh, fuzz/) ---
+# The fuzz targets build with the stable toolchain's own flags (fuzz/fuzz.sh): the one tool they
+# need beyond cargo is a C++ compiler, with which the libfuzzer-sys crate compiles libFuzzer (g++,
+# in PACKAGES above). Their crates are fetched here, so the smoke test's build needs no network.
+if ! command -v c++ >/dev/null 2>&1; then
+    log "no C++ compiler (c++) after installing g++: the fuzz smoke test cannot build libFuzzer" >&2
+    exit 1
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    log "cargo not found: install a Rust toolchain (rustup, stable) for the tests and the fuzz targets" >&2
+    exit 1
+fi
+log "running: cargo fetch --manifest-path fuzz/Cargo.toml (the fuzz targets' crates, libfuzzer-sys)"
+cargo fetch --manifest-path "$(dirname "${BASH_SOURCE[0]}")/../fuzz/Cargo.toml"

@@ -28,6 +28,8 @@ cargo build --workspace
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
 
+step "scripts/fuzz-smoke.sh (fuzz/: each libFuzzer target 15 s on its corpus)"; scripts/fuzz-smoke.sh
+
 # the kernel module, in a booted guest (QEMU TCG; never loaded on this machine)
 step "kmod-shim/test-in-guest.sh"
 kmod-shim/test-in-guest.sh
