@@ -1,6 +1,7 @@
 //! The arc file (PI's `post -arc`): one line per block, in time order.
 //! Format: docs/arc-and-report.md.
 
+use crate::names::printable;
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
@@ -100,9 +101,9 @@ impl<W: Write> ArcSink<W> {
         b.extend_from_slice(b" @ ");
         push_hex(b, offset, 4);
         b.push(b' ');
-        b.extend_from_slice(sym.as_bytes());
+        b.extend_from_slice(printable(sym).as_bytes());
         b.push(b':');
-        b.extend_from_slice(module.as_bytes());
+        b.extend_from_slice(printable(module).as_bytes());
         b.extend_from_slice(b"   ");
         b.extend_from_slice(label.as_bytes());
         b.push(b' ');
@@ -135,7 +136,7 @@ impl<W: Write> Sink for ArcSink<W> {
         at: &Location,
         names: &mut Names,
     ) -> Result<(), PostError> {
-        let here = format!("{}+{:#x}:{} ({:#x})", at.symbol, at.offset, at.module, off.pc);
+        let here = format!("{}+{:#x}:{} ({:#x})", printable(&at.symbol), at.offset, printable(&at.module), off.pc);
         let label = names.label(off.tid).to_string();
         if let Some(l) = partial {
             // The last block never reached a branch.

@@ -1,6 +1,28 @@
 //! Names of system calls and signals, per architecture of the traced program.
 
 use itrace_format::Arch;
+use std::borrow::Cow;
+
+/// A name from the trace (a module path, a symbol, a process or thread name) as it may be
+/// written in a line of text: control characters (a newline in a file name, an escape
+/// sequence in a thread name) and the Unicode line and paragraph separators are written as
+/// Rust escapes (`\n`, `\u{1b}`), so that one arc line or table row stays one line and
+/// nothing reaches a terminal as a command. The JSON report keeps names whole.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    let escape = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) || !s.chars().any(escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if escape(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// `sys_NAME` for a system call number.
 pub fn syscall(arch: Arch, nr: u16) -> String {

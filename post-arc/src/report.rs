@@ -9,6 +9,7 @@
 //! frame, as if called there. A function already on the stack (recursion)
 //! is counted once.
 
+use crate::names::printable;
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
@@ -295,8 +296,8 @@ impl Report {
     }
 
     /// Text tables, fitted to `opts.width` columns, `opts.top` rows each (0: all). A cut
-    /// table says how many rows it left out; names too long for their column end in `…`
-    /// (the JSON report has them whole).
+    /// table says how many rows it left out; names too long for their column end in `…`,
+    /// control characters in names are written as escapes (the JSON report has them whole).
     pub fn write_text(&self, out: &mut dyn Write, opts: &TextOptions) -> Result<(), PostError> {
         writeln!(
             out,
@@ -320,8 +321,8 @@ impl Report {
         let rows = &self.functions[..shown(self.functions.len())];
         // The columns share what the numbers leave; a name gets at least 12, a module 6.
         let room = opts.width.saturating_sub(NUMBERS + 2 + 2).max(18);
-        let longest_module = rows.iter().map(|f| basename(&f.module).chars().count()).max().unwrap_or(0);
-        let longest_name = rows.iter().map(|f| f.name.chars().count()).max().unwrap_or(0).max(8);
+        let longest_module = rows.iter().map(|f| printable(basename(&f.module)).chars().count()).max().unwrap_or(0);
+        let longest_name = rows.iter().map(|f| printable(&f.name).chars().count()).max().unwrap_or(0).max(8);
         let module_w = longest_module.clamp(6, 20).min(room - 12);
         let name_w = longest_name.min(room - module_w);
         writeln!(out, "\nFunctions (by self instructions)")?;
@@ -334,8 +335,8 @@ impl Report {
                 pct(f.self_instructions),
                 f.inclusive,
                 f.calls,
-                fit(&f.name, name_w),
-                fit(basename(&f.module), module_w)
+                fit(&printable(&f.name), name_w),
+                fit(&printable(basename(&f.module)), module_w)
             )?;
         }
         more(out, self.functions.len(), "function")?;
@@ -349,7 +350,7 @@ impl Report {
                 "{:>12} {:>6.2}  {}",
                 m.self_instructions,
                 pct(m.self_instructions),
-                fit_tail(&m.module, path_w)
+                fit_tail(&printable(&m.module), path_w)
             )?;
         }
         more(out, self.modules.len(), "module")?;
@@ -357,7 +358,15 @@ impl Report {
         writeln!(out, "\nThreads")?;
         writeln!(out, "{:>8} {:>8} {:>12} {:>10}  name", "pid", "tid", "instructions", "branches")?;
         for t in &self.threads[..shown(self.threads.len())] {
-            writeln!(out, "{:>8} {:>8} {:>12} {:>10}  {}", t.pid, t.tid, t.instructions, t.branches, t.name)?;
+            writeln!(
+                out,
+                "{:>8} {:>8} {:>12} {:>10}  {}",
+                t.pid,
+                t.tid,
+                t.instructions,
+                t.branches,
+                printable(&t.name)
+            )?;
         }
         more(out, self.threads.len(), "thread")?;
         Ok(())

@@ -19,12 +19,14 @@ pub struct Names {
     threads: HashMap<u32, ThreadInfo>,
 }
 
-/// Names go in whitespace-separated fields: write spaces as '-'.
+/// Names go in whitespace-separated fields: write spaces as '-', other control characters as
+/// escapes ([`crate::names::printable`]).
 fn field(s: &str) -> String {
     if s.is_empty() {
         return "-".into();
     }
-    s.chars().map(|c| if c.is_whitespace() { '-' } else { c }).collect()
+    let spaced: String = s.chars().map(|c| if c.is_whitespace() { '-' } else { c }).collect();
+    crate::names::printable(&spaced).into_owned()
 }
 
 impl Names {
