@@ -2,7 +2,7 @@
 //! files: the module-table replay, address resolution (module paths that name no file, saved
 //! vDSO images that are not ELF), source lines and the line formatting must never panic, hang
 //! or allocate without bound. Every line written must be a `#` comment or an arc line of the
-//! layout in docs/arc-and-report.md, whatever names the trace holds.
+//! layout in docs/arc-and-report.md, with no control characters, whatever names the trace holds.
 //!
 //! Input: a control byte (bit 0: fix the checksums, see `itrace_fuzz`), then the file.
 
@@ -42,6 +42,7 @@ fuzz_target!(|data: &[u8]| {
     match itrace_post::arc::write_arc(&trace, &mut out, &mut |_| {}) {
         Ok(stats) => {
             let text = std::str::from_utf8(&out).expect("the arc is UTF-8");
+            assert!(!text.chars().any(|c| c != '\n' && c.is_control()), "a control character in the arc");
             let mut lines = 0u64;
             for line in text.lines() {
                 check_arc_line(line);

@@ -2,7 +2,8 @@
 //! files: the replay, the shadow call stacks (unmatched returns, signal frames, recursion) and
 //! both outputs must never panic, hang or allocate without bound. Also checked: the self
 //! counts of the functions, of the modules and of the threads each add up to the total, no
-//! function's inclusive count is below its self count, and the JSON output parses.
+//! function's inclusive count is below its self count, the JSON output parses, and the text
+//! output holds no control characters but newlines.
 //!
 //! Input: a control byte (bit 0: fix the checksums, see `itrace_fuzz`; bits 1-7 pick the
 //! text layout: `--width` 0..127 scaled, `--top` 0 or 40), then the file.
@@ -43,5 +44,6 @@ fuzz_target!(|data: &[u8]| {
     let opts = TextOptions { top: if input.extra & 1 != 0 { 40 } else { 0 }, width: (input.extra >> 1) as usize * 4 };
     let mut text = Vec::new();
     r.write_text(&mut text, &opts).expect("text to memory");
-    std::str::from_utf8(&text).expect("the text report is UTF-8");
+    let text = std::str::from_utf8(&text).expect("the text report is UTF-8");
+    assert!(!text.chars().any(|c| c != '\n' && c.is_control()), "a control character in the text report");
 });
