@@ -54,7 +54,8 @@ impl Space {
                 kept.push(Segment { start: g.start, end: start, offset: g.offset, path: g.path.clone() });
             }
             if g.end > end {
-                let offset = g.offset + (end - g.start);
+                // File offsets come from the trace: a damaged one must not overflow here.
+                let offset = g.offset.wrapping_add(end - g.start);
                 kept.push(Segment { start: end, end: g.end, offset, path: g.path });
             }
         }
@@ -161,7 +162,7 @@ impl Resolver {
         let space = self.spaces.get(&pid)?;
         let i = space.segs.partition_point(|g| g.end <= addr);
         let seg = space.segs.get(i).filter(|g| g.start <= addr && !g.path.is_empty() && !g.path.starts_with('['))?;
-        Some((seg.path.clone(), addr - seg.start + seg.offset))
+        Some((seg.path.clone(), (addr - seg.start).wrapping_add(seg.offset)))
     }
 
     /// Resolve `addr` in process `pid`.
@@ -210,14 +211,15 @@ impl Resolver {
         let lines = self.lines;
         match self.symbols.get(&seg.path).cloned() {
             Some(ms) => {
-                let va = ms.file_vaddr(seg.start, seg.offset, addr).unwrap_or(addr - seg.start + seg.offset);
+                let file_offset = (addr - seg.start).wrapping_add(seg.offset);
+                let va = ms.file_vaddr(seg.start, seg.offset, addr).unwrap_or(file_offset);
                 let line = if lines { ms.line(va).unwrap_or(0) } else { 0 };
                 match ms.lookup(va) {
                     Some(h) => (Arc::from(h.name), h.offset, seg.path.clone(), line),
                     None => (self.unknown.clone(), va, seg.path.clone(), line),
                 }
             }
-            None => (self.unknown.clone(), addr - seg.start + seg.offset, seg.path.clone(), 0),
+            None => (self.unknown.clone(), (addr - seg.start).wrapping_add(seg.offset), seg.path.clone(), 0),
         }
     }
 }
@@ -246,5 +248,20 @@ mod tests {
         r.apply(&Mte::Unmap { ts: 0, pid: 1, start: 0x1000, end: 0x3000 });
         assert_eq!(&*r.resolve(1, 0x2000).module, "0x2000");
         assert_eq!(&*r.resolve(1, 0x4000).module, "/nonexistent/lib.so");
+    }
+
+    /// Found by fuzz/ (arc): a segment whose file offset is near u64::MAX (a damaged trace)
+    /// overflowed "attempt to add with overflow" when a mapping cut it, and when an address
+    /// in it was resolved.
+    #[test]
+    fn file_offsets_near_u64_max_do_not_overflow() {
+        let mut r = Resolver::new(false);
+        r.apply(&segment(0x1000, 0x9000, u64::MAX - 0x10, "/nonexistent/lib.so"));
+        assert_eq!(r.resolve(1, 0x2000).offset, 0xfef);
+        assert_eq!(r.file_offset(1, 0x2000).map(|(_, o)| o), Some(0xfef));
+        r.apply(&segment(0x6000, 0x7000, 0, "/nonexistent/data"));
+        let tail = r.spaces[&1].segs.iter().find(|g| g.start == 0x7000).expect("the tail of the first mapping");
+        assert_eq!(tail.offset, 0x5fef);
+        assert_eq!(&*r.resolve(1, 0x8000).module, "/nonexistent/lib.so");
     }
 }
