@@ -38,6 +38,7 @@
 #include <linux/timekeeping.h>
 #include <asm/debugreg.h>
 #include <asm/processor-flags.h>
+#include <asm/sigframe.h>
 
 #include "itrace_kmod.h"
 
@@ -81,14 +82,13 @@ struct itr_thread {
 	bool open;		/* a trace-on record without its trace-off */
 	bool region;		/* region mode (ITR_EN_REGION): ITR_IOC_ON/OFF start and end tracing */
 	u64 resume_pc;		/* ITR_LIB: where recording goes on (0: not yet known) */
+	bool lib_tf;		/* ITR_LIB: TF is set (from ITR_IOC_ON until resume_pc) */
 	u64 lib_pc;		/* ITR_LIB: the library entry point the thread stopped at */
 	u64 maps_seen;		/* itr_maps_changes at this thread's last mapping snapshot */
 	u32 nentries;
 	u64 entry[ITR_MAX_ENTRIES];	/* the library's entry points (ITR_IOC_ON) */
 	struct callback_head work;
 	bool throttle_queued;	/* continuous mode: waits for the consumer on its way to user space */
-	unsigned int throttle_stream;
-	struct callback_head throttle;
 };
 
 static DEFINE_SPINLOCK(itr_lock);
@@ -210,26 +210,35 @@ static bool itr_drained(u32 gen, unsigned int s)
  * until the consumer has drained the ring to half: no record is lost to a
  * consumer that falls behind. A signal ends the wait early (the program
  * stays responsive); only then can records be dropped, and they are counted.
+ * The end of the session (the consumer's file closed, whatever killed it)
+ * ends the wait too: itr_free_session wakes itr_drain_wq after the
+ * generation changed. The work is allocated apart from the thread's entry,
+ * which may be freed before the work runs (the thread exits, or stops being
+ * traced, with the work queued: exit_task_work runs it after the exit
+ * tracepoint).
  */
+struct itr_throttle {
+	struct callback_head cb;
+	u32 gen;
+	unsigned int stream;
+};
+
 static void itr_throttle_work(struct callback_head *cb)
 {
+	struct itr_throttle *w = container_of(cb, struct itr_throttle, cb);
 	struct itr_thread *t;
 	unsigned long flags;
-	unsigned int s = 0;
-	u32 gen = 0;
-	bool wait = false;
+	bool wait;
 
 	spin_lock_irqsave(&itr_lock, flags);
 	t = itr_find(current);
-	if (t && &t->throttle == cb) {
+	if (t)
 		t->throttle_queued = false;
-		s = t->throttle_stream;
-		gen = t->gen;
-		wait = !t->stopping;
-	}
+	wait = t && !t->stopping && !(current->flags & PF_EXITING);
 	spin_unlock_irqrestore(&itr_lock, flags);
 	if (wait)
-		wait_event_interruptible(itr_drain_wq, itr_drained(gen, s));
+		wait_event_interruptible(itr_drain_wq, itr_drained(w->gen, w->stream));
+	kfree(w);
 	module_put(THIS_MODULE);
 }
 
@@ -237,18 +246,24 @@ static void itr_throttle_work(struct callback_head *cb)
 static void itr_maybe_throttle(struct itr_thread *t, unsigned int s)
 {
 	struct itr_stream *st = &itr_ctl->stream[s];
+	struct itr_throttle *w;
 
 	if (itr_mode != ITR_MODE_CONTINUOUS || t->throttle_queued || t->task != current ||
 	    (st->head - st->tail) * 4 <= st->size * 3)
 		return;
-	init_task_work(&t->throttle, itr_throttle_work);
+	w = kmalloc(sizeof(*w), GFP_ATOMIC);
+	if (!w)
+		return;
+	w->gen = t->gen;
+	w->stream = s;
+	init_task_work(&w->cb, itr_throttle_work);
 	__module_get(THIS_MODULE);
-	if (task_work_add(current, &t->throttle, TWA_RESUME)) {
+	if (task_work_add(current, &w->cb, TWA_RESUME)) {
 		module_put(THIS_MODULE);
+		kfree(w);
 		return;
 	}
 	t->throttle_queued = true;
-	t->throttle_stream = s;
 }
 
 static bool itr_branch(struct itr_thread *t, bool kernel, u8 kind, u8 flags, u16 aux, u64 from, u64 to, u32 icount)
@@ -579,6 +594,7 @@ static void itr_step(struct itr_thread *t, struct pt_regs *regs)
 		t->state = ITR_LIB;
 		t->lib_pc = pc;
 		t->resume_pc = 0;
+		t->lib_tf = false;
 		regs->flags &= ~X86_EFLAGS_TF;
 	}
 }
@@ -693,6 +709,17 @@ static void itr_sys_exit(void *data, struct pt_regs *regs, long ret)
 		itr_maps_changes++;
 	if (t->state == ITR_IDLE && exec) {
 		itr_mte_start(t, current, true);
+		goto out;
+	}
+	if (t->state == ITR_LIB) {
+		/*
+		 * Signal frames never hold TF (see itr_signal_pre): after rt_sigreturn
+		 * the library's way back to resume_pc needs it again.
+		 */
+		if (itr_must_stop(t))
+			itr_stop_self(t, regs, itr_stop_reason(t));
+		else if (t->lib_tf)
+			regs->flags |= X86_EFLAGS_TF;
 		goto out;
 	}
 	if (t->state != ITR_ACTIVE)
@@ -825,6 +852,70 @@ static void itr_exit(void *data, struct task_struct *p)
 
 /* ---- signals: signal_setup_done() runs once a handler's frame is set up ---- */
 
+struct itr_frame_fix {
+	struct callback_head cb;
+	unsigned long __user *flags;
+};
+
+/* The frame's page could not be written without a fault: done where faults may be taken. */
+static void itr_frame_fix_work(struct callback_head *cb)
+{
+	struct itr_frame_fix *f = container_of(cb, struct itr_frame_fix, cb);
+	unsigned long v;
+
+	if (current->mm && !get_user(v, f->flags) && (v & X86_EFLAGS_TF))
+		put_user(v & ~X86_EFLAGS_TF, f->flags);
+	kfree(f);
+	module_put(THIS_MODULE);
+}
+
+/*
+ * Clear TF in the flags the signal frame just set up at regs->sp saved:
+ * rt_sigreturn restores them, and a thread that stopped being traced while
+ * in its handler (the session ended, the module was unloaded) would come
+ * back from it with a trap flag nobody handles, and die of SIGTRAP. So TF
+ * lives only in pt_regs; a traced thread gets it again at the system call
+ * exit of rt_sigreturn (itr_sys_exit). The frame was written an instant ago,
+ * so the nofault write succeeds unless the page went away meanwhile; then a
+ * task work, which runs before the thread reaches user space (the handler),
+ * writes it with faults allowed. ia32 frames are left alone: only 64-bit
+ * code is traced.
+ */
+static void itr_frame_clear_tf(struct ksignal *ksig, struct pt_regs *regs)
+{
+	size_t off = offsetof(struct rt_sigframe, uc.uc_mcontext.flags);
+	unsigned long __user *uflags;
+	struct itr_frame_fix *f;
+	unsigned long v;
+
+	if (ksig->ka.sa.sa_flags & SA_IA32_ABI)
+		return;
+#ifdef CONFIG_X86_X32_ABI
+	if (ksig->ka.sa.sa_flags & SA_X32_ABI)
+		off = offsetof(struct rt_sigframe_x32, uc.uc_mcontext.flags);
+#endif
+	uflags = (unsigned long __user *)(regs->sp + off);
+	if (!copy_from_user_nofault(&v, uflags, sizeof(v))) {
+		if (!(v & X86_EFLAGS_TF))
+			return;
+		v &= ~X86_EFLAGS_TF;
+		if (!copy_to_user_nofault(uflags, &v, sizeof(v)))
+			return;
+	}
+	f = kmalloc(sizeof(*f), GFP_ATOMIC);
+	if (!f) {
+		pr_warn_ratelimited("pid %d: no memory to clear TF in a signal frame\n", current->pid);
+		return;
+	}
+	f->flags = uflags;
+	init_task_work(&f->cb, itr_frame_fix_work);
+	__module_get(THIS_MODULE);
+	if (task_work_add(current, &f->cb, TWA_RESUME)) {
+		module_put(THIS_MODULE);
+		kfree(f);
+	}
+}
+
 static int itr_signal_pre(struct kprobe *p, struct pt_regs *kregs)
 {
 	int failed = (int)kregs->di;
@@ -838,6 +929,8 @@ static int itr_signal_pre(struct kprobe *p, struct pt_regs *kregs)
 	regs = task_pt_regs(current);
 	spin_lock_irqsave(&itr_lock, flags);
 	t = itr_find(current);
+	if (t && (t->state == ITR_ACTIVE || (t->state == ITR_LIB && t->lib_tf)))
+		itr_frame_clear_tf(ksig, regs);
 	if (t && t->state == ITR_ACTIVE) {
 		if (itr_must_stop(t)) {
 			itr_stop_self(t, regs, itr_stop_reason(t));
@@ -868,6 +961,26 @@ static bool itr_restart_code(long ax)
 	return ax == -512 || ax == -513 || ax == -514 || ax == -516;
 }
 
+/*
+ * Tracing of an attached thread starts: TF set in its saved user registers,
+ * which only the thread itself (task == current) or, for a stopped one,
+ * the holder of its siglock may write. Called with itr_lock held.
+ */
+static void itr_activate(struct itr_thread *t, struct task_struct *task, struct pt_regs *regs)
+{
+	u64 pc = regs->ip;
+
+	/* in an interrupted system call that will restart: it runs again */
+	if ((long)regs->orig_ax >= 0 && itr_restart_code(regs->ax))
+		pc -= 2;
+	t->state = ITR_ACTIVE;
+	t->last_pc = pc;
+	t->icount = 0;
+	regs->flags |= X86_EFLAGS_TF;
+	itr_mte_start(t, task, task->pid == task->tgid);
+	itr_trace_on(t, ITR_ON_ATTACH, pc);
+}
+
 static void itr_attach_work(struct callback_head *cb)
 {
 	struct itr_thread *t;
@@ -879,17 +992,7 @@ static void itr_attach_work(struct callback_head *cb)
 	if (t && &t->work == cb) {
 		t->work_queued = false;
 		if (t->state == ITR_ATTACHING && !itr_must_stop(t) && user_64bit_mode(regs)) {
-			u64 pc = regs->ip;
-
-			/* in an interrupted system call that will restart: it runs again */
-			if ((long)regs->orig_ax >= 0 && itr_restart_code(regs->ax))
-				pc -= 2;
-			t->state = ITR_ACTIVE;
-			t->last_pc = pc;
-			t->icount = 0;
-			regs->flags |= X86_EFLAGS_TF;
-			itr_mte_start(t, current, current->pid == current->tgid);
-			itr_trace_on(t, ITR_ON_ATTACH, pc);
+			itr_activate(t, current, regs);
 		} else if (t->state == ITR_ATTACHING) {
 			itr_del(t);
 		}
@@ -922,6 +1025,91 @@ static bool itr_may_trace(struct task_struct *task)
 
 /* ---- the device ---- */
 
+/*
+ * A thread stopped by job control (SIGSTOP, SIGTSTP, SIGTTIN...) when
+ * tracing ends would keep TF in its saved registers, and stay known to the
+ * module, until it is continued: its trap flag is cleared here instead, with
+ * a trace-off while the session lives. This is safe because it cannot run:
+ * JOBCTL_STOPPED is set and cleared only under its siglock, which is held
+ * here, and a woken thread takes that lock again (get_signal) before it goes
+ * on towards user space; nothing else writes a stopped thread's pt_regs but
+ * ptrace, and a ptrace-stopped thread is left alone (its tracer may be
+ * changing its registers): it turns TF off itself when it runs again, as a
+ * thread blocked in a system call or running does. Lock order: itr_lock,
+ * then siglock (no itrace hook runs under a siglock). Called with itr_lock
+ * held; true when t can go.
+ */
+/*
+ * lock_task_sighand(), whose __lock_task_sighand() is not exported: sighand
+ * structs are freed by RCU (SLAB_TYPESAFE_BY_RCU), so the pointer is taken
+ * and checked again under the lock; NULL once the task has released it.
+ */
+static struct sighand_struct *itr_lock_sighand(struct task_struct *task, unsigned long *flags)
+{
+	struct sighand_struct *sh;
+
+	rcu_read_lock();
+	for (;;) {
+		sh = rcu_dereference(task->sighand);
+		if (!sh)
+			break;
+		spin_lock_irqsave(&sh->siglock, *flags);
+		if (likely(sh == rcu_access_pointer(task->sighand)))
+			break;
+		spin_unlock_irqrestore(&sh->siglock, *flags);
+	}
+	rcu_read_unlock();
+	return sh;
+}
+
+static bool itr_stop_stopped(struct itr_thread *t)
+{
+	struct task_struct *task = t->task;
+	struct sighand_struct *sh;
+	unsigned long flags;
+	bool done = false;
+
+	sh = itr_lock_sighand(task, &flags);
+	if (!sh)
+		return false;
+	if (task_is_stopped(task) && !task_is_traced(task) && !(task->flags & PF_EXITING)) {
+		struct pt_regs *regs = task_pt_regs(task);
+
+		if (t->open)
+			itr_trace_off(t, itr_stop_reason(t), t->state == ITR_LIB ? t->lib_pc : regs->ip, 0);
+		regs->flags &= ~X86_EFLAGS_TF;
+		done = true;
+	}
+	spin_unlock_irqrestore(&sh->siglock, flags);
+	return done;
+}
+
+/*
+ * A thread stopped by job control when it is attached: its attach task work
+ * would only run once it is continued (and its entry, with the module
+ * reference the work holds, would stay until then, even if itrace is gone);
+ * it is attached here instead, under its siglock as in itr_stop_stopped.
+ * Called with itr_lock held; true when done.
+ */
+static bool itr_attach_stopped(struct itr_thread *t)
+{
+	struct task_struct *task = t->task;
+	struct sighand_struct *sh;
+	unsigned long flags;
+	bool done = false;
+
+	sh = itr_lock_sighand(task, &flags);
+	if (!sh)
+		return false;
+	if (task_is_stopped(task) && !task_is_traced(task) && !(task->flags & PF_EXITING) &&
+	    user_64bit_mode(task_pt_regs(task))) {
+		itr_activate(t, task, task_pt_regs(task));
+		done = true;
+	}
+	spin_unlock_irqrestore(&sh->siglock, flags);
+	return done;
+}
+
 static void itr_stop_all(u32 gen)
 {
 	struct itr_thread *t;
@@ -936,6 +1124,8 @@ static void itr_stop_all(u32 gen)
 		if (t->state == ITR_ACTIVE || t->state == ITR_LIB) {
 			/* it turns TF off itself at its next trap (or ITR_IOC_ON/OFF) */
 			t->stopping = true;
+			if (itr_stop_stopped(t))
+				itr_del(t);
 		} else if (!t->work_queued) {
 			itr_del(t);		/* no trap flag set: nothing to undo */
 		} else {
@@ -1062,7 +1252,7 @@ static long itr_enable(struct file *file, struct itr_target __user *arg)
 			break;
 		}
 		t->region = tg.flags & ITR_EN_REGION;
-		if (t->state == ITR_IDLE)
+		if (t->state == ITR_IDLE || itr_attach_stopped(t))
 			continue;
 		init_task_work(&t->work, itr_attach_work);
 		__module_get(THIS_MODULE);
@@ -1118,6 +1308,7 @@ static long itr_on_off(struct itr_on __user *arg)
 		t->resume_pc = on.resume_pc;
 		t->nentries = on.nentries;
 		memcpy(t->entry, on.entry, sizeof(t->entry));
+		t->lib_tf = true;
 		regs->flags |= X86_EFLAGS_TF;
 	} else if (!arg && t->state == ITR_LIB) {
 		if (t->open)
