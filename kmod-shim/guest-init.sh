@@ -69,10 +69,18 @@ mod_threads() {
     done
     echo "$n"
 }
-# 1 when an itrace process is still there after up to 1 s.
+# 1 when an itrace process is still there after up to 5 s (the recording child of an itrace
+# killed alone detaches and finishes its trace first).
+# Zombies do not count: an orphaned recorder is reaped by this shell, which is init, only when
+# it next waits.
+itrace_alive() {
+    for p in $(pidof itrace itrace-record); do
+        [ "$(sed 's/.*) \(.\).*/\1/' /proc/$p/stat 2>/dev/null)" = Z ] || [ ! -e /proc/$p ] || { echo $p; return; }
+    done
+}
 itrace_left() {
-    for i in 1 2 3 4 5 6 7 8 9 10; do
-        pidof itrace > /dev/null || { echo 0; return; }
+    for i in $(seq 1 50); do
+        [ -n "$(itrace_alive)" ] || { echo 0; return; }
         usleep 100000
     done
     echo 1
@@ -93,9 +101,10 @@ fault_note() { # SIGNAL harmed|left DETAIL
     echo "KMOD: fault $1 $2: $3"
     FAULT_HARMS="$FAULT_HARMS $1:$2"
 }
-# One attach run: SIGNAL DELAY_US PIN KILLALL [STOP]
+# One attach run: SIGNAL DELAY_US PIN KILLALL [STOP: 1 stopped while traced, 2 before itrace starts]
 fault_attach() {
     sig=$1 d=$2 pin=$3 all=$4 stop=${5:-0}
+    r0=$(cut -d' ' -f1 /proc/uptime)
     if [ "$pin" = 1 ]; then
         taskset 2 /t/victim > /tmp/fv.out 2>&1 &
         aff=1
@@ -104,9 +113,15 @@ fault_attach() {
         aff=$ALLCPUS
     fi
     V=$!
+    if [ "$stop" = 2 ]; then
+        kill -STOP $V
+        usleep 20000
+    fi
     itrace record --backend kmod -p $V -o /tmp/fv.itr > /tmp/fv.log 2>&1 &
     I=$!
-    if [ "$stop" = 1 ]; then
+    if [ "$stop" = 2 ]; then
+        usleep 200000
+    elif [ "$stop" = 1 ]; then
         # the victim is traced, then stopped (job control) when itrace dies
         usleep 150000
         kill -STOP $V
@@ -114,19 +129,23 @@ fault_attach() {
     else
         usleep "$d"
     fi
-    if [ "$all" = 1 ]; then killall -$sig itrace 2>/dev/null; else kill -$sig $I; fi
+    if [ "$all" = 1 ]; then killall -$sig itrace itrace-record 2>/dev/null; else kill -$sig $I; fi
     wait $I 2>/dev/null
     h=$(victim_state $V $aff)
-    [ "$(itrace_left)" = 0 ] || { fault_note $sig left "an itrace process is left"; killall -9 itrace 2>/dev/null; }
+    [ "$(itrace_left)" = 0 ] || { fault_note $sig left "an itrace process is left: $(itrace_alive) (delay $d us, all $all)"; killall -9 itrace itrace-record 2>/dev/null; }
     n=$(mod_threads)
-    [ "$n" = 0 ] || fault_note $sig left "the module still knows $n threads after itrace is gone$([ "$stop" = 1 ] && echo " (victim stopped)")"
-    [ "$stop" = 1 ] && kill -CONT $V
+    [ "$n" = 0 ] || fault_note $sig left "the module still knows $n threads after itrace is gone$([ "$stop" != 0 ] && echo " (victim stopped)")"
+    [ "$stop" = 0 ] || kill -CONT $V
     [ -n "$h" ] || h=$(victim_state $V $aff)
     wait $V
     rc=$?
     if [ "$rc" != 0 ] || ! cmp -s /tmp/fv.out /tmp/victim.want || [ -n "$h" ]; then
         fault_note $sig harmed "victim exit $rc, $(tr '\n' ' ' < /tmp/fv.out | cut -c1-80) $h (delay ${d} us, pinned $pin, all $all, stopped $stop; itrace: $(tail -1 /tmp/fv.log | cut -c1-100))"
     fi
+    # a run takes about a second; say which ones take much longer
+    r1=$(cut -d' ' -f1 /proc/uptime)
+    [ "$(echo "$r0 $r1" | awk '{ print ($2 - $1 > 3) }')" = 0 ] ||
+        echo "KMOD: fault $sig slow run: $(echo "$r0 $r1" | awk '{ print $2 - $1 }') s (delay ${d} us, all $all, stopped $stop; itrace: $(tail -1 /tmp/fv.log | cut -c1-100))"
 }
 fault_block() {
     f0=$(cut -d. -f1 /proc/uptime)
@@ -149,9 +168,11 @@ fault_block() {
             fault_attach $sig $d $((i % 3 == 0)) $all
             runs=$((runs + 1))
         done
-        # a victim stopped when itrace dies
+        # a victim stopped (job control) when itrace dies: stopped while traced, and before
+        # itrace attached
         fault_attach $sig 0 0 0 1
-        runs=$((runs + 1))
+        fault_attach $sig 0 0 0 2
+        runs=$((runs + 2))
         harmed=$(echo "$FAULT_HARMS" | tr ' ' '\n' | grep -c ":harmed")
         left=$(echo "$FAULT_HARMS" | tr ' ' '\n' | grep -c ":left")
         summary="$summary SIG$sig $runs/$harmed/$left"
@@ -165,9 +186,9 @@ fault_block() {
         itrace record --backend kmod -o /tmp/fl.itr -- /t/victim > /tmp/fl.out 2> /tmp/fl.log &
         I=$!
         usleep "$d"
-        if [ $((i % 2)) = 0 ]; then killall -9 itrace 2>/dev/null; else kill -9 $I; fi
+        if [ $((i % 2)) = 0 ]; then killall -9 itrace itrace-record 2>/dev/null; else kill -9 $I; fi
         wait $I 2>/dev/null
-        [ "$(itrace_left)" = 0 ] || { fault_note launch left "an itrace process is left"; killall -9 itrace 2>/dev/null; }
+        [ "$(itrace_left)" = 0 ] || { fault_note launch left "an itrace process is left: $(itrace_alive) (delay $d us)"; killall -9 itrace itrace-record 2>/dev/null; }
         for j in $(seq 1 50); do pidof victim > /dev/null || break; usleep 100000; done
         pidof victim > /dev/null && fault_note launch left "the launched program is still running after 5 s"
         n=$(mod_threads)
@@ -185,7 +206,7 @@ fault_block() {
         itrace record --backend kmod --region -p $RL -o /tmp/frl.itr 2> /tmp/frl.log &
         I=$!
         usleep $(( $(rnd) % 200000 + 50000 ))
-        if [ $i = 1 ]; then kill -9 $I; else killall -9 itrace 2>/dev/null; fi
+        if [ $i = 1 ]; then kill -9 $I; else killall -9 itrace itrace-record 2>/dev/null; fi
         wait $I 2>/dev/null
         h=$(victim_state $RL $ALLCPUS)
         wait $RL

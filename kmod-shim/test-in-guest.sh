@@ -146,7 +146,7 @@ printf 'root:x:0:\nuser:x:1000:\n' > "$R/etc/group"
 log "booting the guest (qemu -accel tcg; prepared in $(( $(date +%s) - t0 )) s)"
 b0=$(date +%s)
 OUT=$B/console-$WHAT.log
-timeout 280 qemu-system-x86_64 -accel tcg -smp 2 -m 1024 -nographic -no-reboot \
+timeout 400 qemu-system-x86_64 -accel tcg -smp 2 -m 1024 -nographic -no-reboot \
     -kernel "$KDIR/vmlinux" -initrd "$B/initramfs.cpio.gz" \
     -append "console=ttyS0 quiet panic=-1 oops=panic" </dev/null > "$OUT" 2>&1 || true
 tr -d '\r' < "$OUT" > "$OUT.txt"
