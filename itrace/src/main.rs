@@ -50,7 +50,10 @@ fn main() -> ExitCode {
 }
 
 /// Run `record` in a recording process of its own (see [`supervise`]).
-fn supervised(on_death: supervise::OnSupervisorDeath, record: impl FnOnce() -> anyhow::Result<ExitCode>) -> anyhow::Result<ExitCode> {
+fn supervised(
+    on_death: supervise::OnSupervisorDeath,
+    record: impl FnOnce() -> anyhow::Result<ExitCode>,
+) -> anyhow::Result<ExitCode> {
     match supervise::split(on_death)? {
         supervise::Side::Recorder => record(),
         supervise::Side::Supervisor(code) => Ok(code),
