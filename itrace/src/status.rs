@@ -24,13 +24,14 @@ impl StatusLine {
             return StatusLine { done, thread: None };
         }
         let flag = Arc::clone(&done);
-        let thread =
-            std::thread::Builder::new().name("itrace-status".into()).spawn(move || {
-            // Signals to itrace are for the recording thread.
-            crate::signals::block_in_this_thread(true);
-            draw(&live, duration, &flag)
-        })
-        .ok();
+        let thread = std::thread::Builder::new()
+            .name("itrace-status".into())
+            .spawn(move || {
+                // Signals to itrace are for the recording thread.
+                crate::signals::block_in_this_thread(true);
+                draw(&live, duration, &flag)
+            })
+            .ok();
         StatusLine { done, thread }
     }
 

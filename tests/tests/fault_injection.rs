@@ -27,8 +27,20 @@ struct Scenario {
 }
 
 const SCENARIOS: [Scenario; 4] = [
-    Scenario { name: "ptrace -p", options: &["--backend", "ptrace"], attach: true, program: "spinner", args: ["40", "10000"] },
-    Scenario { name: "ptrace launch", options: &["--backend", "ptrace"], attach: false, program: "spinner", args: ["40", "10000"] },
+    Scenario {
+        name: "ptrace -p",
+        options: &["--backend", "ptrace"],
+        attach: true,
+        program: "spinner",
+        args: ["40", "10000"],
+    },
+    Scenario {
+        name: "ptrace launch",
+        options: &["--backend", "ptrace"],
+        attach: false,
+        program: "spinner",
+        args: ["40", "10000"],
+    },
     Scenario {
         name: "region -p",
         options: &["--backend", "ptrace", "--region"],
