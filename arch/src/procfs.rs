@@ -151,7 +151,7 @@ pub fn restore_signal_defaults() {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM, libc::SIGRTMIN() + 3] {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGALRM, libc::SIGRTMIN() + 3] {
             libc::sigaddset(&mut set, sig);
         }
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());

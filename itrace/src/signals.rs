@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 /// Set when tracing should stop.
 pub static STOP: AtomicBool = AtomicBool::new(false);
 
-/// The signals that ask itrace to detach and finish.
-pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// The signals that ask itrace to detach and finish. SIGQUIT (Ctrl-\\) too: by default it
+/// would kill the recorder, and with it an attached program (see `supervise`).
+pub const STOP_SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// What the parent's death does to the recording process (see `supervise`): set by
 /// [`on_stop_signal`] once the user asked to stop, so dying parent then means "finish", not "kill".

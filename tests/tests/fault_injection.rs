@@ -1,4 +1,4 @@
-//! Fault injection: `itrace record` is sent SIGINT, SIGTERM, SIGHUP or SIGKILL at a random
+//! Fault injection: `itrace record` is sent SIGINT, SIGTERM, SIGHUP, SIGQUIT or SIGKILL at a random
 //! moment (a third of the runs within the first 10 ms) while it is attached to a program or
 //! has launched one, on the ptrace stepper and on ptrace regions. Each run checks what a user
 //! would: the program's output and exit status are those of an untraced run (a launched
@@ -57,8 +57,13 @@ const SCENARIOS: [Scenario; 4] = [
     },
 ];
 
-const SIGNALS: [(i32, &str); 4] =
-    [(libc::SIGINT, "INT"), (libc::SIGTERM, "TERM"), (libc::SIGHUP, "HUP"), (libc::SIGKILL, "KILL")];
+const SIGNALS: [(i32, &str); 5] = [
+    (libc::SIGINT, "INT"),
+    (libc::SIGTERM, "TERM"),
+    (libc::SIGHUP, "HUP"),
+    (libc::SIGQUIT, "QUIT"),
+    (libc::SIGKILL, "KILL"),
+];
 
 /// Longest a run may take before the test calls it a hang.
 const GUARD: Duration = Duration::from_secs(60);
@@ -85,7 +90,7 @@ fn signals_to_itrace_never_harm_the_program() {
     // SAFETY: prctl with integer arguments.
     assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }, 0, "PR_SET_CHILD_SUBREAPER failed");
     let dir = test_dir("fault-injection");
-    let mut table = vec![[Cell::default(); 4]; SCENARIOS.len()];
+    let mut table = vec![[Cell::default(); SIGNALS.len()]; SCENARIOS.len()];
     let mut failures = Vec::new();
     for (si, sc) in SCENARIOS.iter().enumerate() {
         let want = expected_result(sc);
@@ -158,6 +163,8 @@ fn one_run(sc: &Scenario, sig: i32, delay: Duration, base: &Path, want: &str) ->
         cmd.arg("--").arg(program(sc.program)).args(sc.args).arg(&tag);
         cmd.stdout(fs::File::create(&out_path).expect("out file"));
     }
+    // Children of ours that are not this run's: whatever is new after the run is this run's.
+    let before = our_children();
     let mut itrace = cmd.spawn().expect("start itrace");
     std::thread::sleep(delay);
     // SAFETY: kill with our own child's pid.
@@ -214,8 +221,7 @@ fn one_run(sc: &Scenario, sig: i32, delay: Duration, base: &Path, want: &str) ->
     } else {
         // Once itrace is gone the program, running or a zombie, is our child (we are a
         // subreaper); not finding it means itrace waited for its end, or it never started.
-        let name: String = sc.program.chars().take(15).collect();
-        let found = our_children().into_iter().find(|&pid| comm(pid) == name);
+        let found = launched_program(&before, &mut o);
         let text = fs::read_to_string(&out_path).unwrap_or_default();
         let status = match found {
             None if !text.contains("started pid=") => {
@@ -224,13 +230,17 @@ fn one_run(sc: &Scenario, sig: i32, delay: Duration, base: &Path, want: &str) ->
             }
             None => Some("reaped by itrace".to_string()),
             Some(pid) => {
-                if let Some(now) = cpus_allowed(pid) {
-                    let ours = cpus_allowed(std::process::id() as i32).unwrap_or_default();
-                    if now != ours {
+                let affinity = cpus_allowed(pid);
+                let status = wait_guarded(pid).unwrap_or_else(|| "hung".into());
+                let ours = cpus_allowed(std::process::id() as i32).unwrap_or_default();
+                // A program being killed with itrace may still be pinned as it dies.
+                match affinity {
+                    Some(now) if now != ours && status != "killed by signal 9" => {
                         o.harm = Some(format!("launched program's affinity {now}, itrace's caller has {ours}"));
                     }
+                    _ => {}
                 }
-                Some(wait_guarded(pid).unwrap_or_else(|| "hung".into()))
+                Some(status)
             }
         };
         if let Some(status) = status {
@@ -257,6 +267,36 @@ fn one_run(sc: &Scenario, sig: i32, delay: Duration, base: &Path, want: &str) ->
         }
     }
     o
+}
+
+/// The launched program, once every itrace process of the run is gone: the one new child of
+/// ours (we are a subreaper) that is not an itrace process. A child still named itrace may be
+/// the program in the middle of its exec: wait for it to become one or the other.
+fn launched_program(before: &[i32], o: &mut Outcome) -> Option<i32> {
+    let settle = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut program = None;
+        let mut undecided = Vec::new();
+        for pid in our_children().into_iter().filter(|p| !before.contains(p)) {
+            match (comm(pid).starts_with("itrace"), state(pid).as_str()) {
+                (true, "Z") => {
+                    let mut st = 0;
+                    // SAFETY: reaping our own zombie child; WNOHANG never blocks.
+                    unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+                }
+                (true, st) => undecided.push((pid, st.to_string())),
+                (false, _) => program = Some(pid),
+            }
+        }
+        if undecided.is_empty() {
+            return program;
+        }
+        if Instant::now() > settle {
+            o.leftover = Some(format!("itrace processes left: {undecided:?}"));
+            return program;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The result line of an untraced run without the sleeps (the result depends only on the rounds).
@@ -356,7 +396,7 @@ fn processes_with(marker: &str) -> Vec<(i32, String)> {
     left
 }
 
-fn print_table(table: &[[Cell; 4]]) {
+fn print_table(table: &[[Cell; SIGNALS.len()]]) {
     eprintln!("\n| scenario | signal | runs | harmed | itrace left | trace unreadable | stopped before start |");
     eprintln!("|---|---|---|---|---|---|---|");
     for (sc, row) in SCENARIOS.iter().zip(table) {
