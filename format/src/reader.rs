@@ -6,6 +6,8 @@
 use crate::record::{record_len, Summary};
 use crate::writer::{CHUNK_FLAG_WRAPPED, CHUNK_HEADER_CRC_AT, CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END, STREAM_MTE};
 use crate::{FileHeader, FormatError, Record, HEADER_LEN, RECORD_HEADER_LEN};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 
 /// A stream: a CPU number, or [`STREAM_MTE`].
@@ -233,10 +235,17 @@ impl TraceFile {
     /// The records of every CPU stream and the MTE stream, merged in timestamp
     /// order (MTE first on equal timestamps, then by CPU).
     pub fn merged(&self) -> MergedRecords<'_> {
-        let mut ids = vec![STREAM_MTE];
-        ids.extend(0..self.header.ncpu);
-        let streams = ids.into_iter().map(|id| (id, self.stream(id), None)).collect();
-        MergedRecords { streams, failed: false }
+        // Only the streams that have chunks, grouped in one pass: a header may claim 65533
+        // CPUs that a cut file never wrote (a fuzzing finding: a read per claimed CPU made
+        // a 60 KB file take seconds).
+        let mut by_stream: std::collections::BTreeMap<(bool, StreamId), Vec<ChunkInfo>> = Default::default();
+        for c in self.chunks.iter().filter(|c| c.stream == STREAM_MTE || c.stream < self.header.ncpu) {
+            by_stream.entry((c.stream != STREAM_MTE, c.stream)).or_default().push(c.clone());
+        }
+        let streams: Vec<(StreamId, StreamRecords<'_>)> =
+            by_stream.into_iter().map(|((_, id), chunks)| (id, StreamRecords::new(self, chunks))).collect();
+        let n = streams.len();
+        MergedRecords { streams, heads: vec![None; n], order: BinaryHeap::new(), started: false, error: None }
     }
 }
 
@@ -314,43 +323,59 @@ pub struct Event {
     pub record: Record,
 }
 
-/// A stream being merged, with its next record read ahead.
-type MergeInput<'a> = (StreamId, StreamRecords<'a>, Option<(u64, Record)>);
-
-/// Records of all streams in time order.
+/// Records of all streams in time order: a heap of each stream's next record, so a read
+/// costs O(records x log streams).
 pub struct MergedRecords<'a> {
-    streams: Vec<MergeInput<'a>>,
-    failed: bool,
+    streams: Vec<(StreamId, StreamRecords<'a>)>,
+    /// Each stream's next record (offset, record), read ahead.
+    heads: Vec<Option<(u64, Record)>>,
+    /// (timestamp, stream index) of every stream with a head; the index breaks ties, MTE first.
+    order: BinaryHeap<Reverse<(u64, usize)>>,
+    started: bool,
+    /// An error met reading ahead, returned after the record before it.
+    error: Option<FormatError>,
+}
+
+impl MergedRecords<'_> {
+    /// Read stream `i`'s next record into its head; false on an error (kept for later).
+    fn read_ahead(&mut self, i: usize) -> bool {
+        match self.streams[i].1.next() {
+            None => true,
+            Some(Err(e)) => {
+                self.error = Some(e);
+                false
+            }
+            Some(Ok((offset, r))) => {
+                self.order.push(Reverse((r.ts(), i)));
+                self.heads[i] = Some((offset, r));
+                true
+            }
+        }
+    }
 }
 
 impl Iterator for MergedRecords<'_> {
     type Item = Result<Event, FormatError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        let mut best: Option<(usize, u64)> = None;
-        for i in 0..self.streams.len() {
-            let (_, it, head) = &mut self.streams[i];
-            if head.is_none() {
-                match it.next() {
-                    None => continue,
-                    Some(Err(e)) => {
-                        self.failed = true;
-                        return Some(Err(e));
-                    }
-                    Some(Ok(r)) => *head = Some(r),
+        if !self.started {
+            self.started = true;
+            for i in 0..self.streams.len() {
+                if !self.read_ahead(i) {
+                    break;
                 }
             }
-            let ts = head.as_ref().map(|(_, r)| r.ts()).unwrap_or(u64::MAX);
-            if best.is_none_or(|(_, t)| ts < t) {
-                best = Some((i, ts));
-            }
         }
-        let (i, _) = best?;
-        let (stream, _, head) = &mut self.streams[i];
-        let (offset, record) = head.take().expect("chosen stream has a head");
-        Some(Ok(Event { stream: *stream, offset, record }))
+        if let Some(e) = self.error.take() {
+            // Nothing after an error: the stream it came from cannot go on in order.
+            self.streams.clear();
+            self.order.clear();
+            return Some(Err(e));
+        }
+        let Reverse((_, i)) = self.order.pop()?;
+        let (offset, record) = self.heads[i].take().expect("a stream in the heap has a head");
+        let stream = self.streams[i].0;
+        self.read_ahead(i);
+        Some(Ok(Event { stream, offset, record }))
     }
 }
