@@ -6,13 +6,15 @@
 #
 #   fuzz/fuzz.sh build                      build every target (release, debug assertions on)
 #   fuzz/fuzz.sh run TARGET [SECS] [ARGS]   fuzz TARGET for SECS seconds (default 300) from its corpus
-#                                           (fuzz/corpus/trace or fuzz/corpus/decode), new inputs to
+#                                           (fuzz/corpus/trace or fuzz/corpus/decode) and the inputs of
+#                                           fixed findings (fuzz/regressions/trace or decode), new inputs to
 #                                           fuzz/corpus-work/TARGET, crashes to fuzz/artifacts/TARGET;
 #                                           ARGS go to libFuzzer after the corpus directories (-fork=1,
 #                                           more seed directories, ...)
 #   fuzz/fuzz.sh merge trace|decode [DIRS]  minimise the corpus plus the corpus-work of its targets (and
 #                                           DIRS) into a new fuzz/corpus/trace or decode: what covers arc,
-#                                           then what adds to report, then to trace_reader
+#                                           then what adds to report, then to trace_reader (inputs up to
+#                                           FUZZ_MERGE_MAX_BYTES, default 32768)
 #   fuzz/fuzz.sh repro TARGET FILES...      run TARGET once on each file (a crash shows its stack)
 #   fuzz/fuzz.sh targets                    list the targets
 #   fuzz/fuzz.sh corpus TARGET              the committed corpus directory TARGET runs on
@@ -85,8 +87,9 @@ run() {
     if [ -n "${FUZZ_OUT:-}" ]; then
         work="$FUZZ_OUT/new" artifacts="$FUZZ_OUT/artifacts"
     fi
-    local corpus
+    local corpus regressions
     corpus="$FUZZ/corpus/$(corpus_of "$t")"
+    regressions="$FUZZ/regressions/$(corpus_of "$t")"
     mkdir -p "$work" "$artifacts" "$corpus"
     # An empty working directory: module paths in fuzzed traces are looked up relative to it.
     local scratch
@@ -94,7 +97,7 @@ run() {
     local rc=0
     # shellcheck disable=SC2046 # the options are words
     (cd "$scratch" && exec nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -max_total_time="$secs" \
-        -artifact_prefix="$artifacts/" "$work" "$corpus" "$@") || rc=$?
+        -artifact_prefix="$artifacts/" "$work" "$corpus" "$regressions" "$@") || rc=$?
     rm -rf "$scratch"
     return $rc
 }
@@ -108,7 +111,7 @@ merge() {
         decode) targets=(decode) ;;
         *) die "unknown corpus '$c' (trace, decode)" ;;
     esac
-    local new="$FUZZ/corpus/$c.new" scratch t b
+    local new="$FUZZ/corpus/$c.new" scratch t b d
     rm -rf "$new"
     mkdir -p "$new" "$FUZZ/corpus/$c"
     scratch=$(mktemp -d)
@@ -116,14 +119,20 @@ merge() {
     for t in "${targets[@]}"; do
         [ -d "$FUZZ/corpus-work/$t" ] && sources+=("$FUZZ/corpus-work/$t")
     done
+    # Inputs over FUZZ_MERGE_MAX_BYTES (default 32 KiB) stay out of the committed corpus: long
+    # branch streams that add a few edges each would make it several times bigger.
+    local max_bytes=${FUZZ_MERGE_MAX_BYTES:-32768}
+    mkdir "$scratch/in"
+    for d in "${sources[@]}" "$@"; do
+        find "$d" -maxdepth 1 -type f -size -"$((max_bytes + 1))"c -exec cp -t "$scratch/in" {} +
+    done
     # The first target keeps what covers its code; each next one adds what covers more of its own.
     # Edges only (-use_counters=0): inputs that differ only in how often a loop runs stay in the
     # long runs' own corpora, and the committed one stays small.
     for t in "${targets[@]}"; do
         b=$(bin "$t")
         # shellcheck disable=SC2046
-        (cd "$scratch" && nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -use_counters=0 -merge=1 "$new" \
-            "${sources[@]}" "$@")
+        (cd "$scratch" && nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -use_counters=0 -merge=1 "$new" "$scratch/in")
     done
     rm -rf "$scratch" "$FUZZ/corpus/$c"
     mv "$new" "$FUZZ/corpus/$c"

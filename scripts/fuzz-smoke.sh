@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz smoke test: build the libFuzzer targets of fuzz/ (stable toolchain, fuzz/fuzz.sh build)
 # and run each for FUZZ_SMOKE_SECS seconds (default 15) on its committed corpus
-# (fuzz/corpus/trace for trace_reader, arc and report; fuzz/corpus/decode). Any crash, timeout or out-of-memory fails it with one line naming the
+# (fuzz/corpus/trace for trace_reader, arc and report; fuzz/corpus/decode), the inputs of
+# fixed findings (fuzz/regressions/) first. Any crash, timeout or out-of-memory fails it with one line naming the
 # target and the input, saved under fuzz/artifacts/TARGET/. Nothing in the tree changes
 # otherwise: new inputs go to a temporary directory. Long runs: fuzz/README.md.
 set -euo pipefail
@@ -41,6 +42,8 @@ for t in $(fuzz/fuzz.sh targets); do
         fail "$t: libFuzzer exited $rc without saving an input (log above)"
     fi
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$tmp/$t.log")
-    log "$t: ${runs:-?} inputs in ${secs} s on $(find "$corpus" -type f | wc -l) corpus files, no crash"
+    regressions=fuzz/regressions/$(basename "$corpus")
+    fixed=$(find "$regressions" -type f 2>/dev/null | wc -l)
+    log "$t: ${runs:-?} inputs in ${secs} s from $(find "$corpus" -type f | wc -l) corpus files and $fixed of fixed findings, no crash"
 done
 log "passed in $(($(date +%s) - start)) s"
