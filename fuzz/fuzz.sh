@@ -87,17 +87,16 @@ run() {
     if [ -n "${FUZZ_OUT:-}" ]; then
         work="$FUZZ_OUT/new" artifacts="$FUZZ_OUT/artifacts"
     fi
-    local corpus regressions
-    corpus="$FUZZ/corpus/$(corpus_of "$t")"
-    regressions="$FUZZ/regressions/$(corpus_of "$t")"
-    mkdir -p "$work" "$artifacts" "$corpus"
+    local dirs=("$work" "$FUZZ/corpus/$(corpus_of "$t")")
+    [ -d "$FUZZ/regressions/$(corpus_of "$t")" ] && dirs+=("$FUZZ/regressions/$(corpus_of "$t")")
+    mkdir -p "${dirs[@]}" "$artifacts"
     # An empty working directory: module paths in fuzzed traces are looked up relative to it.
     local scratch
     scratch=$(mktemp -d)
     local rc=0
     # shellcheck disable=SC2046 # the options are words
     (cd "$scratch" && exec nice -n "${FUZZ_NICE:-19}" "$b" $(common_opts "$t") -max_total_time="$secs" \
-        -artifact_prefix="$artifacts/" "$work" "$corpus" "$regressions" "$@") || rc=$?
+        -artifact_prefix="$artifacts/" "${dirs[@]}" "$@") || rc=$?
     rm -rf "$scratch"
     return $rc
 }

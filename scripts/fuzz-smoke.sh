@@ -44,6 +44,6 @@ for t in $(fuzz/fuzz.sh targets); do
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$tmp/$t.log")
     regressions=fuzz/regressions/$(basename "$corpus")
     fixed=$(find "$regressions" -type f 2>/dev/null | wc -l)
-    log "$t: ${runs:-?} inputs in ${secs} s from $(find "$corpus" -type f | wc -l) corpus files and $fixed of fixed findings, no crash"
+    log "$t: ${runs:-?} inputs in ${secs} s from $(find "$corpus" -type f | wc -l) corpus files and $fixed inputs of fixed findings, no crash"
 done
 log "passed in $(($(date +%s) - start)) s"
