@@ -471,6 +471,9 @@ IT=$!
 sleep 0.5
 kill -9 $IT
 wait $IT 2>/dev/null
+# $IT is the itrace the user sees; its recording process (which holds the device open) dies
+# of PR_SET_PDEATHSIG just after it.
+for i in $(seq 1 50); do pidof itrace > /dev/null || break; usleep 100000; done
 if rmmod itrace; then
     pass "unload: rmmod with a traced thread"
 else
