@@ -1,0 +1,422 @@
+//! Block stepping with debug-register breakpoints (`--step block`, x86_64).
+//!
+//! Single-stepping traps once per instruction. Here a traced thread runs at full speed to the
+//! next instruction whose outcome the decoder cannot tell, stopped there by an execute
+//! breakpoint in DR0, and the instructions in between are counted by decoding. The records
+//! are the ones single-stepping writes.
+//!
+//! # The rules
+//!
+//! At a stop, with the thread's next instruction at `P`:
+//!
+//! 1. **Plan.** Decode forward from `P`. Instructions that fall through (`Flow::Next`, a `rep`
+//!    string instruction, which is one instruction however many times it repeats) and direct
+//!    jumps and calls (their target is in the instruction) are *known*: the walk goes on
+//!    through them, following direct jumps and calls. The first instruction that is not known
+//!    is the stop point `Z`: a conditional jump, a return, an indirect jump or call, a system
+//!    call, `int`/`int3`, `iret`, an undecodable instruction.
+//! 2. **Single-step instead** when `P` itself is not known (the instruction at a stop point
+//!    is single-stepped, so its record, system call K records included, comes from the
+//!    single-step code unchanged), when a signal is being delivered (the handler's entry is
+//!    told from the step that follows), when any instruction on the path is in a writable
+//!    mapping (JIT or self-modifying code: only code that cannot change unseen is decoded
+//!    ahead, the rule of the decode cache), when the walk finds no stop point within
+//!    [`PLAN_LIMIT`] instructions (a loop of direct jumps), for a 32-bit (compat) thread
+//!    (not yet tried), and with region tracing (`--region`, `--start`, `--stop`: their int3s
+//!    are not modelled here).
+//! 3. **Run.** DR0 = `Z`, DR7 enables it as a one-byte execute breakpoint (written only when
+//!    they change), `PTRACE_CONT`. The breakpoint stops the thread before `Z` executes.
+//! 4. **Account.** At the next stop, at pc `R`, walk the same path from `P` to `R`: each
+//!    instruction adds one to the count, each direct jump or call on it writes its branch
+//!    record as single-stepping would (from, to, kind, count). `R == Z` with SIGTRAP is the
+//!    breakpoint. Anything else stopped the thread mid-path and `R` says where: a signal from
+//!    another process or a timer, a fault (SIGSEGV, SIGFPE) on the faulting instruction, a
+//!    ptrace event or our interrupt. The signal is then delivered by a single step, as in
+//!    single-step mode. A SIGTRAP away from `Z` is not ours (the breakpoint is only at `Z`)
+//!    and is passed on. A path visits no pc twice (it would be an endless loop with no stop
+//!    point), so the first `R` on it is the one.
+//! 5. **Getting past the breakpoint.** The thread then sits on `Z` with DR0 = `Z`. Where the
+//!    kernel does not set the resume flag itself ([`HwBreak::Works`]`{ rf_auto }`), DR7 is
+//!    cleared before single-stepping an instruction DR0 points at.
+//! 6. Debug registers are per thread: a new thread or process starts without them, exec
+//!    clears them (the kernel flushes ptrace breakpoints there), and detach clears DR7.
+//!
+//! Not handled (yet): a restartable sequence (rseq) aborted by the kernel moves the pc off the
+//! path without a signal, and the thread would run on untraced past `Z`; `mov ss`/`pop ss`
+//! hold back a breakpoint on the next instruction; another thread making code writable and
+//! changing it during a run is not seen. Conditional branches and returns are single-stepped:
+//! two traps (breakpoint, step) per unknown instruction.
+
+use super::engine::*;
+use itrace_decoders::{Flow, Insn};
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+
+/// The longest path decoded ahead of one run.
+pub const PLAN_LIMIT: u32 = 4096;
+
+/// What debug-register breakpoints do under ptrace on this machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HwBreak {
+    /// An execute breakpoint in DR0 stops the thread at its address. `rf_auto`: a step from
+    /// that stop executes the instruction (the kernel sets the resume flag after the hit);
+    /// otherwise the breakpoint must be disabled or moved first.
+    Works { rf_auto: bool },
+    /// Not usable here (the reason says why).
+    Unavailable(String),
+}
+
+/// `offsetof(struct user, u_debugreg[n])`.
+fn dr_offset(n: usize) -> usize {
+    std::mem::offset_of!(libc::user, u_debugreg) + n * 8
+}
+
+/// DR7 with DR0 enabled (local) as a one-byte execute breakpoint (R/W0 = 00, LEN0 = 00).
+pub const DR7_DR0_EXEC: u64 = 1;
+
+/// Write debug register `n` of stopped thread `tid`.
+pub fn set_dr(tid: i32, n: usize, value: u64) -> Result<(), Errno> {
+    // SAFETY: PTRACE_POKEUSER on a stopped tracee; the address is an offset into struct user.
+    let r = unsafe { libc::ptrace(libc::PTRACE_POKEUSER, tid, dr_offset(n), value as libc::c_long) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
+extern "C" {
+    fn itrace_probe_start();
+    fn itrace_probe_target();
+}
+
+/// Probe execute breakpoints with a forked child running the probe code of `probe.rs`: a
+/// breakpoint on `itrace_probe_target` must stop a `PTRACE_CONT` there, a step from that stop
+/// must execute it (with RF set by us if the kernel does not), and moving DR0 away must let
+/// the child run on to its exit.
+pub fn probe_hw_breakpoints() -> HwBreak {
+    let start = itrace_probe_start as *const () as usize as u64;
+    let target = itrace_probe_target as *const () as usize as u64;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the child only calls async-signal-safe functions before it is stopped and moved
+    // onto the probe code, which exits with a raw system call.
+    let pid = match unsafe { libc::fork() } {
+        -1 => return HwBreak::Unavailable("fork failed".into()),
+        // SAFETY: in the child: prctl, getppid, PTRACE_TRACEME, raise and _exit are
+        // async-signal-safe system calls.
+        0 => unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+            libc::raise(libc::SIGSTOP);
+            libc::_exit(0);
+        },
+        pid => Pid::from_raw(pid),
+    };
+    let tid = pid.as_raw();
+    let stopped_at = |what: &str| -> Result<u64, String> {
+        match wait_no_eintr(pid) {
+            Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {}
+            other => return Err(format!("{what}: unexpected stop {other:?}")),
+        }
+        ptrace::getregs(pid).map(|r| r.rip).map_err(|e| format!("{what}: PTRACE_GETREGS failed: {e}"))
+    };
+    let result = (|| -> Result<HwBreak, String> {
+        match wait_no_eintr(pid) {
+            Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => {}
+            other => return Err(format!("probe child did not stop: {other:?}")),
+        }
+        let mut regs = ptrace::getregs(pid).map_err(|e| format!("PTRACE_GETREGS failed: {e}"))?;
+        regs.rip = start;
+        ptrace::setregs(pid, regs).map_err(|e| format!("PTRACE_SETREGS failed: {e}"))?;
+        set_dr(tid, 0, target).map_err(|e| format!("writing DR0 failed: {e}"))?;
+        set_dr(tid, 7, DR7_DR0_EXEC).map_err(|e| format!("writing DR7 failed: {e}"))?;
+        ptrace::cont(pid, None).map_err(|e| format!("PTRACE_CONT failed: {e}"))?;
+        let at = stopped_at("run to the breakpoint")?;
+        if at != target {
+            return Err(format!("the breakpoint at {target:#x} stopped the thread at {at:#x}"));
+        }
+        // From the breakpoint: does a step execute the instruction (one byte, a nop)?
+        ptrace::step(pid, None).map_err(|e| format!("PTRACE_SINGLESTEP failed: {e}"))?;
+        let rf_auto = match stopped_at("step from the breakpoint")? {
+            a if a == target + 1 => true,
+            a if a == target => {
+                // Hit again: the resume flag is ours to set.
+                let mut regs = ptrace::getregs(pid).map_err(|e| format!("PTRACE_GETREGS failed: {e}"))?;
+                regs.eflags |= 1 << 16;
+                ptrace::setregs(pid, regs).map_err(|e| format!("PTRACE_SETREGS failed: {e}"))?;
+                ptrace::step(pid, None).map_err(|e| format!("PTRACE_SINGLESTEP failed: {e}"))?;
+                let a = stopped_at("step with RF set")?;
+                if a != target + 1 {
+                    return Err(format!("a step with RF set stopped at {a:#x}, not {:#x}", target + 1));
+                }
+                false
+            }
+            a => return Err(format!("a step from the breakpoint stopped at {a:#x}")),
+        };
+        // Moved elsewhere, the breakpoint lets the child run on to its exit(0).
+        set_dr(tid, 0, start).map_err(|e| format!("moving DR0 failed: {e}"))?;
+        ptrace::cont(pid, None).map_err(|e| format!("PTRACE_CONT failed: {e}"))?;
+        match wait_no_eintr(pid) {
+            Ok(WaitStatus::Exited(_, 0)) => Ok(HwBreak::Works { rf_auto }),
+            other => Err(format!("after moving DR0 the child did not exit: {other:?}")),
+        }
+    })();
+    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    let _ = wait_no_eintr(pid);
+    result.unwrap_or_else(HwBreak::Unavailable)
+}
+
+fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
+    loop {
+        match waitpid(pid, None) {
+            Err(Errno::EINTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Whether the decoder knows where `insn` goes: it falls through, or it is a direct jump or call.
+pub fn known(insn: &Insn) -> bool {
+    match insn.flow {
+        Flow::Next | Flow::RepString => true,
+        Flow::Jump | Flow::Call => insn.target.is_some(),
+        _ => false,
+    }
+}
+
+/// The stop point of the path from `start` (rule 1): the first instruction not [`known`].
+/// `decode` gives `None` for code that may change unseen. `None`: no plan (rule 2).
+pub fn plan(mut decode: impl FnMut(u64) -> Option<Insn>, start: u64, limit: u32) -> Option<u64> {
+    let mut pc = start;
+    for _ in 0..limit {
+        let insn = decode(pc)?;
+        if !known(&insn) {
+            return Some(pc);
+        }
+        pc = match insn.flow {
+            Flow::Jump | Flow::Call => insn.target.expect("known"),
+            _ => pc.wrapping_add(insn.len as u64),
+        };
+    }
+    None
+}
+
+/// A taken direct branch on a path: `icount` instructions since the previous one (or the
+/// path's start), this one included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathBranch {
+    pub icount: u32,
+    pub from: u64,
+    pub to: u64,
+    pub flow: Flow,
+}
+
+/// Walk the path from `start` up to (not including) `until` (rule 4), calling `on_branch` for
+/// each direct jump or call. Returns the instructions after the last branch, or `None` when
+/// `until` is not on the path (then nothing is known of what ran).
+pub fn follow(
+    mut decode: impl FnMut(u64) -> Insn,
+    start: u64,
+    until: u64,
+    limit: u32,
+    mut on_branch: impl FnMut(PathBranch),
+) -> Option<u32> {
+    let mut pc = start;
+    let mut n = 0u32;
+    for _ in 0..=limit {
+        if pc == until {
+            return Some(n);
+        }
+        let insn = decode(pc);
+        if !known(&insn) {
+            return None;
+        }
+        n += 1;
+        match insn.flow {
+            Flow::Jump | Flow::Call => {
+                let to = insn.target.expect("known");
+                on_branch(PathBranch { icount: n, from: pc, to, flow: insn.flow });
+                n = 0;
+                pc = to;
+            }
+            _ => pc = pc.wrapping_add(insn.len as u64),
+        }
+    }
+    None
+}
+
+/// A run in progress: from `start` to the breakpoint at `stop`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Run {
+    pub(super) start: u64,
+    pub(super) stop: u64,
+}
+
+impl Session<'_> {
+    /// Resume `tid` (stepping, no signal to deliver) with a run to its next stop point if the
+    /// rules allow one. False: single-step it (after [`Self::hw_before_step`]).
+    pub(super) fn hw_run(&mut self, tid: i32) -> bool {
+        let t = &self.threads[&tid];
+        let Some(p) = t.pending else { return false };
+        if t.arch.compat || !known(&p.insn) {
+            return false;
+        }
+        let (pid, arch) = (t.pid, t.arch);
+        let stop = plan(
+            |pc| {
+                let insn = self.decode(pid, arch, pc);
+                // Cached means stable (read-only code); anything else may change unseen.
+                self.procs.get(&pid).is_some_and(|p| p.code.contains_key(&pc)).then_some(insn)
+            },
+            p.pc,
+            PLAN_LIMIT,
+        );
+        let Some(stop) = stop else { return false };
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        if t.dr0 != stop {
+            if let Err(e) = set_dr(tid, 0, stop) {
+                self.hw_failed(tid, e);
+                return true;
+            }
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.dr0 = stop;
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        if !t.dr7_on {
+            if let Err(e) = set_dr(tid, 7, DR7_DR0_EXEC) {
+                self.hw_failed(tid, e);
+                return true;
+            }
+            self.threads.get_mut(&tid).expect("thread exists").dr7_on = true;
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.hw_run = Some(Run { start: p.pc, stop });
+        t.injected = None;
+        if let Err(e) = ptrace::cont(Pid::from_raw(tid), None) {
+            t.hw_run = None;
+            if e != Errno::ESRCH {
+                self.finish_thread(tid, itrace_format::StopReason::TracerError, e as i32);
+            }
+        }
+        true
+    }
+
+    fn hw_failed(&mut self, tid: i32, e: Errno) {
+        if e != Errno::ESRCH {
+            self.finish_thread(tid, itrace_format::StopReason::TracerError, e as i32);
+        }
+    }
+
+    /// Before single-stepping `tid` (rule 5): a breakpoint on the instruction it is on would
+    /// stop the step before it executes, unless the kernel set the resume flag.
+    pub(super) fn hw_before_step(&mut self, tid: i32) {
+        let rf_auto = self.opts.hw_rf_auto;
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        let on_it = t.pending.is_some_and(|p| p.pc == t.dr0);
+        if t.dr7_on && on_it && !rf_auto && set_dr(tid, 7, 0).is_ok() {
+            t.dr7_on = false;
+        }
+    }
+
+    /// A thread with a run in progress stopped (rule 4): count the path up to where it is and
+    /// decode what it runs next. Returns whether the stop is the run's breakpoint.
+    pub(super) fn hw_stopped(&mut self, tid: i32, sig: i32) -> bool {
+        let Some(t) = self.threads.get_mut(&tid) else { return false };
+        let Some(run) = t.hw_run.take() else { return false };
+        let Ok(regs) = getregs(tid) else { return false };
+        let rip = regs.rip;
+        let t = &self.threads[&tid];
+        let (pid, arch, cpu) = (t.pid, t.arch, t.cpu);
+        let mut branches: Vec<PathBranch> = Vec::new();
+        let tail = follow(|pc| self.decode(pid, arch, pc), run.start, rip, PLAN_LIMIT, |b| branches.push(b));
+        for b in branches {
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.icount += b.icount - 1;
+            let rec = super::step::branch(t, true, b.from, b.to, b.flow.branch_kind(), 0, 0);
+            self.push_branch(cpu, rec);
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        match tail {
+            Some(n) => t.icount += n,
+            None => self.hw_lost += 1,
+        }
+        self.update_pending_after(tid, rip, &regs, false);
+        sig == libc::SIGTRAP && rip == run.stop
+    }
+
+    /// Detach: leave no breakpoint behind (rule 6).
+    pub(super) fn hw_clear(&mut self, tid: i32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            if t.dr7_on && set_dr(tid, 7, 0).is_ok() {
+                t.dr7_on = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use itrace_decoders::x86;
+
+    // 0x1000: mov $3,%ecx; 0x1005: dec %ecx; 0x1007: jnz 0x1005; 0x1009: call 0x1010;
+    // 0x100e: nop; nop; 0x1010: rep movsb; 0x1012: jmp 0x100e
+    const CODE: [u8; 20] = [
+        0xb9, 3, 0, 0, 0, // mov $3,%ecx
+        0xff, 0xc9, // dec %ecx
+        0x75, 0xfc, // jnz 0x1005
+        0xe8, 0x02, 0, 0, 0, // call 0x1010
+        0x90, 0x90, // 0x100e: nop; nop
+        0xf3, 0xa4, // 0x1010: rep movsb
+        0xeb, 0xfa, // 0x1012: jmp 0x100e
+    ];
+
+    fn dec(pc: u64) -> Insn {
+        x86::decode(64, pc, &CODE[(pc - 0x1000) as usize..])
+    }
+
+    #[test]
+    fn plans_stop_at_the_first_unknown_instruction() {
+        assert_eq!(plan(|pc| Some(dec(pc)), 0x1000, 100), Some(0x1007)); // the jnz
+        assert_eq!(plan(|pc| Some(dec(pc)), 0x1007, 100), Some(0x1007)); // on it: single-step
+                                                                         // call, rep movsb, jmp, nop, nop, rep movsb, ...: a loop with no stop point
+        assert_eq!(plan(|pc| Some(dec(pc)), 0x1009, 100), None);
+        // Code that may change: no plan.
+        assert_eq!(plan(|pc| (pc < 0x1005).then(|| dec(pc)), 0x1000, 100), None);
+    }
+
+    #[test]
+    fn paths_count_like_single_steps() {
+        let mut seen = Vec::new();
+        // mov, dec, stopped at the jnz.
+        assert_eq!(follow(dec, 0x1000, 0x1007, 100, |b| seen.push(b)), Some(2));
+        assert!(seen.is_empty());
+        // call (a branch record of 1 instruction), rep movsb, jmp (2), nop: stopped at the second nop.
+        assert_eq!(follow(dec, 0x1009, 0x100f, 100, |b| seen.push(b)), Some(1));
+        assert_eq!(
+            seen,
+            [
+                PathBranch { icount: 1, from: 0x1009, to: 0x1010, flow: Flow::Call },
+                PathBranch { icount: 2, from: 0x1012, to: 0x100e, flow: Flow::Jump },
+            ]
+        );
+        // Stopped before anything ran.
+        assert_eq!(follow(dec, 0x1000, 0x1000, 100, |_| {}), Some(0));
+        // A pc off the path.
+        assert_eq!(follow(dec, 0x1000, 0x1009, 100, |_| {}), None);
+    }
+
+    #[test]
+    fn probe_runs() {
+        // Whatever this machine does, the probe answers without hanging or killing us.
+        let r = probe_hw_breakpoints();
+        eprintln!("debug-register breakpoints: {r:?}");
+    }
+}
