@@ -379,6 +379,11 @@ impl Session<'_> {
             self.resume(tid, 0);
             return;
         };
+        if self.opts.hw_step && self.hw_rehit(tid, &regs) {
+            // The step stopped on the breakpoint again: step once more without it.
+            self.resume(tid, 0);
+            return;
+        }
         if self.opts.emulate_block_step && !self.emulated_block_ended(tid, &regs) {
             self.resume(tid, 0);
             return;
