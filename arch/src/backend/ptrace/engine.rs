@@ -173,6 +173,8 @@ pub(super) struct Process {
     pub(super) retired: Vec<u64>,
     /// Whether the triggers have been resolved and inserted.
     pub(super) triggers_set: bool,
+    /// Debug-register mode: the condition code of the plain Jcc at an address (None: not one).
+    pub(super) jcc: IntMap<u64, Option<u8>>,
 }
 
 impl Process {
@@ -185,6 +187,7 @@ impl Process {
             bps: Breakpoints::default(),
             retired: Vec::new(),
             triggers_set: false,
+            jcc: IntMap::default(),
         }
     }
 }

@@ -390,6 +390,9 @@ impl Session<'_> {
         }
         let mut inject = 0;
         self.on_step(tid, &regs, &mut inject);
+        if self.opts.hw_step && inject == 0 {
+            self.hw_emulate(tid, &regs);
+        }
         if let Some(t) = self.threads.get_mut(&tid) {
             t.emu_prev = regs.rip;
         }

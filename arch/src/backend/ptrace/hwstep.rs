@@ -43,11 +43,17 @@
 //! 6. Debug registers are per thread: a new thread or process starts without them, exec
 //!    clears them (the kernel flushes ptrace breakpoints there), and detach clears DR7.
 //!
+//! 7. **Conditional jumps are taken by us.** Stopped on a plain `Jcc` (not LOOP/JRCXZ, no
+//!    operand-size prefix, read-only code, 64-bit thread), itrace reads the flags, writes the
+//!    record a step would, and sets the pc to the target or the next instruction
+//!    (`PTRACE_SETREGS`, cheaper than a trap) before planning the next run. A Jcc to itself is
+//!    stepped (a stop on it would not tell whether it ran).
+//!
 //! Not handled (yet): a restartable sequence (rseq) aborted by the kernel moves the pc off the
 //! path without a signal, and the thread would run on untraced past `Z`; `mov ss`/`pop ss`
 //! hold back a breakpoint on the next instruction; another thread making code writable and
-//! changing it during a run is not seen. Conditional branches and returns are single-stepped:
-//! two traps (breakpoint, step) per unknown instruction.
+//! changing it during a run is not seen. Returns and indirect jumps and calls are
+//! single-stepped: two traps (breakpoint, step) each.
 
 use super::engine::*;
 use itrace_decoders::{Flow, Insn};
@@ -185,6 +191,38 @@ fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
             r => return r,
         }
     }
+}
+
+/// The condition code (0-15, the low nibble of the opcode) of a plain `Jcc rel8/rel32` in
+/// 64-bit code; `None` for anything else (LOOP, JRCXZ, an operand-size prefix).
+pub fn jcc_condition(bytes: &[u8]) -> Option<u8> {
+    let mut i = 0;
+    // Branch hints (CS, DS) and BND/REP, which change nothing here.
+    while i < bytes.len() && matches!(bytes[i], 0x2e | 0x3e | 0xf2 | 0xf3) {
+        i += 1;
+    }
+    match bytes.get(i..)? {
+        [op @ 0x70..=0x7f, ..] => Some(op & 0xf),
+        [0x0f, op @ 0x80..=0x8f, ..] => Some(op & 0xf),
+        _ => None,
+    }
+}
+
+/// Whether a Jcc with condition code `cc` is taken with these flags.
+pub fn jcc_taken(cc: u8, eflags: u64) -> bool {
+    let f = |bit: u32| eflags >> bit & 1 != 0;
+    let (cf, pf, zf, sf, of) = (f(0), f(2), f(6), f(7), f(11));
+    let base = match cc >> 1 {
+        0 => of,
+        1 => cf,
+        2 => zf,
+        3 => cf || zf,
+        4 => sf,
+        5 => pf,
+        6 => sf != of,
+        _ => zf || sf != of,
+    };
+    base != (cc & 1 != 0)
 }
 
 /// Whether the decoder knows where `insn` goes: it falls through, or it is a direct jump or call.
@@ -369,7 +407,64 @@ impl Session<'_> {
             None => self.hw_lost += 1,
         }
         self.update_pending_after(tid, rip, &regs, false);
-        sig == libc::SIGTRAP && rip == run.stop
+        let hit = sig == libc::SIGTRAP && rip == run.stop;
+        if hit {
+            self.hw_emulate(tid, &regs);
+        }
+        hit
+    }
+
+    /// Rule 7: the thread is stopped on a plain conditional jump (`regs` are its registers):
+    /// take it here, from the flags, instead of stepping it. The pc is set to where it goes,
+    /// the record is written as a step would write it. Repeats while the next one is one too.
+    pub(super) fn hw_emulate(&mut self, tid: i32, regs: &libc::user_regs_struct) {
+        let mut regs = *regs;
+        let mut moved = false;
+        for _ in 0..16 {
+            let t = &self.threads[&tid];
+            let Some(p) = t.pending else { break };
+            if p.insn.flow != Flow::CondJump || t.arch.compat || t.injected.is_some() || regs.rip != p.pc {
+                break;
+            }
+            let (pid, cpu) = (t.pid, t.cpu);
+            let Some(cc) = self.jcc_at(pid, p.pc) else { break };
+            let Some(target) = p.insn.target else { break };
+            let next = p.pc.wrapping_add(p.insn.len as u64);
+            let to = if jcc_taken(cc, regs.eflags) { target } else { next };
+            if to == p.pc {
+                break; // a jump to itself: a stop on it again would be ambiguous; step it.
+            }
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.icount += 1;
+            if to != next {
+                let b = super::step::branch(t, false, p.pc, to, itrace_format::BranchKind::CondJump, 0, 0);
+                self.push_branch(cpu, b);
+            }
+            regs.rip = to;
+            moved = true;
+            self.update_pending_after(tid, to, &regs, false);
+        }
+        if moved {
+            if let Err(e) = ptrace::setregs(Pid::from_raw(tid), regs) {
+                self.hw_failed(tid, e);
+            }
+        }
+    }
+
+    /// The condition code of the plain Jcc at `pc` (read-only code only), cached.
+    fn jcc_at(&mut self, pid: i32, pc: u64) -> Option<u8> {
+        let p = self.procs.get(&pid)?;
+        if let Some(&cc) = p.jcc.get(&pc) {
+            return cc;
+        }
+        if !p.code.contains_key(&pc) {
+            return None; // may change unseen
+        }
+        let mut buf = [0u8; 8];
+        let n = super::tables::read_mem(pid, pc, &mut buf);
+        let cc = jcc_condition(&buf[..n]);
+        self.procs.get_mut(&pid)?.jcc.insert(pc, cc);
+        cc
     }
 
     /// Detach: leave no breakpoint behind (rule 6).
@@ -432,6 +527,19 @@ mod tests {
         assert_eq!(follow(dec, 0x1000, 0x1000, 100, |_| {}), Some(0));
         // A pc off the path.
         assert_eq!(follow(dec, 0x1000, 0x1009, 100, |_| {}), None);
+    }
+
+    #[test]
+    fn conditions() {
+        assert_eq!(jcc_condition(&[0x75, 0xfc]), Some(5));
+        assert_eq!(jcc_condition(&[0x3e, 0x0f, 0x84, 0, 0, 0, 0]), Some(4));
+        assert_eq!(jcc_condition(&[0xe2, 0xfc]), None); // loop
+        assert_eq!(jcc_condition(&[0x66, 0x75, 0xfc]), None);
+        let zf = 1 << 6;
+        assert!(jcc_taken(4, zf) && !jcc_taken(5, zf) && jcc_taken(5, 0));
+        let (sf, of, cf) = (1 << 7, 1 << 11, 1);
+        assert!(jcc_taken(0xc, sf) && !jcc_taken(0xc, sf | of) && jcc_taken(0xe, zf) && jcc_taken(0xf, sf | of));
+        assert!(jcc_taken(6, cf) && jcc_taken(7, 0) && !jcc_taken(7, zf));
     }
 
     #[test]
