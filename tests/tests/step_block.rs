@@ -1,0 +1,120 @@
+//! `--step block` (debug-register breakpoints, arch/src/backend/ptrace/hwstep.rs) against
+//! `--step instruction`: the same program recorded both ways gives the same records, one by
+//! one, in `itrace dump` (timestamps, file offsets, pids and the step method aside).
+//! Skipped (with a message) where the probe finds the breakpoints do not work.
+
+use itrace_tests::{itrace, program, record, test_dir};
+
+/// `itrace dump` text without what differs between two recordings of one program.
+fn normalized(dump: &str) -> Vec<String> {
+    dump.lines()
+        .map(|line| {
+            // "0x000021ec cpu0 TraceOn(...)": the file offset goes; so does a branch's timestamp
+            // ("0x... cpu0 11349238898155 U CondJump ...").
+            let mut words: Vec<&str> = line.split(' ').collect();
+            if words.first().is_some_and(|w| w.starts_with("0x")) {
+                words.remove(0);
+            }
+            if words.first().is_some_and(|w| w.starts_with("cpu"))
+                && words.get(1).is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
+            {
+                words.remove(1);
+            }
+            let mut out: Vec<String> = Vec::new();
+            let mut blank_next = false;
+            for w in words {
+                if w.starts_with("step=") {
+                    continue;
+                }
+                if blank_next {
+                    blank_next = false;
+                    let rest = w.trim_start_matches(|c: char| c.is_ascii_digit());
+                    out.push(format!("N{rest}"));
+                    continue;
+                }
+                if matches!(w, "ts:" | "pid:" | "tid:" | "ppid:") {
+                    blank_next = true;
+                }
+                if let Some(v) = w.strip_prefix("tid=") {
+                    out.push(format!("tid=N{}", v.trim_start_matches(|c: char| c.is_ascii_digit())));
+                    continue;
+                }
+                out.push(w.to_string());
+            }
+            out.join(" ")
+        })
+        .collect()
+}
+
+/// Records `name` with `--step instruction` and `--step block` and compares the dumps. False if
+/// block stepping is not available here.
+fn same_trace(name: &str) -> bool {
+    let bin = program(name);
+    let dir = test_dir(&format!("step_block-{name}"));
+    let mut dumps = Vec::new();
+    for step in ["instruction", "block"] {
+        let trace = dir.join(format!("{step}.itr"));
+        let rec = record(&trace, &["--step", step], &bin, &[]);
+        if step == "block" && rec.stderr.contains("debug-register breakpoints do not work") {
+            eprintln!("skipped: {}", rec.stderr.trim());
+            return false;
+        }
+        assert!(
+            rec.status.code().is_some(),
+            "{name}: itrace record --step {step} was killed:\n{}",
+            rec.stderr
+        );
+        assert!(rec.stderr.contains("itrace: "), "{name} --step {step}: no summary:\n{}", rec.stderr);
+        if step == "block" {
+            assert!(rec.stderr.contains("ptrace-hwbreak"), "{name}: the summary names the method:\n{}", rec.stderr);
+        }
+        let dump = itrace([std::ffi::OsStr::new("dump"), trace.as_os_str()]);
+        dump.assert_success();
+        std::fs::write(dir.join(format!("{step}.dump")), &dump.stdout).unwrap();
+        dumps.push(normalized(&dump.stdout));
+    }
+    let (single, block) = (&dumps[0], &dumps[1]);
+    assert!(single.len() > 10, "{name}: a trace of {} lines", single.len());
+    for (i, (s, b)) in single.iter().zip(block).enumerate() {
+        assert_eq!(s, b, "{name}: dump line {} differs (files in {})", i + 1, dir.display());
+    }
+    assert_eq!(single.len(), block.len(), "{name}: dump lengths differ (files in {})", dir.display());
+    true
+}
+
+macro_rules! same {
+    ($($test:ident => $name:literal),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                same_trace($name);
+            }
+        )*
+    };
+}
+
+same! {
+    count_loop => "count_loop",
+    long_loop => "long_loop",
+    branches => "branches",
+    loops => "loops",
+    fib => "fib",
+    funcptr => "funcptr",
+    jumptable => "jumptable",
+    longjmp => "longjmp",
+    signal => "signal",
+    crash => "crash",
+}
+
+#[test]
+fn normalizing() {
+    let a = "# itrace trace v2.0 arch=x86_64 mode=continuous step=ptrace-hwbreak cpus=2\n\
+             0x0000220c cpu0 11349238898155 U CondJump flags=0 aux=0 0x40100b -> 0x401007 tid=5500 n=5\n\
+             0x0000009c mte Mte(ProcessName { ts: 11349232912494, pid: 5500, ppid: 5494, name: \"x\" })";
+    let b = "# itrace trace v2.0 arch=x86_64 mode=continuous step=ptrace-singlestep cpus=2\n\
+             0x0000230c cpu0 21349238898155 U CondJump flags=0 aux=0 0x40100b -> 0x401007 tid=5600 n=5\n\
+             0x0000019c mte Mte(ProcessName { ts: 21349232912494, pid: 5600, ppid: 5594, name: \"x\" })";
+    assert_eq!(normalized(a), normalized(b));
+    let c = a.replace("n=5", "n=6");
+    assert_ne!(normalized(a), normalized(&c));
+}
