@@ -61,6 +61,8 @@ pub struct RecordOptions<'a> {
     pub hw_step: bool,
     /// With `hw_step`: the kernel sets the resume flag after a breakpoint hit (the probe's finding).
     pub hw_rf_auto: bool,
+    /// With `hw_step`: returns may be carried out by itrace (the CPU has no user shadow stack).
+    pub hw_emulate_ret: bool,
     /// Region tracing: threads run untraced until a trigger starts them. Called with a process's
     /// executable mappings (once its program and libraries are loaded, or at attach), it returns
     /// the trigger addresses. `None` traces everything.
@@ -173,8 +175,8 @@ pub(super) struct Process {
     pub(super) retired: Vec<u64>,
     /// Whether the triggers have been resolved and inserted.
     pub(super) triggers_set: bool,
-    /// Debug-register mode: the condition code of the plain Jcc at an address (None: not one).
-    pub(super) jcc: IntMap<u64, Option<u8>>,
+    /// Debug-register mode: what itrace can carry out itself of the instruction at an address.
+    pub(super) emul: IntMap<u64, Option<super::hwstep::Emul>>,
 }
 
 impl Process {
@@ -187,7 +189,7 @@ impl Process {
             bps: Breakpoints::default(),
             retired: Vec::new(),
             triggers_set: false,
-            jcc: IntMap::default(),
+            emul: IntMap::default(),
         }
     }
 }

@@ -43,17 +43,20 @@
 //! 6. Debug registers are per thread: a new thread or process starts without them, exec
 //!    clears them (the kernel flushes ptrace breakpoints there), and detach clears DR7.
 //!
-//! 7. **Conditional jumps are taken by us.** Stopped on a plain `Jcc` (not LOOP/JRCXZ, no
-//!    operand-size prefix, read-only code, 64-bit thread), itrace reads the flags, writes the
-//!    record a step would, and sets the pc to the target or the next instruction
-//!    (`PTRACE_SETREGS`, cheaper than a trap) before planning the next run. A Jcc to itself is
-//!    stepped (a stop on it would not tell whether it ran).
+//! 7. **Conditional jumps and returns are carried out by itrace.** Stopped on a plain `Jcc`
+//!    (not LOOP/JRCXZ, no operand-size prefix) or a near `ret`/`ret imm16` in read-only code
+//!    of a 64-bit thread, itrace reads the flags (Jcc) or the return address at rsp (ret, which
+//!    also pops it), writes the record a step would, and sets the registers
+//!    (`PTRACE_SETREGS`, cheaper than a trap) before planning the next run. Returns are
+//!    stepped instead where the CPU offers user shadow stacks (`user_shstk` in
+//!    /proc/cpuinfo), which a return done by itrace would leave unbalanced, and when the
+//!    return address cannot be read (the ret faults, by a step). A Jcc to itself is stepped.
 //!
 //! Not handled (yet): a restartable sequence (rseq) aborted by the kernel moves the pc off the
 //! path without a signal, and the thread would run on untraced past `Z`; `mov ss`/`pop ss`
 //! hold back a breakpoint on the next instruction; another thread making code writable and
-//! changing it during a run is not seen. Returns and indirect jumps and calls are
-//! single-stepped: two traps (breakpoint, step) each.
+//! changing it during a run is not seen. Indirect jumps and calls are single-stepped: two
+//! traps (breakpoint, step) each.
 
 use super::engine::*;
 use itrace_decoders::{Flow, Insn};
@@ -193,19 +196,38 @@ fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
     }
 }
 
-/// The condition code (0-15, the low nibble of the opcode) of a plain `Jcc rel8/rel32` in
-/// 64-bit code; `None` for anything else (LOOP, JRCXZ, an operand-size prefix).
-pub fn jcc_condition(bytes: &[u8]) -> Option<u8> {
+/// An instruction itrace carries out itself in 64-bit code (rule 7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emul {
+    /// A plain `Jcc rel8/rel32` with this condition code (the low nibble of the opcode).
+    Jcc(u8),
+    /// A near `ret` (`ret imm16`: the bytes it also pops).
+    Ret(u16),
+}
+
+/// What of [`Emul`] the instruction in `bytes` is; `None` for anything else (LOOP, JRCXZ,
+/// far returns, an operand-size or REX prefix).
+pub fn emulable(bytes: &[u8]) -> Option<Emul> {
     let mut i = 0;
     // Branch hints (CS, DS) and BND/REP, which change nothing here.
     while i < bytes.len() && matches!(bytes[i], 0x2e | 0x3e | 0xf2 | 0xf3) {
         i += 1;
     }
     match bytes.get(i..)? {
-        [op @ 0x70..=0x7f, ..] => Some(op & 0xf),
-        [0x0f, op @ 0x80..=0x8f, ..] => Some(op & 0xf),
+        [op @ 0x70..=0x7f, ..] => Some(Emul::Jcc(op & 0xf)),
+        [0x0f, op @ 0x80..=0x8f, ..] => Some(Emul::Jcc(op & 0xf)),
+        [0xc3, ..] => Some(Emul::Ret(0)),
+        [0xc2, lo, hi, ..] => Some(Emul::Ret(u16::from_le_bytes([*lo, *hi]))),
         _ => None,
     }
+}
+
+/// Whether this CPU can give user space a shadow stack (then a return carried out by itrace
+/// would leave it behind, and returns are stepped).
+pub fn cpu_has_user_shadow_stack() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.lines().filter(|l| l.starts_with("flags")).any(|l| l.split_whitespace().any(|f| f == "user_shstk")))
+        .unwrap_or(true)
 }
 
 /// Whether a Jcc with condition code `cc` is taken with these flags.
@@ -414,30 +436,43 @@ impl Session<'_> {
         hit
     }
 
-    /// Rule 7: the thread is stopped on a plain conditional jump (`regs` are its registers):
-    /// take it here, from the flags, instead of stepping it. The pc is set to where it goes,
-    /// the record is written as a step would write it. Repeats while the next one is one too.
+    /// Rule 7: the thread is stopped on a plain conditional jump or a near return (`regs` are
+    /// its registers): carry it out here instead of stepping it. The record is written as a
+    /// step would write it. Repeats while the next instruction is one of those too.
     pub(super) fn hw_emulate(&mut self, tid: i32, regs: &libc::user_regs_struct) {
         let mut regs = *regs;
         let mut moved = false;
         for _ in 0..16 {
             let t = &self.threads[&tid];
             let Some(p) = t.pending else { break };
-            if p.insn.flow != Flow::CondJump || t.arch.compat || t.injected.is_some() || regs.rip != p.pc {
+            if !matches!(p.insn.flow, Flow::CondJump | Flow::Return)
+                || t.arch.compat
+                || t.injected.is_some()
+                || regs.rip != p.pc
+            {
                 break;
             }
             let (pid, cpu) = (t.pid, t.cpu);
-            let Some(cc) = self.jcc_at(pid, p.pc) else { break };
-            let Some(target) = p.insn.target else { break };
             let next = p.pc.wrapping_add(p.insn.len as u64);
-            let to = if jcc_taken(cc, regs.eflags) { target } else { next };
-            if to == p.pc {
-                break; // a jump to itself: a stop on it again would be ambiguous; step it.
-            }
+            let (to, kind) = match self.emul_at(pid, p.pc) {
+                Some(Emul::Jcc(cc)) => {
+                    let Some(target) = p.insn.target else { break };
+                    (if jcc_taken(cc, regs.eflags) { target } else { next }, itrace_format::BranchKind::CondJump)
+                }
+                Some(Emul::Ret(imm)) if self.opts.hw_emulate_ret => {
+                    let mut buf = [0u8; 8];
+                    if super::tables::read_mem(pid, regs.rsp, &mut buf) != 8 {
+                        break; // the ret faults: let it, by a step
+                    }
+                    regs.rsp = regs.rsp.wrapping_add(8 + imm as u64);
+                    (u64::from_le_bytes(buf), itrace_format::BranchKind::Return)
+                }
+                _ => break,
+            };
             let t = self.threads.get_mut(&tid).expect("thread exists");
             t.icount += 1;
-            if to != next {
-                let b = super::step::branch(t, false, p.pc, to, itrace_format::BranchKind::CondJump, 0, 0);
+            if to != next || kind == itrace_format::BranchKind::Return {
+                let b = super::step::branch(t, false, p.pc, to, kind, 0, 0);
                 self.push_branch(cpu, b);
             }
             regs.rip = to;
@@ -451,20 +486,20 @@ impl Session<'_> {
         }
     }
 
-    /// The condition code of the plain Jcc at `pc` (read-only code only), cached.
-    fn jcc_at(&mut self, pid: i32, pc: u64) -> Option<u8> {
+    /// What itrace can carry out of the instruction at `pc` (read-only code only), cached.
+    fn emul_at(&mut self, pid: i32, pc: u64) -> Option<Emul> {
         let p = self.procs.get(&pid)?;
-        if let Some(&cc) = p.jcc.get(&pc) {
-            return cc;
+        if let Some(&e) = p.emul.get(&pc) {
+            return e;
         }
         if !p.code.contains_key(&pc) {
             return None; // may change unseen
         }
         let mut buf = [0u8; 8];
         let n = super::tables::read_mem(pid, pc, &mut buf);
-        let cc = jcc_condition(&buf[..n]);
-        self.procs.get_mut(&pid)?.jcc.insert(pc, cc);
-        cc
+        let e = emulable(&buf[..n]);
+        self.procs.get_mut(&pid)?.emul.insert(pc, e);
+        e
     }
 
     /// Detach: leave no breakpoint behind (rule 6).
@@ -531,10 +566,14 @@ mod tests {
 
     #[test]
     fn conditions() {
-        assert_eq!(jcc_condition(&[0x75, 0xfc]), Some(5));
-        assert_eq!(jcc_condition(&[0x3e, 0x0f, 0x84, 0, 0, 0, 0]), Some(4));
-        assert_eq!(jcc_condition(&[0xe2, 0xfc]), None); // loop
-        assert_eq!(jcc_condition(&[0x66, 0x75, 0xfc]), None);
+        assert_eq!(emulable(&[0x75, 0xfc]), Some(Emul::Jcc(5)));
+        assert_eq!(emulable(&[0x3e, 0x0f, 0x84, 0, 0, 0, 0]), Some(Emul::Jcc(4)));
+        assert_eq!(emulable(&[0xe2, 0xfc]), None); // loop
+        assert_eq!(emulable(&[0x66, 0x75, 0xfc]), None);
+        assert_eq!(emulable(&[0xf3, 0xc3]), Some(Emul::Ret(0)));
+        assert_eq!(emulable(&[0xc2, 0x10, 0x00]), Some(Emul::Ret(16)));
+        assert_eq!(emulable(&[0xcb]), None); // far ret
+        assert_eq!(emulable(&[0x66, 0xc3]), None);
         let zf = 1 << 6;
         assert!(jcc_taken(4, zf) && !jcc_taken(5, zf) && jcc_taken(5, 0));
         let (sf, of, cf) = (1 << 7, 1 << 11, 1);

@@ -107,6 +107,7 @@ impl Recorder for PtraceRecorder {
             emulate_block_step: s.emulate_block_step,
             hw_step,
             hw_rf_auto,
+            hw_emulate_ret: hw_step && !hwstep::cpu_has_user_shadow_stack(),
             triggers: if wanted.is_empty() { None } else { Some(&resolve) },
         };
         output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
