@@ -3,7 +3,7 @@
 //! one, in `itrace dump` (timestamps, file offsets, pids and the step method aside).
 //! Skipped (with a message) where the probe finds the breakpoints do not work.
 
-use itrace_tests::{itrace, program, record, test_dir};
+use itrace_tests::{itrace, program, record, report_json, report_self_counts, test_dir};
 
 /// `itrace dump` text without what differs between two recordings of one program.
 fn normalized(dump: &str) -> Vec<String> {
@@ -104,6 +104,46 @@ same! {
     longjmp => "longjmp",
     signal => "signal",
     crash => "crash",
+    jit => "jit",
+    startstop => "startstop",
+}
+
+/// Programs whose threads or processes interleave differently from run to run: the self
+/// counts of their own functions `funcs` must be the same in both modes.
+fn same_counts(name: &str, options: &[&str], funcs: &[&str]) {
+    let bin = program(name);
+    let dir = test_dir(&format!("step_block-counts-{name}"));
+    let mut counts = Vec::new();
+    for step in ["instruction", "block"] {
+        let trace = dir.join(format!("{step}.itr"));
+        let mut opts = vec!["--step", step];
+        opts.extend_from_slice(options);
+        let rec = record(&trace, &opts, &bin, &[]);
+        if step == "block" && rec.stderr.contains("debug-register breakpoints do not work") {
+            eprintln!("skipped: {}", rec.stderr.trim());
+            return;
+        }
+        rec.assert_success();
+        let own = report_self_counts(&report_json(&trace), &bin);
+        let picked: Vec<(String, Option<u64>)> = funcs.iter().map(|f| (f.to_string(), own.get(*f).copied())).collect();
+        assert!(picked.iter().all(|(_, c)| c.is_some_and(|c| c > 0)), "{name} --step {step}: {picked:?}");
+        counts.push(picked);
+    }
+    assert_eq!(counts[0], counts[1], "{name}: self counts, --step instruction then --step block");
+}
+
+#[test]
+fn threads_created_mid_trace() {
+    same_counts("threads", &[], &["main", "thr_main", "thr_compute"]);
+}
+
+#[test]
+fn fork_and_exec() {
+    same_counts(
+        "forkexec",
+        &["--follow-forks"],
+        &["main", "fe_mix", "fe_parent_work", "fe_child_main", "fe_child_work", "fe_exec_work", "fe_spawn"],
+    );
 }
 
 #[test]
