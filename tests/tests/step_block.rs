@@ -3,7 +3,7 @@
 //! one, in `itrace dump` (timestamps, file offsets, pids and the step method aside).
 //! Skipped (with a message) where the probe finds the breakpoints do not work.
 
-use itrace_tests::{itrace, program, record, report_json, report_self_counts, test_dir};
+use itrace_tests::{itrace, program, record, report_calls, report_json, report_self_counts, test_dir};
 
 /// `itrace dump` text without what differs between two recordings of one program.
 fn normalized(dump: &str) -> Vec<String> {
@@ -157,4 +157,32 @@ fn normalizing() {
     assert_eq!(normalized(a), normalized(b));
     let c = a.replace("n=5", "n=6");
     assert_ne!(normalized(a), normalized(&c));
+}
+
+/// SIGALRM every millisecond lands anywhere in timer_compute's loop, mid-block in block mode:
+/// its own count must not move, and each handler call counts the same in both modes.
+#[test]
+fn timer_signals_mid_block() {
+    let bin = program("timer");
+    let dir = test_dir("step_block-timer");
+    let mut per_mode = Vec::new();
+    for step in ["instruction", "block"] {
+        let trace = dir.join(format!("{step}.itr"));
+        let rec = record(&trace, &["--step", step], &bin, &[]);
+        if step == "block" && rec.stderr.contains("debug-register breakpoints do not work") {
+            eprintln!("skipped: {}", rec.stderr.trim());
+            return;
+        }
+        rec.assert_success();
+        assert!(rec.stdout.contains("ticked"), "no SIGALRM arrived under --step {step}: {}", rec.stdout);
+        let report = report_json(&trace);
+        let own = report_self_counts(&report, &bin);
+        let calls = report_calls(&report, &bin);
+        let handler_calls = calls.get("timer_handler").copied().unwrap_or(0);
+        assert!(handler_calls > 0, "--step {step}: no handler call in the trace");
+        let handler_self = own.get("timer_handler").copied().unwrap_or(0);
+        assert_eq!(handler_self % handler_calls, 0, "--step {step}: handler calls differ in length");
+        per_mode.push((own.get("timer_compute").copied(), own.get("main").copied(), handler_self / handler_calls));
+    }
+    assert_eq!(per_mode[0], per_mode[1], "(timer_compute, main, per handler call): instruction, then block");
 }
