@@ -59,11 +59,7 @@ fn same_trace(name: &str) -> bool {
             eprintln!("skipped: {}", rec.stderr.trim());
             return false;
         }
-        assert!(
-            rec.status.code().is_some(),
-            "{name}: itrace record --step {step} was killed:\n{}",
-            rec.stderr
-        );
+        assert!(rec.status.code().is_some(), "{name}: itrace record --step {step} was killed:\n{}", rec.stderr);
         assert!(rec.stderr.contains("itrace: "), "{name} --step {step}: no summary:\n{}", rec.stderr);
         if step == "block" {
             assert!(rec.stderr.contains("ptrace-hwbreak"), "{name}: the summary names the method:\n{}", rec.stderr);

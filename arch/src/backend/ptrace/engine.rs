@@ -233,7 +233,10 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
     }
     s.run();
     if s.hw_lost > 0 {
-        eprintln!("itrace: warning: {} stops off the decoded path in block mode; instruction counts may be off", s.hw_lost);
+        eprintln!(
+            "itrace: warning: {} stops off the decoded path in block mode; instruction counts may be off",
+            s.hw_lost
+        );
     }
     s.save_jit_maps();
     s.out.stop_reason.get_or_insert(StopReason::Exited);
