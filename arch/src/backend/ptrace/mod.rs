@@ -104,7 +104,8 @@ impl Recorder for PtraceRecorder {
             follow_threads: s.follow_threads,
             stop,
             block_step,
-            emulate_block_step: s.emulate_block_step,
+            // (a test hook of the branch-trap mode, which --step block does not use)
+            emulate_block_step: s.emulate_block_step && !hw_step,
             hw_step,
             hw_rf_auto,
             hw_emulate_ret: hw_step && !hwstep::cpu_has_user_shadow_stack(),
