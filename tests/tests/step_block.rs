@@ -49,12 +49,15 @@ fn normalized(dump: &str) -> Vec<String> {
 /// Records `name` with `--step instruction` and `--step block` and compares the dumps. False if
 /// block stepping is not available here.
 fn same_trace(name: &str) -> bool {
-    let bin = program(name);
+    same_trace_of(name, &program(name))
+}
+
+fn same_trace_of(name: &str, bin: &std::path::Path) -> bool {
     let dir = test_dir(&format!("step_block-{name}"));
     let mut dumps = Vec::new();
     for step in ["instruction", "block"] {
         let trace = dir.join(format!("{step}.itr"));
-        let rec = record(&trace, &["--step", step], &bin, &[]);
+        let rec = record(&trace, &["--step", step], bin, &[]);
         if step == "block" && rec.stderr.contains("debug-register breakpoints do not work") {
             eprintln!("skipped: {}", rec.stderr.trim());
             return false;
@@ -181,4 +184,23 @@ fn timer_signals_mid_block() {
         per_mode.push((own.get("timer_compute").copied(), own.get("main").copied(), handler_self / handler_calls));
     }
     assert_eq!(per_mode[0], per_mode[1], "(timer_compute, main, per handler call): instruction, then block");
+}
+
+/// A 32-bit process (tests/programs/cross/i386.S, freestanding: call, ret, jnz, je, an
+/// indirect jmp, int $0x80), built here with `gcc -m32`; skipped where gcc cannot.
+#[test]
+fn i386_freestanding() {
+    let dir = test_dir("step_block-i386-build");
+    let bin = dir.join("i386");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("programs/cross/i386.S");
+    let built = std::process::Command::new("gcc")
+        .args(["-m32", "-nostdlib", "-static", "-no-pie", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: gcc -m32 cannot build {}", src.display());
+        return;
+    }
+    same_trace_of("i386", &bin);
 }

@@ -21,8 +21,7 @@
 //!    told from the step that follows), when any instruction on the path is in a writable
 //!    mapping (JIT or self-modifying code: only code that cannot change unseen is decoded
 //!    ahead, the rule of the decode cache), when the walk finds no stop point within
-//!    [`PLAN_LIMIT`] instructions (a loop of direct jumps), for a 32-bit (compat) thread
-//!    (not yet tried), and with region tracing (`--region`, `--start`, `--stop`: their int3s
+//!    [`PLAN_LIMIT`] instructions (a loop of direct jumps), and with region tracing (`--region`, `--start`, `--stop`: their int3s
 //!    are not modelled here).
 //! 3. **Run.** DR0 = `Z`, DR7 enables it as a one-byte execute breakpoint (written only when
 //!    they change), `PTRACE_CONT`. The breakpoint stops the thread before `Z` executes.
@@ -45,7 +44,7 @@
 //!
 //! 7. **Conditional jumps and returns are carried out by itrace.** Stopped on a plain `Jcc`
 //!    (not LOOP/JRCXZ, no operand-size prefix) or a near `ret`/`ret imm16` in read-only code
-//!    of a 64-bit thread, itrace reads the flags (Jcc) or the return address at rsp (ret, which
+//!    (64-bit or 32-bit: a return pops 8 or 4 bytes), itrace reads the flags (Jcc) or the return address at rsp (ret, which
 //!    also pops it), writes the record a step would, and sets the registers
 //!    (`PTRACE_SETREGS`, cheaper than a trap) before planning the next run. Returns are
 //!    stepped instead where the CPU offers user shadow stacks (`user_shstk` in
@@ -196,7 +195,7 @@ fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
     }
 }
 
-/// An instruction itrace carries out itself in 64-bit code (rule 7).
+/// An instruction itrace carries out itself (rule 7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Emul {
     /// A plain `Jcc rel8/rel32` with this condition code (the low nibble of the opcode).
@@ -330,7 +329,7 @@ impl Session<'_> {
     pub(super) fn hw_run(&mut self, tid: i32) -> bool {
         let t = &self.threads[&tid];
         let Some(p) = t.pending else { return false };
-        if t.arch.compat || !known(&p.insn) {
+        if !known(&p.insn) {
             return false;
         }
         let (pid, arch) = (t.pid, t.arch);
@@ -445,14 +444,10 @@ impl Session<'_> {
         for _ in 0..16 {
             let t = &self.threads[&tid];
             let Some(p) = t.pending else { break };
-            if !matches!(p.insn.flow, Flow::CondJump | Flow::Return)
-                || t.arch.compat
-                || t.injected.is_some()
-                || regs.rip != p.pc
-            {
+            if !matches!(p.insn.flow, Flow::CondJump | Flow::Return) || t.injected.is_some() || regs.rip != p.pc {
                 break;
             }
-            let (pid, cpu) = (t.pid, t.cpu);
+            let (pid, cpu, compat) = (t.pid, t.cpu, t.arch.compat);
             let next = p.pc.wrapping_add(p.insn.len as u64);
             let (to, kind) = match self.emul_at(pid, p.pc) {
                 Some(Emul::Jcc(cc)) => {
@@ -460,11 +455,14 @@ impl Session<'_> {
                     (if jcc_taken(cc, regs.eflags) { target } else { next }, itrace_format::BranchKind::CondJump)
                 }
                 Some(Emul::Ret(imm)) if self.opts.hw_emulate_ret => {
+                    // 32-bit code pops 4 bytes (esp wraps at 4 GiB).
+                    let width = if compat { 4 } else { 8 };
                     let mut buf = [0u8; 8];
-                    if super::tables::read_mem(pid, regs.rsp, &mut buf) != 8 {
+                    if super::tables::read_mem(pid, regs.rsp, &mut buf[..width]) != width {
                         break; // the ret faults: let it, by a step
                     }
-                    regs.rsp = regs.rsp.wrapping_add(8 + imm as u64);
+                    let sp = regs.rsp.wrapping_add(width as u64 + imm as u64);
+                    regs.rsp = if compat { sp & 0xffff_ffff } else { sp };
                     (u64::from_le_bytes(buf), itrace_format::BranchKind::Return)
                 }
                 _ => break,
