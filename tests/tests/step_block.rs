@@ -105,6 +105,7 @@ same! {
     crash => "crash",
     jit => "jit",
     startstop => "startstop",
+    segv => "segv",
 }
 
 /// Programs whose threads or processes interleave differently from run to run: the self
