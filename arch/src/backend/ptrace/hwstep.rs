@@ -1,9 +1,9 @@
-//! Block stepping with debug-register breakpoints (`--step block`, x86_64).
+//! Block stepping with debug-register breakpoints (`--step block`; x86_64 and i386 processes).
 //!
 //! Single-stepping traps once per instruction. Here a traced thread runs at full speed to the
 //! next instruction whose outcome the decoder cannot tell, stopped there by an execute
 //! breakpoint in DR0, and the instructions in between are counted by decoding. The records
-//! are the ones single-stepping writes.
+//! are the ones single-stepping writes (`tests/tests/step_block.rs` compares them).
 //!
 //! # The rules
 //!
@@ -15,16 +15,16 @@
 //!    through them, following direct jumps and calls. The first instruction that is not known
 //!    is the stop point `Z`: a conditional jump, a return, an indirect jump or call, a system
 //!    call, `int`/`int3`, `iret`, an undecodable instruction.
-//! 2. **Single-step instead** when `P` itself is not known (the instruction at a stop point
-//!    is single-stepped, so its record, system call K records included, comes from the
+//! 2. **Single-step instead** when `P` itself is not known and rule 7 does not apply (so the
+//!    record of a system call, K records included, or of an indirect branch comes from the
 //!    single-step code unchanged), when a signal is being delivered (the handler's entry is
 //!    told from the step that follows), when any instruction on the path is in a writable
 //!    mapping (JIT or self-modifying code: only code that cannot change unseen is decoded
-//!    ahead, the rule of the decode cache), when the walk finds no stop point within
-//!    [`PLAN_LIMIT`] instructions (a loop of direct jumps), and with region tracing (`--region`, `--start`, `--stop`: their int3s
-//!    are not modelled here).
-//! 3. **Run.** DR0 = `Z`, DR7 enables it as a one-byte execute breakpoint (written only when
-//!    they change), `PTRACE_CONT`. The breakpoint stops the thread before `Z` executes.
+//!    ahead, the rule of the decode cache), and when the walk finds no stop point within
+//!    [`PLAN_LIMIT`] instructions (a loop of direct jumps). Region tracing (`--region`,
+//!    `--start`, `--stop`, whose int3s are not modelled here) refuses `--step block`.
+//! 3. **Run.** DR0 = `Z`, DR7 enables it as a one-byte execute breakpoint (each written only
+//!    when it changes), `PTRACE_CONT`. The breakpoint stops the thread before `Z` executes.
 //! 4. **Account.** At the next stop, at pc `R`, walk the same path from `P` to `R`: each
 //!    instruction adds one to the count, each direct jump or call on it writes its branch
 //!    record as single-stepping would (from, to, kind, count). `R == Z` with SIGTRAP is the
@@ -32,30 +32,32 @@
 //!    another process or a timer, a fault (SIGSEGV, SIGFPE) on the faulting instruction, a
 //!    ptrace event or our interrupt. The signal is then delivered by a single step, as in
 //!    single-step mode. A SIGTRAP away from `Z` is not ours (the breakpoint is only at `Z`)
-//!    and is passed on. A path visits no pc twice (it would be an endless loop with no stop
-//!    point), so the first `R` on it is the one.
-//! 5. **Getting past the breakpoint.** The thread then sits on `Z` with DR0 = `Z`. Where the
+//!    and is passed on; one that surfaces after our interrupt with no run or step under way
+//!    is a breakpoint hit already counted, and is dropped. A path visits no pc twice (it
+//!    would be an endless loop with no stop point), so the first `R` on it is the one. An `R`
+//!    not on the path is counted as lost and warned about at the end (never seen in tests).
+//! 5. **Getting past the breakpoint.** A thread stepped from `Z` has DR0 = `Z`. Where the
 //!    kernel does not set the resume flag itself ([`HwBreak::Works`]`{ rf_auto }`), DR7 is
 //!    cleared before single-stepping an instruction DR0 points at. Where it does, the flag is
-//!    still lost now and then: a step that stops on `Z` again with a breakpoint si_code
-//!    (`TRAP_HWBKPT`) did not run it, and is repeated with DR7 cleared.
-//! 6. Debug registers are per thread: a new thread or process starts without them, exec
-//!    clears them (the kernel flushes ptrace breakpoints there), and detach clears DR7.
-//!
+//!    still lost now and then (about once in 100,000): a step that stops on `Z` again with a
+//!    breakpoint si_code (`TRAP_HWBKPT`) did not run it, and is repeated with DR7 cleared.
+//! 6. **Per thread.** Debug registers are per thread: a new thread or process starts without
+//!    them, exec clears them (the kernel flushes ptrace breakpoints there), detach clears DR7.
 //! 7. **Conditional jumps and returns are carried out by itrace.** Stopped on a plain `Jcc`
 //!    (not LOOP/JRCXZ, no operand-size prefix) or a near `ret`/`ret imm16` in read-only code
-//!    (64-bit or 32-bit: a return pops 8 or 4 bytes), itrace reads the flags (Jcc) or the return address at rsp (ret, which
-//!    also pops it), writes the record a step would, and sets the registers
-//!    (`PTRACE_SETREGS`, cheaper than a trap) before planning the next run. Returns are
-//!    stepped instead where the CPU offers user shadow stacks (`user_shstk` in
-//!    /proc/cpuinfo), which a return done by itrace would leave unbalanced, and when the
-//!    return address cannot be read (the ret faults, by a step). A Jcc to itself is stepped.
+//!    (a return pops 8 bytes, 4 in a 32-bit process), itrace reads the flags or the return
+//!    address at the stack pointer, writes the record a step would, and sets the registers
+//!    (`PTRACE_SETREGS`, far cheaper than a trap) before planning the next run; so a run that
+//!    ends on one of them costs one trap. Returns are stepped instead where the CPU offers
+//!    user shadow stacks (`user_shstk` in /proc/cpuinfo), which a return done by itrace would
+//!    leave unbalanced, and when the return address cannot be read (the ret faults, by a
+//!    step). A Jcc to itself is stepped.
 //!
 //! Not handled (yet): a restartable sequence (rseq) aborted by the kernel moves the pc off the
 //! path without a signal, and the thread would run on untraced past `Z`; `mov ss`/`pop ss`
 //! hold back a breakpoint on the next instruction; another thread making code writable and
-//! changing it during a run is not seen. Indirect jumps and calls are single-stepped: two
-//! traps (breakpoint, step) each.
+//! changing it during a run is not seen. Indirect jumps and calls, system calls and
+//! interrupts are single-stepped: two traps (breakpoint, step) each.
 
 use super::engine::*;
 use itrace_decoders::{Flow, Insn};
