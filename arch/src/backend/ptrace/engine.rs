@@ -156,11 +156,19 @@ pub(super) struct Thread {
     pub(super) planned_syscall: Option<(u64, Insn, u32)>,
     /// Debug-register mode: the run in progress.
     pub(super) hw_run: Option<super::hwstep::Run>,
-    /// Debug-register mode: this thread's DR0, and whether DR7 enables it.
+    /// Debug-register mode: this thread's DR0, DR1 and DR7 as last written.
     pub(super) dr0: u64,
-    pub(super) dr7_on: bool,
+    pub(super) dr1: u64,
+    pub(super) dr7: u64,
     /// Debug-register mode: the last resume was a single step.
     pub(super) hw_stepped: bool,
+}
+
+impl Thread {
+    /// Debug-register mode: whether an enabled breakpoint of this thread is at `pc`.
+    pub(super) fn armed(&self, pc: u64) -> bool {
+        (self.dr7 & 1 != 0 && self.dr0 == pc) || (self.dr7 & 4 != 0 && self.dr1 == pc)
+    }
 }
 
 pub(super) struct Process {
@@ -279,7 +287,8 @@ impl Session<'_> {
             planned_syscall: None,
             hw_run: None,
             dr0: 0,
-            dr7_on: false,
+            dr1: 0,
+            dr7: 0,
             hw_stepped: false,
         }
     }

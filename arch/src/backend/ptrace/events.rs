@@ -119,7 +119,7 @@ impl Session<'_> {
         }
         if let Some(t) = self.threads.get_mut(&tid) {
             // exec flushes ptrace breakpoints.
-            (t.hw_run, t.dr0, t.dr7_on) = (None, 0, false);
+            (t.hw_run, t.dr0, t.dr1, t.dr7) = (None, 0, 0, 0);
         }
         if self.opts.block_step {
             // The old image is gone: account for the block up to execve from the plan made before it ran.

@@ -52,6 +52,13 @@
 //!    user shadow stacks (`user_shstk` in /proc/cpuinfo), which a return done by itrace would
 //!    leave unbalanced, and when the return address cannot be read (the ret faults, by a
 //!    step). A Jcc to itself is stepped.
+//! 8. **Through a conditional jump.** When the stop point `Z` of a plan is a conditional jump
+//!    with a target, plan on from both its target and its next instruction. If both give a
+//!    stop point, the two differ and neither is `Z`, the run does not stop at `Z`: DR0 waits
+//!    at the stop point after the taken jump, DR1 at the one after the fall-through, and the
+//!    one that stops the thread tells which way it went (the record is written as a step would
+//!    have). The paths to `Z`, and from it both ways, share no pc (a shared pc would lead to
+//!    one stop point), so a stop anywhere on them is placed exactly.
 //!
 //! Not handled (yet): a restartable sequence (rseq) aborted by the kernel moves the pc off the
 //! path without a signal, and the thread would run on untraced past `Z`; `mov ss`/`pop ss`
@@ -91,6 +98,8 @@ const TRAP_HWBKPT: i32 = 4;
 
 /// DR7 with DR0 enabled (local) as a one-byte execute breakpoint (R/W0 = 00, LEN0 = 00).
 pub const DR7_DR0_EXEC: u64 = 1;
+/// The same for DR1 (L1; R/W1 and LEN1 = 00).
+pub const DR7_DR1_EXEC: u64 = 1 << 2;
 
 /// Write debug register `n` of stopped thread `tid`.
 pub fn set_dr(tid: i32, n: usize, value: u64) -> Result<(), Errno> {
@@ -323,6 +332,20 @@ pub fn follow(
 pub(super) struct Run {
     pub(super) start: u64,
     pub(super) stop: u64,
+    /// Rule 8: `stop` is a conditional jump that runs too; breakpoints wait at the stop points
+    /// after it, (taken, not taken).
+    pub(super) cond: Option<Cond>,
+}
+
+/// Rule 8: the conditional jump a run goes through, and its two ways on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Cond {
+    /// Where it goes when taken, and the stop point from there.
+    pub(super) target: u64,
+    pub(super) taken_stop: u64,
+    /// The next instruction, and the stop point from there.
+    pub(super) next: u64,
+    pub(super) fall_stop: u64,
 }
 
 impl Session<'_> {
@@ -335,35 +358,56 @@ impl Session<'_> {
             return false;
         }
         let (pid, arch) = (t.pid, t.arch);
-        let stop = plan(
-            |pc| {
-                let insn = self.decode(pid, arch, pc);
-                // Cached means stable (read-only code); anything else may change unseen.
-                self.procs.get(&pid).is_some_and(|p| p.code.contains_key(&pc)).then_some(insn)
-            },
-            p.pc,
-            PLAN_LIMIT,
-        );
-        let Some(stop) = stop else { return false };
+        let stable = |s: &mut Self, pc: u64| {
+            let insn = s.decode(pid, arch, pc);
+            // Cached means stable (read-only code); anything else may change unseen.
+            s.procs.get(&pid).is_some_and(|p| p.code.contains_key(&pc)).then_some(insn)
+        };
+        let Some(stop) = plan(|pc| stable(self, pc), p.pc, PLAN_LIMIT) else { return false };
+        // Rule 8: through a conditional jump to the stop points after it.
+        let mut cond = None;
+        let z = stable(self, stop);
+        if let Some(Insn { flow: Flow::CondJump, target: Some(target), len }) = z {
+            let next = stop.wrapping_add(len as u64);
+            let taken_stop = plan(|pc| stable(self, pc), target, PLAN_LIMIT);
+            let fall_stop = plan(|pc| stable(self, pc), next, PLAN_LIMIT);
+            if let (Some(a), Some(b)) = (taken_stop, fall_stop) {
+                if a != b && a != stop && b != stop && target != next {
+                    cond = Some(Cond { target, taken_stop: a, next, fall_stop: b });
+                }
+            }
+        }
+        let (want0, want1, want7) = match cond {
+            Some(c) => (c.taken_stop, Some(c.fall_stop), DR7_DR0_EXEC | DR7_DR1_EXEC),
+            None => (stop, None, DR7_DR0_EXEC),
+        };
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        if t.dr0 != stop {
-            if let Err(e) = set_dr(tid, 0, stop) {
+        let (dr0, dr1) = (t.dr0, t.dr1);
+        let writes = [(0, want0, dr0 != want0), (1, want1.unwrap_or(dr1), want1.is_some_and(|w| w != dr1))];
+        for (n, value, needed) in writes {
+            if needed {
+                if let Err(e) = set_dr(tid, n, value) {
+                    self.hw_failed(tid, e);
+                    return true;
+                }
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                if n == 0 {
+                    t.dr0 = value;
+                } else {
+                    t.dr1 = value;
+                }
+            }
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        if t.dr7 != want7 {
+            if let Err(e) = set_dr(tid, 7, want7) {
                 self.hw_failed(tid, e);
                 return true;
             }
-            let t = self.threads.get_mut(&tid).expect("thread exists");
-            t.dr0 = stop;
+            self.threads.get_mut(&tid).expect("thread exists").dr7 = want7;
         }
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        if !t.dr7_on {
-            if let Err(e) = set_dr(tid, 7, DR7_DR0_EXEC) {
-                self.hw_failed(tid, e);
-                return true;
-            }
-            self.threads.get_mut(&tid).expect("thread exists").dr7_on = true;
-        }
-        let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.hw_run = Some(Run { start: p.pc, stop });
+        t.hw_run = Some(Run { start: p.pc, stop, cond });
         t.injected = None;
         if let Err(e) = ptrace::cont(Pid::from_raw(tid), None) {
             t.hw_run = None;
@@ -385,9 +429,9 @@ impl Session<'_> {
     pub(super) fn hw_before_step(&mut self, tid: i32) {
         let rf_auto = self.opts.hw_rf_auto;
         let Some(t) = self.threads.get_mut(&tid) else { return };
-        let on_it = t.pending.is_some_and(|p| p.pc == t.dr0);
-        if t.dr7_on && on_it && !rf_auto && set_dr(tid, 7, 0).is_ok() {
-            t.dr7_on = false;
+        let on_it = t.pending.is_some_and(|p| t.armed(p.pc));
+        if on_it && !rf_auto && set_dr(tid, 7, 0).is_ok() {
+            t.dr7 = 0;
         }
     }
 
@@ -396,13 +440,13 @@ impl Session<'_> {
     /// probe found `rf_auto`). DR7 is cleared so the next step executes the instruction.
     pub(super) fn hw_rehit(&mut self, tid: i32, regs: &libc::user_regs_struct) -> bool {
         let Some(t) = self.threads.get(&tid) else { return false };
-        let suspect = t.hw_stepped && t.dr7_on && regs.rip == t.dr0 && t.pending.is_some_and(|p| p.pc == regs.rip);
+        let suspect = t.hw_stepped && t.armed(regs.rip) && t.pending.is_some_and(|p| p.pc == regs.rip);
         // A conditional jump to itself lands here too, by a real step (TRAP_TRACE).
         if !suspect || ptrace::getsiginfo(Pid::from_raw(tid)).map(|si| si.si_code != TRAP_HWBKPT).unwrap_or(true) {
             return false;
         }
         if set_dr(tid, 7, 0).is_ok() {
-            self.threads.get_mut(&tid).expect("thread exists").dr7_on = false;
+            self.threads.get_mut(&tid).expect("thread exists").dr7 = 0;
         }
         true
     }
@@ -414,27 +458,70 @@ impl Session<'_> {
         let Some(run) = t.hw_run.take() else { return false };
         let Ok(regs) = getregs(tid) else { return false };
         let rip = regs.rip;
+        let mut hit = sig == libc::SIGTRAP && rip == run.stop;
+        let first = self.hw_path(tid, run.start, rip);
+        match (first, run.cond) {
+            (Some(path), _) => self.hw_account(tid, path),
+            (None, Some(c)) => {
+                // Past the conditional jump: the way it went is the path `rip` is on (the two
+                // are disjoint: a shared pc would lead both to one stop point).
+                let to_jcc = self.hw_path(tid, run.start, run.stop);
+                let taken = self.hw_path(tid, c.target, rip);
+                let went_taken = taken.is_some();
+                let fall = if went_taken { None } else { self.hw_path(tid, c.next, rip) };
+                match (to_jcc, taken, fall) {
+                    (Some(before), Some(after), _) | (Some(before), None, Some(after)) => {
+                        self.hw_account(tid, before);
+                        let t = self.threads.get_mut(&tid).expect("thread exists");
+                        t.icount += 1;
+                        if went_taken {
+                            let cpu = t.cpu;
+                            let b = super::step::branch(
+                                t,
+                                false,
+                                run.stop,
+                                c.target,
+                                itrace_format::BranchKind::CondJump,
+                                0,
+                                0,
+                            );
+                            self.push_branch(cpu, b);
+                        }
+                        self.hw_account(tid, after);
+                        hit = sig == libc::SIGTRAP && (rip == c.taken_stop || rip == c.fall_stop);
+                    }
+                    _ => self.hw_lost += 1,
+                }
+            }
+            (None, None) => self.hw_lost += 1,
+        }
+        self.update_pending_after(tid, rip, &regs, false);
+        if hit {
+            self.hw_emulate(tid, &regs);
+        }
+        hit
+    }
+
+    /// The path from `start` to `until` (rule 4), without recording anything: its direct
+    /// branches and the instructions after the last one. `None`: `until` is not on it.
+    fn hw_path(&mut self, tid: i32, start: u64, until: u64) -> Option<(Vec<PathBranch>, u32)> {
         let t = &self.threads[&tid];
-        let (pid, arch, cpu) = (t.pid, t.arch, t.cpu);
-        let mut branches: Vec<PathBranch> = Vec::new();
-        let tail = follow(|pc| self.decode(pid, arch, pc), run.start, rip, PLAN_LIMIT, |b| branches.push(b));
+        let (pid, arch) = (t.pid, t.arch);
+        let mut branches = Vec::new();
+        let tail = follow(|pc| self.decode(pid, arch, pc), start, until, PLAN_LIMIT, |b| branches.push(b))?;
+        Some((branches, tail))
+    }
+
+    /// Count a path walked by [`Self::hw_path`] and write its branch records.
+    fn hw_account(&mut self, tid: i32, (branches, tail): (Vec<PathBranch>, u32)) {
+        let cpu = self.threads[&tid].cpu;
         for b in branches {
             let t = self.threads.get_mut(&tid).expect("thread exists");
             t.icount += b.icount - 1;
             let rec = super::step::branch(t, true, b.from, b.to, b.flow.branch_kind(), 0, 0);
             self.push_branch(cpu, rec);
         }
-        let t = self.threads.get_mut(&tid).expect("thread exists");
-        match tail {
-            Some(n) => t.icount += n,
-            None => self.hw_lost += 1,
-        }
-        self.update_pending_after(tid, rip, &regs, false);
-        let hit = sig == libc::SIGTRAP && rip == run.stop;
-        if hit {
-            self.hw_emulate(tid, &regs);
-        }
-        hit
+        self.threads.get_mut(&tid).expect("thread exists").icount += tail;
     }
 
     /// Rule 7: the thread is stopped on a plain conditional jump or a near return (`regs` are
@@ -505,8 +592,8 @@ impl Session<'_> {
     /// Detach: leave no breakpoint behind (rule 6).
     pub(super) fn hw_clear(&mut self, tid: i32) {
         if let Some(t) = self.threads.get_mut(&tid) {
-            if t.dr7_on && set_dr(tid, 7, 0).is_ok() {
-                t.dr7_on = false;
+            if t.dr7 != 0 && set_dr(tid, 7, 0).is_ok() {
+                t.dr7 = 0;
             }
         }
     }
