@@ -119,6 +119,9 @@ code_enum! {
         Kernel = 4 => "kernel",
         /// An emulator's per-block callbacks.
         Emulated = 5 => "emulated",
+        /// ptrace with debug-register breakpoints: a stop per instruction whose outcome the
+        /// decoder cannot tell, blocks decoded to count (`--step block`).
+        PtraceHwBreak = 6 => "ptrace-hwbreak",
     }
 }
 

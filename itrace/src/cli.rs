@@ -56,6 +56,18 @@ pub enum BackendArg {
     Kmod,
 }
 
+/// `--step`: how the ptrace backend stops the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StepArg {
+    /// Every instruction (PTRACE_SINGLESTEP).
+    Instruction,
+    /// Block by block with debug-register breakpoints (x86_64; probed at start-up, an error
+    /// where they do not work); the trace is the same as single-stepping's.
+    Block,
+    /// PTRACE_SINGLEBLOCK where the branch trap works, else single steps.
+    Auto,
+}
+
 /// Architectures of programs run under qemu-user.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ArchArg {
@@ -145,6 +157,11 @@ pub struct RecordArgs {
     /// branch trap worked, to check that both give the same trace.
     #[arg(long, hide = true)]
     pub emulate_block_step: bool,
+    /// How the ptrace backend stops the program: every instruction, block by block with
+    /// hardware breakpoints (x86_64), or auto (PTRACE_SINGLEBLOCK where the branch trap works,
+    /// else every instruction). The trace is the same with each.
+    #[arg(long, value_enum, default_value_t = StepArg::Auto)]
+    pub step: StepArg,
     /// Attach to this running process (all its threads).
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,

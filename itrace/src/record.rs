@@ -76,6 +76,11 @@ pub fn settings(a: &RecordArgs) -> Result<RecordSettings> {
         })
         .collect();
     s.emulate_block_step = a.emulate_block_step;
+    s.step = match a.step {
+        crate::cli::StepArg::Instruction => itrace_arch::backend::StepChoice::Instruction,
+        crate::cli::StepArg::Block => itrace_arch::backend::StepChoice::Block,
+        crate::cli::StepArg::Auto => itrace_arch::backend::StepChoice::Auto,
+    };
     Ok(s)
 }
 

@@ -37,6 +37,30 @@ fn attach_to_spinner() {
     assert!(!lines.is_empty());
 }
 
+/// `--step block` (debug-register breakpoints): attach, trace a second, detach. The spinner
+/// must finish undisturbed: no breakpoint of ours is left in its debug registers.
+#[test]
+fn attach_block_stepping() {
+    let spinner = program("spinner");
+    let dir = test_dir("attach-step-block");
+    let (child, out, want) = start_spinner(ROUNDS, "10000");
+    let trace = dir.join("t.itr");
+    let pid = child.0.id().to_string();
+    let rec = run(Command::new(itrace_bin())
+        .args(["record", "--step", "block", "-p", &pid, "--duration", "1", "-o"])
+        .arg(&trace));
+    if rec.stderr.contains("debug-register breakpoints do not work") {
+        eprintln!("skipped: {}", rec.stderr.trim());
+        return;
+    }
+    rec.assert_success();
+    finishes_undisturbed(child, out, &want);
+    let report = report_json(&trace);
+    let own = report_self_counts(&report, &spinner);
+    assert!(own.get("spin_round").copied().unwrap_or(0) > 0, "spin_round not in the trace: {own:?}");
+    checked_arc(&trace, &dir.join("t.arc"));
+}
+
 /// Starts the spinner (the expected result line from an untraced run without the sleeps),
 /// returns it (killed on drop), its stdout after the start line, and that result line.
 fn start_spinner(rounds: &str, sleep_us: &str) -> (KillOnDrop, BufReader<std::process::ChildStdout>, String) {

@@ -33,7 +33,7 @@ pub mod sink;
 
 pub use choose::{choose, Chosen};
 pub use error::BackendError;
-pub use settings::{find_program, Backend, RecordSettings, Target, TriggerResolver};
+pub use settings::{find_program, Backend, RecordSettings, StepChoice, Target, TriggerResolver};
 
 use itrace_format::{Arch, LiveCounts, StopReason};
 use std::sync::atomic::AtomicBool;

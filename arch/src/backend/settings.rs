@@ -67,6 +67,21 @@ pub struct RecordSettings {
     pub env: Vec<(OsString, OsString)>,
     /// Testing: feed the block-step decoder from single steps (see the ptrace backend).
     pub emulate_block_step: bool,
+    /// How the ptrace backend stops the program (`--step`).
+    pub step: StepChoice,
+}
+
+/// `--step`: how the ptrace backend stops a traced thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StepChoice {
+    /// Every instruction (PTRACE_SINGLESTEP).
+    Instruction,
+    /// Block by block with debug-register breakpoints (x86_64), single-stepping what the
+    /// decoder cannot be sure of; an error where the probe finds the breakpoints do not work.
+    Block,
+    /// Today's choice: PTRACE_SINGLEBLOCK where the branch trap works, else single steps.
+    #[default]
+    Auto,
 }
 
 impl RecordSettings {
@@ -89,6 +104,7 @@ impl RecordSettings {
             arch: None,
             env: Vec::new(),
             emulate_block_step: false,
+            step: StepChoice::Auto,
         }
     }
 

@@ -56,6 +56,13 @@ pub struct RecordOptions<'a> {
     /// call to the block-step logic, as a working branch trap would. With `block_step` set, this
     /// exercises block decoding on machines whose hypervisor ignores BTF.
     pub emulate_block_step: bool,
+    /// Run to the next instruction the decoder cannot tell with a debug-register breakpoint,
+    /// single-step that one (`--step block`, see `hwstep.rs`).
+    pub hw_step: bool,
+    /// With `hw_step`: the kernel sets the resume flag after a breakpoint hit (the probe's finding).
+    pub hw_rf_auto: bool,
+    /// With `hw_step`: returns may be carried out by itrace (the CPU has no user shadow stack).
+    pub hw_emulate_ret: bool,
     /// Region tracing: threads run untraced until a trigger starts them. Called with a process's
     /// executable mappings (once its program and libraries are loaded, or at attach), it returns
     /// the trigger addresses. `None` traces everything.
@@ -147,6 +154,21 @@ pub(super) struct Thread {
     /// Block mode: the system call that ends the running block and the instructions before it,
     /// known before it runs (an exec replaces the code a later walk would need).
     pub(super) planned_syscall: Option<(u64, Insn, u32)>,
+    /// Debug-register mode: the run in progress.
+    pub(super) hw_run: Option<super::hwstep::Run>,
+    /// Debug-register mode: this thread's DR0, DR1 and DR7 as last written.
+    pub(super) dr0: u64,
+    pub(super) dr1: u64,
+    pub(super) dr7: u64,
+    /// Debug-register mode: the last resume was a single step.
+    pub(super) hw_stepped: bool,
+}
+
+impl Thread {
+    /// Debug-register mode: whether an enabled breakpoint of this thread is at `pc`.
+    pub(super) fn armed(&self, pc: u64) -> bool {
+        (self.dr7 & 1 != 0 && self.dr0 == pc) || (self.dr7 & 4 != 0 && self.dr1 == pc)
+    }
 }
 
 pub(super) struct Process {
@@ -161,6 +183,8 @@ pub(super) struct Process {
     pub(super) retired: Vec<u64>,
     /// Whether the triggers have been resolved and inserted.
     pub(super) triggers_set: bool,
+    /// Debug-register mode: what itrace can carry out itself of the instruction at an address.
+    pub(super) emul: IntMap<u64, Option<super::hwstep::Emul>>,
 }
 
 impl Process {
@@ -173,6 +197,7 @@ impl Process {
             bps: Breakpoints::default(),
             retired: Vec::new(),
             triggers_set: false,
+            emul: IntMap::default(),
         }
     }
 }
@@ -189,6 +214,8 @@ pub(super) struct Session<'a> {
     pub(super) launched: Option<i32>,
     /// Every process traced, for the JIT symbol maps read at the end.
     pub(super) seen_pids: Vec<i32>,
+    /// Debug-register mode: stops that were not on the planned path (counts unreliable).
+    pub(super) hw_lost: u64,
 }
 
 use itrace_format::now_ns;
@@ -206,12 +233,19 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         detaching: None,
         launched: None,
         seen_pids: Vec::new(),
+        hw_lost: 0,
     };
     match &opts.target {
         Target::Launch { program, args, aslr, env } => s.launch(program, args, *aslr, env)?,
         Target::Attach { pid } => s.attach(*pid)?,
     }
     s.run();
+    if s.hw_lost > 0 {
+        eprintln!(
+            "itrace: warning: {} stops off the decoded path in block mode; instruction counts may be off",
+            s.hw_lost
+        );
+    }
     s.save_jit_maps();
     s.out.stop_reason.get_or_insert(StopReason::Exited);
     // out counts the partial blocks of trace-off records; the sink, the branches stored.
@@ -251,6 +285,11 @@ impl Session<'_> {
             release_at_exec: false,
             single_step_now: false,
             planned_syscall: None,
+            hw_run: None,
+            dr0: 0,
+            dr1: 0,
+            dr7: 0,
+            hw_stepped: false,
         }
     }
 
@@ -357,6 +396,18 @@ impl Session<'_> {
             return;
         }
         t.injected = (sig != 0).then_some(sig);
+        if self.opts.hw_step {
+            if sig == 0 && self.hw_run(tid) {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.hw_stepped = false;
+                }
+                return;
+            }
+            self.hw_before_step(tid);
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.hw_stepped = true;
+            }
+        }
         if self.opts.triggers.is_some() {
             // Our breakpoint where the thread steps next: take it out for this one step.
             self.lift_breakpoint_at_pending(tid);
@@ -396,8 +447,9 @@ impl Session<'_> {
             let reason = self.detaching.unwrap_or(StopReason::Detached);
             self.finish_thread(tid, reason, 0);
         }
-        // Never leave an int3 of ours behind in a process we let go.
+        // Never leave an int3 of ours behind in a process we let go, nor a debug register.
         self.remove_breakpoints_via(tid);
+        self.hw_clear(tid);
         let Some(t) = self.threads.get(&tid) else { return };
         if let Some(set) = t.original_affinity {
             set_affinity(tid, &set);

@@ -19,6 +19,8 @@ impl Session<'_> {
         if let Some(t) = self.threads.get_mut(&tid) {
             t.stopped = true;
         }
+        // Stopped mid-run (our interrupt, another thread's exit): count the path so far.
+        self.hw_stopped(tid, 0);
         match ev {
             libc::PTRACE_EVENT_STOP => self.on_interrupt_stop(tid, sig),
             libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
@@ -114,6 +116,10 @@ impl Session<'_> {
                 t.tid = tid;
                 self.threads.insert(tid, t);
             }
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            // exec flushes ptrace breakpoints.
+            (t.hw_run, t.dr0, t.dr1, t.dr7) = (None, 0, 0, 0);
         }
         if self.opts.block_step {
             // The old image is gone: account for the block up to execve from the plan made before it ran.
@@ -341,6 +347,24 @@ impl Session<'_> {
             self.resume(tid, sig);
             return;
         }
+        if self.opts.hw_step {
+            if self.threads[&tid].hw_run.is_some() {
+                if self.hw_stopped(tid, sig) {
+                    // The breakpoint: the thread is on the stop point.
+                    self.resume(tid, 0);
+                } else {
+                    // Stopped mid-path by a signal (a SIGTRAP away from the breakpoint is not
+                    // ours): deliver it with a step, as single-stepping does.
+                    self.resume(tid, sig);
+                }
+                return;
+            }
+            if sig == libc::SIGTRAP && !self.threads[&tid].hw_stepped {
+                // A breakpoint hit queued behind our interrupt, already counted.
+                self.resume(tid, 0);
+                return;
+            }
+        }
         if sig != libc::SIGTRAP {
             // The program gets a signal: deliver it on the next step; the stop after shows the handler.
             if self.opts.block_step {
@@ -355,12 +379,20 @@ impl Session<'_> {
             self.resume(tid, 0);
             return;
         };
+        if self.opts.hw_step && self.hw_rehit(tid, &regs) {
+            // The step stopped on the breakpoint again: step once more without it.
+            self.resume(tid, 0);
+            return;
+        }
         if self.opts.emulate_block_step && !self.emulated_block_ended(tid, &regs) {
             self.resume(tid, 0);
             return;
         }
         let mut inject = 0;
         self.on_step(tid, &regs, &mut inject);
+        if self.opts.hw_step && inject == 0 {
+            self.hw_emulate(tid, &regs);
+        }
         if let Some(t) = self.threads.get_mut(&tid) {
             t.emu_prev = regs.rip;
         }

@@ -13,6 +13,7 @@ pub mod breakpoints;
 mod cpus;
 mod engine;
 mod events;
+mod hwstep;
 mod launch;
 mod probe;
 mod region;
@@ -20,9 +21,10 @@ mod step;
 mod tables;
 
 pub use engine::{record, RecordError, RecordOptions, Target};
+pub use hwstep::{probe_hw_breakpoints, HwBreak};
 pub use probe::{probe_singleblock, BlockStep};
 
-use super::{output, BackendError, RecordSettings, Recorded, Recorder, TriggerResolver};
+use super::{output, BackendError, RecordSettings, Recorded, Recorder, StepChoice, TriggerResolver};
 use crate::procfs::Mapping;
 use breakpoints::{Trigger, TriggerKind};
 use itrace_format::{Arch, LiveCounts, StepMethod};
@@ -54,9 +56,32 @@ impl PtraceRecorder {
 impl Recorder for PtraceRecorder {
     fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
         let s = &self.settings;
+        let tracing_regions = s.region || !s.start.is_empty() || !s.stop.is_empty();
+        let (mut hw_step, mut hw_rf_auto) = (false, false);
         // Block stepping only where the probe saw it stop at a branch target; the trace is the same either way.
-        let block_step = s.emulate_block_step || probe_singleblock() == BlockStep::Works;
-        let step = if block_step && !s.emulate_block_step {
+        let block_step = match s.step {
+            StepChoice::Auto => s.emulate_block_step || probe_singleblock() == BlockStep::Works,
+            StepChoice::Instruction => s.emulate_block_step,
+            StepChoice::Block => {
+                if tracing_regions {
+                    return Err(BackendError::Settings(
+                        "--step block does not work with --region, --start or --stop yet".into(),
+                    ));
+                }
+                match probe_hw_breakpoints() {
+                    HwBreak::Works { rf_auto } => (hw_step, hw_rf_auto) = (true, rf_auto),
+                    HwBreak::Unavailable(why) => {
+                        return Err(BackendError::Settings(format!(
+                            "--step block: debug-register breakpoints do not work here ({why}); use --step auto"
+                        )))
+                    }
+                }
+                false
+            }
+        };
+        let step = if hw_step {
+            StepMethod::PtraceHwBreak
+        } else if block_step && !s.emulate_block_step {
             StepMethod::PtraceSingleBlock
         } else {
             StepMethod::PtraceSingleStep
@@ -79,7 +104,11 @@ impl Recorder for PtraceRecorder {
             follow_threads: s.follow_threads,
             stop,
             block_step,
-            emulate_block_step: s.emulate_block_step,
+            // (a test hook of the branch-trap mode, which --step block does not use)
+            emulate_block_step: s.emulate_block_step && !hw_step,
+            hw_step,
+            hw_rf_auto,
+            hw_emulate_ret: hw_step && !hwstep::cpu_has_user_shadow_stack(),
             triggers: if wanted.is_empty() { None } else { Some(&resolve) },
         };
         output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))

@@ -1,0 +1,207 @@
+//! `--step block` (debug-register breakpoints, arch/src/backend/ptrace/hwstep.rs) against
+//! `--step instruction`: the same program recorded both ways gives the same records, one by
+//! one, in `itrace dump` (timestamps, file offsets, pids and the step method aside).
+//! Skipped (with a message) where the probe finds the breakpoints do not work.
+
+use itrace_tests::{itrace, program, record, report_calls, report_json, report_self_counts, test_dir};
+
+/// `itrace dump` text without what differs between two recordings of one program.
+fn normalized(dump: &str) -> Vec<String> {
+    dump.lines()
+        .map(|line| {
+            // "0x000021ec cpu0 TraceOn(...)": the file offset goes; so does a branch's timestamp
+            // ("0x... cpu0 11349238898155 U CondJump ...").
+            let mut words: Vec<&str> = line.split(' ').collect();
+            if words.first().is_some_and(|w| w.starts_with("0x")) {
+                words.remove(0);
+            }
+            if words.first().is_some_and(|w| w.starts_with("cpu"))
+                && words.get(1).is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
+            {
+                words.remove(1);
+            }
+            let mut out: Vec<String> = Vec::new();
+            let mut blank_next = false;
+            for w in words {
+                if w.starts_with("step=") {
+                    continue;
+                }
+                if blank_next {
+                    blank_next = false;
+                    let rest = w.trim_start_matches(|c: char| c.is_ascii_digit());
+                    out.push(format!("N{rest}"));
+                    continue;
+                }
+                if matches!(w, "ts:" | "pid:" | "tid:" | "ppid:") {
+                    blank_next = true;
+                }
+                if let Some(v) = w.strip_prefix("tid=") {
+                    out.push(format!("tid=N{}", v.trim_start_matches(|c: char| c.is_ascii_digit())));
+                    continue;
+                }
+                out.push(w.to_string());
+            }
+            out.join(" ")
+        })
+        .collect()
+}
+
+/// Records `name` with `--step instruction` and `--step block` and compares the dumps. False if
+/// block stepping is not available here.
+fn same_trace(name: &str) -> bool {
+    same_trace_of(name, &program(name))
+}
+
+fn same_trace_of(name: &str, bin: &std::path::Path) -> bool {
+    let dir = test_dir(&format!("step_block-{name}"));
+    let mut dumps = Vec::new();
+    for step in ["instruction", "block"] {
+        let trace = dir.join(format!("{step}.itr"));
+        let rec = record(&trace, &["--step", step], bin, &[]);
+        if step == "block" && rec.stderr.contains("debug-register breakpoints do not work") {
+            eprintln!("skipped: {}", rec.stderr.trim());
+            return false;
+        }
+        assert!(rec.status.code().is_some(), "{name}: itrace record --step {step} was killed:\n{}", rec.stderr);
+        assert!(rec.stderr.contains("itrace: "), "{name} --step {step}: no summary:\n{}", rec.stderr);
+        if step == "block" {
+            assert!(rec.stderr.contains("ptrace-hwbreak"), "{name}: the summary names the method:\n{}", rec.stderr);
+        }
+        let dump = itrace([std::ffi::OsStr::new("dump"), trace.as_os_str()]);
+        dump.assert_success();
+        std::fs::write(dir.join(format!("{step}.dump")), &dump.stdout).unwrap();
+        dumps.push(normalized(&dump.stdout));
+    }
+    let (single, block) = (&dumps[0], &dumps[1]);
+    assert!(single.len() > 10, "{name}: a trace of {} lines", single.len());
+    for (i, (s, b)) in single.iter().zip(block).enumerate() {
+        assert_eq!(s, b, "{name}: dump line {} differs (files in {})", i + 1, dir.display());
+    }
+    assert_eq!(single.len(), block.len(), "{name}: dump lengths differ (files in {})", dir.display());
+    true
+}
+
+macro_rules! same {
+    ($($test:ident => $name:literal),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                same_trace($name);
+            }
+        )*
+    };
+}
+
+same! {
+    count_loop => "count_loop",
+    long_loop => "long_loop",
+    branches => "branches",
+    loops => "loops",
+    fib => "fib",
+    funcptr => "funcptr",
+    jumptable => "jumptable",
+    longjmp => "longjmp",
+    signal => "signal",
+    crash => "crash",
+    jit => "jit",
+    startstop => "startstop",
+    segv => "segv",
+}
+
+/// Programs whose threads or processes interleave differently from run to run: the self
+/// counts of their own functions `funcs` must be the same in both modes.
+fn same_counts(name: &str, options: &[&str], funcs: &[&str]) {
+    let bin = program(name);
+    let dir = test_dir(&format!("step_block-counts-{name}"));
+    let mut counts = Vec::new();
+    for step in ["instruction", "block"] {
+        let trace = dir.join(format!("{step}.itr"));
+        let mut opts = vec!["--step", step];
+        opts.extend_from_slice(options);
+        let rec = record(&trace, &opts, &bin, &[]);
+        if step == "block" && rec.stderr.contains("debug-register breakpoints do not work") {
+            eprintln!("skipped: {}", rec.stderr.trim());
+            return;
+        }
+        rec.assert_success();
+        let own = report_self_counts(&report_json(&trace), &bin);
+        let picked: Vec<(String, Option<u64>)> = funcs.iter().map(|f| (f.to_string(), own.get(*f).copied())).collect();
+        assert!(picked.iter().all(|(_, c)| c.is_some_and(|c| c > 0)), "{name} --step {step}: {picked:?}");
+        counts.push(picked);
+    }
+    assert_eq!(counts[0], counts[1], "{name}: self counts, --step instruction then --step block");
+}
+
+#[test]
+fn threads_created_mid_trace() {
+    same_counts("threads", &[], &["main", "thr_main", "thr_compute"]);
+}
+
+#[test]
+fn fork_and_exec() {
+    same_counts(
+        "forkexec",
+        &["--follow-forks"],
+        &["main", "fe_mix", "fe_parent_work", "fe_child_main", "fe_child_work", "fe_exec_work", "fe_spawn"],
+    );
+}
+
+#[test]
+fn normalizing() {
+    let a = "# itrace trace v2.0 arch=x86_64 mode=continuous step=ptrace-hwbreak cpus=2\n\
+             0x0000220c cpu0 11349238898155 U CondJump flags=0 aux=0 0x40100b -> 0x401007 tid=5500 n=5\n\
+             0x0000009c mte Mte(ProcessName { ts: 11349232912494, pid: 5500, ppid: 5494, name: \"x\" })";
+    let b = "# itrace trace v2.0 arch=x86_64 mode=continuous step=ptrace-singlestep cpus=2\n\
+             0x0000230c cpu0 21349238898155 U CondJump flags=0 aux=0 0x40100b -> 0x401007 tid=5600 n=5\n\
+             0x0000019c mte Mte(ProcessName { ts: 21349232912494, pid: 5600, ppid: 5594, name: \"x\" })";
+    assert_eq!(normalized(a), normalized(b));
+    let c = a.replace("n=5", "n=6");
+    assert_ne!(normalized(a), normalized(&c));
+}
+
+/// SIGALRM every millisecond lands anywhere in timer_compute's loop, mid-block in block mode:
+/// its own count must not move, and each handler call counts the same in both modes.
+#[test]
+fn timer_signals_mid_block() {
+    let bin = program("timer");
+    let dir = test_dir("step_block-timer");
+    let mut per_mode = Vec::new();
+    for step in ["instruction", "block"] {
+        let trace = dir.join(format!("{step}.itr"));
+        let rec = record(&trace, &["--step", step], &bin, &[]);
+        if step == "block" && rec.stderr.contains("debug-register breakpoints do not work") {
+            eprintln!("skipped: {}", rec.stderr.trim());
+            return;
+        }
+        rec.assert_success();
+        assert!(rec.stdout.contains("ticked"), "no SIGALRM arrived under --step {step}: {}", rec.stdout);
+        let report = report_json(&trace);
+        let own = report_self_counts(&report, &bin);
+        let calls = report_calls(&report, &bin);
+        let handler_calls = calls.get("timer_handler").copied().unwrap_or(0);
+        assert!(handler_calls > 0, "--step {step}: no handler call in the trace");
+        let handler_self = own.get("timer_handler").copied().unwrap_or(0);
+        assert_eq!(handler_self % handler_calls, 0, "--step {step}: handler calls differ in length");
+        per_mode.push((own.get("timer_compute").copied(), own.get("main").copied(), handler_self / handler_calls));
+    }
+    assert_eq!(per_mode[0], per_mode[1], "(timer_compute, main, per handler call): instruction, then block");
+}
+
+/// A 32-bit process (tests/programs/cross/i386.S, freestanding: call, ret, jnz, je, an
+/// indirect jmp, int $0x80), built here with `gcc -m32`; skipped where gcc cannot.
+#[test]
+fn i386_freestanding() {
+    let dir = test_dir("step_block-i386-build");
+    let bin = dir.join("i386");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("programs/cross/i386.S");
+    let built = std::process::Command::new("gcc")
+        .args(["-m32", "-nostdlib", "-static", "-no-pie", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: gcc -m32 cannot build {}", src.display());
+        return;
+    }
+    same_trace_of("i386", &bin);
+}
