@@ -138,6 +138,22 @@ fn buffer_larger_than_memory() {
     }
 }
 
+/// `--step` is about ptrace stepping: a backend that does not step with ptrace refuses it in
+/// one line rather than ignoring it, before the program runs.
+#[test]
+fn step_with_a_backend_that_does_not_step() {
+    let dir = test_dir("bad_input-step_with_a_backend_that_does_not_step");
+    for backend in ["inproc", "kmod", "qemu"] {
+        let trace = dir.join(format!("{backend}.itr"));
+        let marker = dir.join(format!("{backend}.ran"));
+        let options = ["--step", "block", "--backend", backend];
+        let out = record(&trace, &options, Path::new("/usr/bin/touch"), &[marker.to_str().unwrap()]);
+        let line = out.assert_clean_error();
+        assert!(line.contains("--step") && line.contains(backend), "{backend}: {line}");
+        assert!(!marker.exists(), "{backend}: the program ran");
+    }
+}
+
 #[test]
 fn missing_trace_file() {
     let dir = test_dir("bad_input-missing_trace");

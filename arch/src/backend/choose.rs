@@ -2,7 +2,8 @@
 
 use super::settings::find_program;
 use super::{
-    gdb, inproc, kmod, ptrace, qemu, Backend, BackendError, Native, RecordSettings, Recorder, Target, TriggerResolver,
+    gdb, inproc, kmod, ptrace, qemu, Backend, BackendError, Native, RecordSettings, Recorder, StepChoice, Target,
+    TriggerResolver,
 };
 use itrace_format::Arch;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,18 @@ pub struct Chosen {
 pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Sync>) -> Result<Chosen, BackendError> {
     let refuse = |m: &str| Err(BackendError::Settings(m.to_string()));
     s.validate()?;
+    // `--step` picks how ptrace stops a thread; no other backend steps that way, and saying
+    // nothing about it would be a silent ignore.
+    let step_asked = s.step != StepChoice::Auto;
+    if step_asked && !matches!(s.backend, Backend::Auto | Backend::Ptrace) {
+        let other = match s.backend {
+            Backend::Inproc => "--backend inproc",
+            Backend::Kmod => "--backend kmod",
+            Backend::Qemu => "--backend qemu",
+            _ => "a GDB stub (--gdb, --qemu)",
+        };
+        return refuse(&format!("--step chooses how the ptrace backend stops the program; {other} does not use it"));
+    }
     if s.backend == Backend::Qemu {
         return Ok(Chosen {
             recorder: Box::new(qemu::QemuRecorder::new(s)?),
@@ -59,10 +72,11 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
         Backend::Inproc => {
             return refuse("--backend inproc records --region of a launched program (not -p, --start or --stop)")
         }
-        Backend::Auto => regions_of_launch,
+        // An explicit --step asks for ptrace.
+        Backend::Auto => regions_of_launch && !step_asked,
         _ => false,
     };
-    let use_kmod = kmod::chosen(s.backend, s.has_triggers(), arch)?;
+    let use_kmod = !(s.backend == Backend::Auto && step_asked) && kmod::chosen(s.backend, s.has_triggers(), arch)?;
     if let Some(program) = &program {
         if (inproc || (use_kmod && s.region)) && !inproc::uses_libitrace(program) {
             return Err(not_using_libitrace(program));
