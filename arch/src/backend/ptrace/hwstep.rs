@@ -67,11 +67,12 @@
 //! interrupts are single-stepped: two traps (breakpoint, step) each.
 
 use super::engine::*;
+use super::probe::wait_no_eintr;
 use itrace_decoders::{Flow, Insn};
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
 /// The longest path decoded ahead of one run.
@@ -112,37 +113,16 @@ pub fn set_dr(tid: i32, n: usize, value: u64) -> Result<(), Errno> {
     }
 }
 
-extern "C" {
-    fn itrace_probe_start();
-    fn itrace_probe_target();
-}
-
 /// Probe execute breakpoints with a forked child running the probe code of `probe.rs`: a
 /// breakpoint on `itrace_probe_target` must stop a `PTRACE_CONT` there, a step from that stop
 /// must execute it (with RF set by us if the kernel does not), and moving DR0 away must let
 /// the child run on to its exit.
 pub fn probe_hw_breakpoints() -> HwBreak {
-    let start = itrace_probe_start as *const () as usize as u64;
-    let target = itrace_probe_target as *const () as usize as u64;
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the child only calls async-signal-safe functions before it is stopped and moved
-    // onto the probe code, which exits with a raw system call.
-    let pid = match unsafe { libc::fork() } {
-        -1 => return HwBreak::Unavailable("fork failed".into()),
-        // SAFETY: in the child: prctl, getppid, PTRACE_TRACEME, raise and _exit are
-        // async-signal-safe system calls.
-        0 => unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-            if libc::getppid() != parent {
-                libc::_exit(0);
-            }
-            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
-            libc::raise(libc::SIGSTOP);
-            libc::_exit(0);
-        },
-        pid => Pid::from_raw(pid),
+    let child = match super::probe::ProbeChild::start() {
+        Ok(c) => c,
+        Err(why) => return HwBreak::Unavailable(why),
     };
+    let (pid, start, target) = (child.pid, child.start, child.target);
     let tid = pid.as_raw();
     let stopped_at = |what: &str| -> Result<u64, String> {
         match wait_no_eintr(pid) {
@@ -152,13 +132,6 @@ pub fn probe_hw_breakpoints() -> HwBreak {
         ptrace::getregs(pid).map(|r| r.rip).map_err(|e| format!("{what}: PTRACE_GETREGS failed: {e}"))
     };
     let result = (|| -> Result<HwBreak, String> {
-        match wait_no_eintr(pid) {
-            Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => {}
-            other => return Err(format!("probe child did not stop: {other:?}")),
-        }
-        let mut regs = ptrace::getregs(pid).map_err(|e| format!("PTRACE_GETREGS failed: {e}"))?;
-        regs.rip = start;
-        ptrace::setregs(pid, regs).map_err(|e| format!("PTRACE_SETREGS failed: {e}"))?;
         set_dr(tid, 0, target).map_err(|e| format!("writing DR0 failed: {e}"))?;
         set_dr(tid, 7, DR7_DR0_EXEC).map_err(|e| format!("writing DR7 failed: {e}"))?;
         ptrace::cont(pid, None).map_err(|e| format!("PTRACE_CONT failed: {e}"))?;
@@ -192,18 +165,8 @@ pub fn probe_hw_breakpoints() -> HwBreak {
             other => Err(format!("after moving DR0 the child did not exit: {other:?}")),
         }
     })();
-    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-    let _ = wait_no_eintr(pid);
+    drop(child);
     result.unwrap_or_else(HwBreak::Unavailable)
-}
-
-fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
-    loop {
-        match waitpid(pid, None) {
-            Err(Errno::EINTR) => continue,
-            r => return r,
-        }
-    }
 }
 
 /// An instruction itrace carries out itself (rule 7).

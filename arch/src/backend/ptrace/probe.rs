@@ -46,63 +46,84 @@ extern "C" {
 /// The request number (arch/x86/include/uapi/asm/ptrace-abi.h); the libc crate lacks it.
 pub const PTRACE_SINGLEBLOCK: libc::c_uint = 33;
 
-/// Probe PTRACE_SINGLEBLOCK with a forked child.
-pub fn probe_singleblock() -> BlockStep {
-    let start = itrace_probe_start as *const () as usize as u64;
-    let target = itrace_probe_target as *const () as usize as u64;
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the child only calls async-signal-safe functions before it is stopped and
-    // moved onto the probe code, which exits with a raw system call.
-    let pid = match unsafe { libc::fork() } {
-        -1 => return BlockStep::Unavailable("fork failed".into()),
-        // SAFETY: in the child: prctl, getppid, PTRACE_TRACEME, raise and _exit are
-        // async-signal-safe system calls.
-        0 => unsafe {
-            // Never left stopped and traced by nobody if itrace dies during the probe.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-            if libc::getppid() != parent {
+/// A forked child stopped under ptrace with its pc at `itrace_probe_start`, for the start-up
+/// probes (PTRACE_SINGLEBLOCK here, debug registers in `hwstep`); killed and reaped on drop.
+pub(super) struct ProbeChild {
+    pub pid: Pid,
+    /// The addresses of `itrace_probe_start` and `itrace_probe_target`.
+    pub start: u64,
+    pub target: u64,
+}
+
+impl ProbeChild {
+    pub(super) fn start() -> Result<ProbeChild, String> {
+        let start = itrace_probe_start as *const () as usize as u64;
+        let target = itrace_probe_target as *const () as usize as u64;
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the child only calls async-signal-safe functions before it is stopped and
+        // moved onto the probe code, which exits with a raw system call.
+        let pid = match unsafe { libc::fork() } {
+            -1 => return Err("fork failed".into()),
+            // SAFETY: in the child: prctl, getppid, PTRACE_TRACEME, raise and _exit are
+            // async-signal-safe system calls.
+            0 => unsafe {
+                // Never left stopped and traced by nobody if itrace dies during the probe.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+                libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+                libc::raise(libc::SIGSTOP);
                 libc::_exit(0);
-            }
-            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
-            libc::raise(libc::SIGSTOP);
-            libc::_exit(0);
-        },
-        pid => Pid::from_raw(pid),
-    };
-    let result = (|| {
+            },
+            pid => Pid::from_raw(pid),
+        };
+        let child = ProbeChild { pid, start, target };
         match wait_no_eintr(pid) {
             Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => {}
-            other => return BlockStep::Unavailable(format!("probe child did not stop: {other:?}")),
+            other => return Err(format!("probe child did not stop: {other:?}")),
         }
-        let Ok(mut regs) = ptrace::getregs(pid) else { return BlockStep::Unavailable("PTRACE_GETREGS failed".into()) };
+        let mut regs = ptrace::getregs(pid).map_err(|e| format!("PTRACE_GETREGS failed: {e}"))?;
         regs.rip = start;
-        if ptrace::setregs(pid, regs).is_err() {
-            return BlockStep::Unavailable("PTRACE_SETREGS failed".into());
-        }
-        // SAFETY: plain ptrace request on our stopped child; no pointers are passed.
-        let r = unsafe { libc::ptrace(PTRACE_SINGLEBLOCK, pid.as_raw(), 0, 0) };
-        if r != 0 {
-            return BlockStep::Unavailable(format!("PTRACE_SINGLEBLOCK refused: {}", std::io::Error::last_os_error()));
-        }
-        match wait_no_eintr(pid) {
-            Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {}
-            other => return BlockStep::Unavailable(format!("unexpected stop after a block step: {other:?}")),
-        }
-        match ptrace::getregs(pid) {
-            Ok(r) if r.rip == target => BlockStep::Works,
-            Ok(r) if r.rip == start + 1 => BlockStep::StepsEachInstruction,
-            Ok(r) => BlockStep::Unavailable(format!("block step stopped at an unexpected pc {:#x}", r.rip)),
-            Err(e) => BlockStep::Unavailable(format!("PTRACE_GETREGS failed: {e}")),
-        }
-    })();
-    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-    let _ = wait_no_eintr(pid);
-    result
+        ptrace::setregs(pid, regs).map_err(|e| format!("PTRACE_SETREGS failed: {e}"))?;
+        Ok(child)
+    }
+}
+
+impl Drop for ProbeChild {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
+        let _ = wait_no_eintr(self.pid);
+    }
+}
+
+/// Probe PTRACE_SINGLEBLOCK with a forked child.
+pub fn probe_singleblock() -> BlockStep {
+    let child = match ProbeChild::start() {
+        Ok(c) => c,
+        Err(why) => return BlockStep::Unavailable(why),
+    };
+    let (pid, start, target) = (child.pid, child.start, child.target);
+    // SAFETY: plain ptrace request on our stopped child; no pointers are passed.
+    let r = unsafe { libc::ptrace(PTRACE_SINGLEBLOCK, pid.as_raw(), 0, 0) };
+    if r != 0 {
+        return BlockStep::Unavailable(format!("PTRACE_SINGLEBLOCK refused: {}", std::io::Error::last_os_error()));
+    }
+    match wait_no_eintr(pid) {
+        Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {}
+        other => return BlockStep::Unavailable(format!("unexpected stop after a block step: {other:?}")),
+    }
+    match ptrace::getregs(pid) {
+        Ok(r) if r.rip == target => BlockStep::Works,
+        Ok(r) if r.rip == start + 1 => BlockStep::StepsEachInstruction,
+        Ok(r) => BlockStep::Unavailable(format!("block step stopped at an unexpected pc {:#x}", r.rip)),
+        Err(e) => BlockStep::Unavailable(format!("PTRACE_GETREGS failed: {e}")),
+    }
 }
 
 /// waitpid, through the signals (Ctrl-C, the tick) that interrupt it.
-fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
+pub(super) fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
     loop {
         match waitpid(pid, None) {
             Err(nix::errno::Errno::EINTR) => continue,
