@@ -10,6 +10,8 @@
 #   BENCH_REPS=3        runs of each command (the median time is used)
 #   BENCH_NO_CARGO=1    don't run cargo build --release
 #   ITRACE=path         itrace binary (default target/release/itrace; the plugin is found next to it)
+#   ITRACE_BASE=path    another itrace (e.g. built from an older commit) measured in the same runs, for
+#                       a before/after table
 #   BENCH_OUT=dir       where the workload is built (default bench/build)
 set -u -o pipefail
 export LC_ALL=C
@@ -20,6 +22,7 @@ OUT=${BENCH_OUT:-$HERE/build}
 N=${BENCH_N:-1400000}
 REPS=${BENCH_REPS:-3}
 ITRACE=${ITRACE:-$ROOT/target/release/itrace}
+BASE=${ITRACE_BASE:-}
 say() { echo "bench: $*" >&2; }
 die() { echo "bench: FAILED: $*" >&2; exit 1; }
 now() { date +%s.%N; }
@@ -45,11 +48,11 @@ time_of() {
     awk '{ printf "%s %.3f\n", $1, $2 + $3 }' "$SCRATCH/time"
 }
 
-# The trace is 40 bytes per taken branch: writing it to the disk's page cache is most of the
-# plugin's cost. It is also recorded into memory (tmpfs) to show the recorder without the disk.
+# The trace is also recorded into memory (tmpfs) to show the recorder without the disk (with
+# format 2.0's 40 bytes per taken branch, writing to the page cache was most of the cost).
 SHM=/dev/shm
 [ -d "$SHM" ] && [ -w "$SHM" ] || SHM=
-declare -a T_QEMU T_PLUGIN T_CG C_QEMU C_PLUGIN C_CG T_SHM C_SHM
+declare -a T_QEMU T_PLUGIN T_CG C_QEMU C_PLUGIN C_CG T_SHM C_SHM T_BASE C_BASE T_COMP C_COMP
 for r in $(seq "$REPS"); do
     say "run $r/$REPS: qemu-x86_64, itrace --backend qemu, callgrind (workload $N)"
     read -r w c < <(time_of qemu-x86_64 "$W" "$N") || die "qemu-x86_64 run"
@@ -57,6 +60,18 @@ for r in $(seq "$REPS"); do
     read -r w c < <(time_of "$ITRACE" record --backend qemu -o "$SCRATCH/p.itr" -- "$W" "$N") ||
         die "itrace record: $(cat "$SCRATCH/err")"
     T_PLUGIN+=("$w"); C_PLUGIN+=("$c")
+    if "$ITRACE" record --help | grep -q -- --compress; then
+        read -r w c < <(time_of "$ITRACE" record --backend qemu --compress -o "$SCRATCH/pc.itr" -- "$W" "$N") ||
+            die "itrace record --compress: $(cat "$SCRATCH/err")"
+        T_COMP+=("$w"); C_COMP+=("$c")
+    fi
+    if [ -n "$BASE" ]; then
+        read -r w c < <(time_of "$BASE" record --backend qemu -o "$SCRATCH/base.itr" -- "$W" "$N") ||
+            die "$BASE record: $(cat "$SCRATCH/err")"
+        T_BASE+=("$w"); C_BASE+=("$c")
+        BASE_BYTES=$(stat -c %s "$SCRATCH/base.itr")
+        rm -f "$SCRATCH/base.itr"
+    fi
     if [ -n "$SHM" ]; then
         read -r w c < <(time_of "$ITRACE" record --backend qemu -o "$SHM/itrace-bench-$$.itr" -- "$W" "$N") ||
             die "itrace record to $SHM: $(cat "$SCRATCH/err")"
@@ -94,8 +109,24 @@ if [ -n "$SHM" ]; then
     rs=$(calc "$INSNS / $ts")
     row "itrace record --backend qemu (trace in $SHM)" "$INSNS" "$ts" "$cs" "$rs"
 fi
+if [ ${#T_COMP[@]} -gt 0 ]; then
+    tz=$(printf '%s\n' "${T_COMP[@]}" | median)
+    cz=$(printf '%s\n' "${C_COMP[@]}" | median)
+    rz=$(calc "$INSNS / $tz")
+    row "itrace record --backend qemu --compress (disk)" "$INSNS" "$tz" "$cz" "$rz"
+fi
+if [ -n "$BASE" ]; then
+    tb=$(printf '%s\n' "${T_BASE[@]}" | median)
+    cb=$(printf '%s\n' "${C_BASE[@]}" | median)
+    rb=$(calc "$INSNS / $tb")
+    row "base itrace --backend qemu (disk)" "$INSNS" "$tb" "$cb" "$rb"
+fi
 row "valgrind --tool=callgrind --collect-jumps=yes" "$CG_INSNS" "$tc" "$cc" "$rc"
-echo "  plugin / callgrind rate:  $(calc "$rp / $rc")x by wall clock, $(calc "($INSNS / $cp) / ($CG_INSNS / $cc)")x by cpu time  (target >= 1)"
+echo "  plugin / callgrind rate:  $(calc "$rp / $rc")x by wall clock, $(calc "($INSNS / $cp) / ($CG_INSNS / $cc)")x by cpu time  (target >= 3)"
 [ -n "$SHM" ] && echo "  plugin (trace in $SHM) / callgrind rate: $(calc "$rs / $rc")x by wall clock"
-echo "  plugin / plain qemu rate: $(calc "$rp / $rq")x by wall clock"
+echo "  plugin / plain qemu rate: $(calc "$rp / $rq")x by wall clock  (target >= 0.35)"
+[ ${#T_COMP[@]} -gt 0 ] && echo "  plugin --compress / callgrind rate: $(calc "$rz / $rc")x, / plain qemu: $(calc "$rz / $rq")x by wall clock; trace $(fmt "$(stat -c %s "$SCRATCH/pc.itr")") bytes"
+if [ -n "$BASE" ]; then
+    echo "  base plugin / callgrind rate: $(calc "$rb / $rc")x, / plain qemu: $(calc "$rb / $rq")x by wall clock; trace $(fmt "$BASE_BYTES") bytes, $(calc "$BASE_BYTES / $BRANCHES") bytes per taken branch"
+fi
 echo "  trace: $(fmt "$BYTES") bytes, $(fmt "$BRANCHES") taken branches, $(calc "$BYTES / $BRANCHES") bytes per taken branch"

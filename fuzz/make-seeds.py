@@ -4,8 +4,8 @@
     fuzz/make-seeds.py OUT TRACE_OR_DIR... [--elf ISA:FILE ...]
 
 Trace seeds (OUT/trace/, for trace_reader, arc and report): each trace file as a format 2.0
-file (1.0 files are converted: same records, 2.0 headers and checksums), cut to the targets'
--max_len, with the control byte in front twice over (0x01: the target fixes the checksums;
+or 3.0 file (1.0 files are converted to 2.0: same records, 2.0 headers and checksums), cut to
+the targets' -max_len, with the control byte in front twice over (0x01: the target fixes the checksums;
 0x00: the bytes as they are). The first directory of every mapped file's path is overwritten
 with x's ("/usr/lib/..." -> "/xxx/lib/...", checksums recomputed), so
 the arc and report targets never load symbols from binaries on this machine: a run must not
@@ -42,12 +42,12 @@ def crc(b):
 
 
 def parse(b):
-    """(byte order, header, [(stream, flags, length, payload)]) of a 1.0 or 2.0 trace; None if neither."""
+    """(byte order, major, header, [(stream, flags, length, payload)]) of a 1.0, 2.0 or 3.0 trace; None if none."""
     if len(b) < 64 or b[:4] != b"ITRC" or b[4] not in (1, 2):
         return None
     e = ">" if b[4] == 2 else "<"
     major = struct.unpack_from(e + "H", b, 6)[0]
-    if major not in (1, 2):
+    if major not in (1, 2, 3):
         return None
     hlen = 16 if major == 1 else 24
     chunks, off = [], 64
@@ -56,7 +56,7 @@ def parse(b):
         payload = b[off + hlen:off + hlen + length]
         chunks.append((stream, flags, length, bytearray(payload)))
         off += hlen + length
-    return e, bytearray(b[:64]), chunks
+    return e, major, bytearray(b[:64]), chunks
 
 
 def anonymise(payload, e):
@@ -76,18 +76,18 @@ def anonymise(payload, e):
         p += rlen
 
 
-def to_v2(b):
-    """The trace as a 2.0 file (1.0 files converted), paths anonymised, every checksum right."""
+def normalise(b):
+    """The trace as a 2.0 or 3.0 file (1.0 files converted to 2.0), paths anonymised, every checksum right."""
     parsed = parse(b)
     if parsed is None:
         return bytes(b)
-    e, header, chunks = parsed
-    struct.pack_into(e + "HH", header, 6, 2, 0)
+    e, major, header, chunks = parsed
+    struct.pack_into(e + "HH", header, 6, max(major, 2), 0)
     header[56:64] = bytes(8)
     struct.pack_into(e + "I", header, 60, crc(header[:60]))
     out = bytearray(header)
     for seq, (stream, flags, length, payload) in enumerate(chunks):
-        if stream == 0xFFFE:
+        if stream == 0xFFFE and not flags & 2:  # compressed MTE chunks (3.0) stay as they are
             anonymise(payload, e)
         h = bytearray(b"CHNK" + struct.pack(e + "HHIII", stream, flags, length, crc(payload), seq))
         h += struct.pack(e + "I", crc(h))
@@ -97,7 +97,7 @@ def to_v2(b):
 
 def trace_seeds(out, path):
     with open(path, "rb") as f:
-        data = to_v2(f.read())[: MAX_LEN - 1]
+        data = normalise(f.read())[: MAX_LEN - 1]
     save(os.path.join(out, "trace"), b"\x01" + data)
     save(os.path.join(out, "trace"), b"\x00" + data)
 

@@ -1,22 +1,28 @@
 //! Per-CPU trace buffers and the MTE buffer, with PI's three collection modes.
 //!
-//! - normal: each CPU buffer holds `buffer_size` bytes; when a branch record
-//!   does not fit, [`Push::Full`] tells the recorder to stop tracing. Control
-//!   records (trace on/off) are always stored, so the trace says why it ended.
-//! - wrap: each CPU buffer is a ring; a new record evicts the oldest whole
-//!   records, which are counted as lost. MTE records are streamed to the
-//!   file in segments and never overwritten.
-//! - continuous: each CPU (and the MTE stream) fills a segment of
-//!   `segment_size` bytes, written to the file as a chunk when full; memory
-//!   stays constant and nothing is lost unless the write fails. Segments are also written
-//!   when their oldest record is [`FLUSH_AFTER_NS`] old (checked every [`CHECK_EVERY`] pushes
-//!   and by [`Buffers::flush_if_due`], which recording loops call when they wake), so a
-//!   recorder killed with SIGKILL leaves a valid file that lacks at most its last second.
+//! A CPU stream's records are stored encoded (format 3.0's compact encoding, [`crate::compact`])
+//! in blocks: each block decodes on its own and becomes one chunk of the file.
+//!
+//! - normal: each CPU's blocks together hold at most `buffer_size` bytes; when a branch does
+//!   not fit, [`Push::Full`] tells the recorder to stop tracing. Control records (trace on/off)
+//!   are always stored, so the trace says why it ended.
+//! - wrap: each CPU's blocks form a ring of `buffer_size` bytes: when a new record does not
+//!   fit, the oldest whole block is evicted, its records counted as lost. A block is a
+//!   sixteenth of the buffer (at most a segment), so the ring keeps the most recent records
+//!   in at least 15/16 of the buffer. MTE records are streamed to the file in segments and
+//!   never overwritten.
+//! - continuous: each CPU (and the MTE stream) fills a segment of `segment_size` bytes,
+//!   written to the file as a chunk when full; memory stays constant and nothing is lost
+//!   unless the write fails. Segments are also written when their oldest record is
+//!   [`FLUSH_AFTER_NS`] old (checked every [`CHECK_EVERY`] pushes and by
+//!   [`Buffers::flush_if_due`], which recording loops call when they wake), so a recorder
+//!   killed with SIGKILL leaves a valid file that lacks at most its last second.
 
-use crate::record::{major, raw_records, record_len, Lost, Record, Summary, TraceOn, TraceOnReason};
+use crate::compact::{Decoder, Encoder, MAX_BRANCH_ITEM};
+use crate::record::{raw_records, Branch, Lost, Record, Summary, TraceOn, TraceOnReason};
 use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
 use crate::{Endian, FormatError, Mode};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -47,6 +53,8 @@ pub const FLUSH_AFTER_NS: u64 = 500_000_000;
 /// Pushes between two readings of the clock for [`FLUSH_AFTER_NS`] (a clock reading costs
 /// about as much as a push; this keeps it under 0.1% of them).
 pub const CHECK_EVERY: u32 = 1024;
+/// Smallest block of a normal or wrap buffer.
+const MIN_BLOCK: usize = 256;
 
 /// Sizes and mode of the buffers.
 #[derive(Clone, Debug)]
@@ -69,9 +77,64 @@ pub enum Push {
     Full,
 }
 
-enum Store {
+/// What a block's records count for the totals of what reached the file.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// The program's records (not the Lost and resume records wrap mode adds).
+    records: u64,
+    branches: u64,
+    instructions: u64,
+}
+
+/// Encoded records of one CPU stream that decode on their own: one chunk of the file.
+struct Block {
+    data: Vec<u8>,
+    /// Records in it (what evicting it loses).
+    records: u64,
+    tally: Tally,
+    first_ts: Option<u64>,
+}
+
+impl Block {
+    fn new(data: Vec<u8>) -> Self {
+        Block { data, records: 0, tally: Tally::default(), first_ts: None }
+    }
+}
+
+/// One CPU stream: the block being filled and, in normal and wrap modes, the closed ones.
+struct CpuStream {
+    cur: Block,
+    enc: Encoder,
+    /// Closed blocks, oldest first.
+    done: VecDeque<Block>,
+    done_bytes: usize,
+    /// Buffers of evicted blocks, to fill again.
+    spare: Vec<Vec<u8>>,
+}
+
+impl CpuStream {
+    fn used(&self) -> usize {
+        self.done_bytes + self.cur.data.len() + self.enc.pending()
+    }
+
+    /// Close the current block (its items complete) and start a new one with fresh state.
+    fn close(&mut self, block_size: usize) {
+        self.enc.finish(&mut self.cur.data);
+        self.enc.reset();
+        let fresh = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(block_size));
+        let old = std::mem::replace(&mut self.cur, Block::new(fresh));
+        if !old.data.is_empty() {
+            self.done_bytes += old.data.len();
+            self.done.push_back(old);
+        } else {
+            self.spare.push(old.data);
+        }
+    }
+}
+
+/// The MTE stream's store (records of the 16-byte-header layout).
+enum MteStore {
     Linear(Vec<u8>),
-    Ring(VecDeque<u8>),
     Segment(Vec<u8>),
 }
 
@@ -79,15 +142,17 @@ enum Store {
 pub struct Buffers {
     cfg: BufferConfig,
     writer: TraceWriter,
-    cpus: Vec<Store>,
-    mte: Store,
+    cpus: Vec<CpuStream>,
+    /// Bytes a CPU block holds at most (continuous: the segment size).
+    block_size: usize,
+    mte: MteStore,
     records: Vec<u64>,
     lost: Vec<u64>,
     mte_records: u64,
     scratch: Vec<u8>,
     /// Wrap mode, per CPU: where each thread's next block starts, as of the newest evicted record,
     /// so the oldest surviving block of each thread still has a known start.
-    evicted_start: Vec<std::collections::HashMap<u32, u64>>,
+    evicted_start: Vec<HashMap<u32, u64>>,
     live: Arc<LiveCounts>,
     branches: u64,
     instructions: u64,
@@ -98,9 +163,10 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    /// Buffers writing into `writer` (whose header is already written). Their memory is
-    /// reserved here, all of it, so sizes the machine cannot give are an error now rather than
-    /// an abort later.
+    /// Buffers writing into `writer` (whose header is already written). Sizes the machine cannot
+    /// give are an error now rather than an abort later: each CPU's buffer is first reserved
+    /// whole, in one piece (as the kernel would refuse it), then given back; its blocks are
+    /// taken as they fill.
     pub fn new(cfg: BufferConfig, writer: TraceWriter) -> Result<Self, FormatError> {
         let too_big = |per_cpu: usize| FormatError::NoMemory { per_cpu: per_cpu as u64, ncpu: cfg.ncpu };
         let vec = |n: usize| -> Result<Vec<u8>, FormatError> {
@@ -108,33 +174,43 @@ impl Buffers {
             v.try_reserve_exact(n).map_err(|_| too_big(n))?;
             Ok(v)
         };
-        let cpu_store = || -> Result<Store, FormatError> {
-            Ok(match cfg.mode {
-                Mode::Normal => Store::Linear(vec(cfg.buffer_size)?),
-                Mode::Wrap => {
-                    let mut ring = VecDeque::new();
-                    ring.try_reserve_exact(cfg.buffer_size).map_err(|_| too_big(cfg.buffer_size))?;
-                    Store::Ring(ring)
-                }
-                Mode::Continuous => Store::Segment(vec(cfg.segment_size)?),
+        let block_size = match cfg.mode {
+            Mode::Continuous => cfg.segment_size.max(MIN_BLOCK),
+            Mode::Normal | Mode::Wrap => {
+                (cfg.buffer_size / 16).clamp(MIN_BLOCK, cfg.segment_size.clamp(MIN_BLOCK, 16 << 20))
+            }
+        };
+        // Room for what a block holds past its size: the item that closes it.
+        let block_cap = block_size + 2 * MAX_BRANCH_ITEM;
+        let cpu = || -> Result<CpuStream, FormatError> {
+            if cfg.mode != Mode::Continuous {
+                drop(vec(cfg.buffer_size)?);
+            }
+            let spare = Vec::new();
+            Ok(CpuStream {
+                cur: Block::new(vec(block_cap)?),
+                enc: Encoder::new(),
+                done: VecDeque::new(),
+                done_bytes: 0,
+                spare,
             })
         };
-        let cpus = (0..cfg.ncpu).map(|_| cpu_store()).collect::<Result<_, _>>()?;
-        let cfg_ncpu = cfg.ncpu;
+        let cpus = (0..cfg.ncpu).map(|_| cpu()).collect::<Result<_, _>>()?;
         let mte = match cfg.mode {
-            Mode::Normal => Store::Linear(Vec::new()),
-            Mode::Wrap | Mode::Continuous => Store::Segment(vec(cfg.segment_size)?),
+            Mode::Normal => MteStore::Linear(Vec::new()),
+            Mode::Wrap | Mode::Continuous => MteStore::Segment(vec(cfg.segment_size)?),
         };
         Ok(Buffers {
             records: vec![0; cfg.ncpu],
             lost: vec![0; cfg.ncpu],
+            evicted_start: vec![HashMap::new(); cfg.ncpu],
             cfg,
             writer,
             cpus,
+            block_size,
             mte,
             mte_records: 0,
             scratch: Vec::with_capacity(256),
-            evicted_start: vec![Default::default(); cfg_ncpu],
             live: Arc::default(),
             branches: 0,
             instructions: 0,
@@ -154,91 +230,174 @@ impl Buffers {
         Arc::clone(&self.live)
     }
 
-    /// Count the branch records among `data` (whole records) in the live totals.
-    fn count_live(&mut self, data: &[u8]) {
-        let e = Endian::native();
-        for rec in raw_records(e, data).map_while(Result::ok) {
-            if (rec.major == major::BRANCH_USER || rec.major == major::BRANCH_KERNEL) && rec.bytes.len() >= 40 {
-                self.branches += 1;
-                self.instructions += e.u32(&rec.bytes[36..]) as u64;
-            }
-        }
-        self.live.branches.store(self.branches, Ordering::Relaxed);
-        self.live.instructions.store(self.instructions, Ordering::Relaxed);
-    }
-
-    /// Store a branch record for `cpu`. In normal mode a full buffer refuses it.
+    /// Store a branch record for `cpu`, given in the 40-byte layout of [`Branch::encode_into`].
+    /// In normal mode a full buffer refuses it.
     #[inline]
     pub fn push_trace(&mut self, cpu: usize, rec: &[u8]) -> Result<Push, FormatError> {
-        self.push_cpu(cpu, rec, false)
+        match Record::decode(Endian::native(), rec, 0)? {
+            Record::Branch(b) => self.push_branch(cpu, &b),
+            r => self.push_control(cpu, &r).map(|_| Push::Stored),
+        }
     }
 
-    /// Continuous mode: store `data`, whole encoded records of `cpu` (`n` of them), copying
-    /// runs of records at once instead of one by one; a segment is still written as a chunk
-    /// when the next record would not fit. Other modes store them one at a time (control
-    /// records included, never refused) and return [`Push::Full`] at the first branch record
-    /// a normal-mode buffer refuses, dropping it and the rest.
+    /// Store whole encoded records of `cpu` (`n` of them, in the 16-byte-header layout), one by
+    /// one; control records are never refused. Returns [`Push::Full`] at the first branch
+    /// record a normal-mode buffer refuses, dropping it and the rest.
     pub fn push_records(&mut self, cpu: usize, data: &[u8], n: u64) -> Result<Push, FormatError> {
         let e = Endian::native();
-        let seg = self.cfg.segment_size;
-        if let Store::Segment(v) = &mut self.cpus[cpu] {
-            if v.len() + data.len() <= seg {
-                v.extend_from_slice(data);
-                self.records[cpu] += n;
-                self.count_live(data);
-                return self.stored_segment().map(|_| Push::Stored);
+        let mut seen = 0;
+        for rec in raw_records(e, data) {
+            let rec = rec.map_err(|at| FormatError::Corrupt { offset: at as u64, what: "partial record".into() })?;
+            seen += 1;
+            match Record::decode(e, rec.bytes, rec.offset as u64)? {
+                Record::Branch(b) => {
+                    if self.push_branch(cpu, &b)? == Push::Full {
+                        return Ok(Push::Full);
+                    }
+                }
+                r => self.push_control(cpu, &r)?,
             }
         }
-        let mut at = 0;
-        while at < data.len() {
-            if let Store::Segment(v) = &mut self.cpus[cpu] {
-                // The longest run of whole records that fits in the segment.
-                let room = seg.saturating_sub(v.len());
-                let (mut end, mut n) = (at, 0u64);
-                while end < data.len() {
-                    let len = record_len(e, &data[end..]).unwrap_or(0);
-                    if len == 0 || end + len > data.len() {
-                        return Err(FormatError::Corrupt { offset: end as u64, what: "partial record".into() });
-                    }
-                    if end + len - at > room {
-                        break;
-                    }
-                    end += len;
-                    n += 1;
-                }
-                if n > 0 {
-                    v.extend_from_slice(&data[at..end]);
-                    self.records[cpu] += n;
-                    self.count_live(&data[at..end]);
-                    self.stored_segment()?;
-                    at = end;
-                    continue;
-                }
-            }
-            // A record that does not fit (continuous: written after a flush), or another mode.
-            let len = record_len(e, &data[at..]).unwrap_or(0);
-            if len < 4 || at + len > data.len() {
-                return Err(FormatError::Corrupt { offset: at as u64, what: "partial record".into() });
-            }
-            let rec = &data[at..at + len];
-            let maj = e.u16(&rec[2..]);
-            let control = maj != major::BRANCH_USER && maj != major::BRANCH_KERNEL;
-            if self.push_cpu(cpu, rec, control)? == Push::Full {
-                return Ok(Push::Full);
-            }
-            at += len;
+        if seen != n {
+            return Err(FormatError::Corrupt { offset: 0, what: format!("{seen} whole records where {n} were said") });
         }
+        Ok(Push::Stored)
+    }
+
+    /// Continuous mode: write `data` as one chunk of `cpu`'s stream: whole items that an
+    /// [`Encoder`] made from a fresh state and finished ([`Encoder::finish`]), holding `records`
+    /// records, `branches` of them taken branches counting `instructions`. What waits in the MTE
+    /// segment and in this stream's own segment is written first, so the file keeps its order.
+    /// Recorders that encode on their own threads (the qemu plugin's vCPUs) hand chunks here.
+    pub fn push_encoded(
+        &mut self,
+        cpu: usize,
+        data: &[u8],
+        records: u64,
+        branches: u64,
+        instructions: u64,
+    ) -> Result<(), FormatError> {
+        if self.cfg.mode != Mode::Continuous {
+            return Err(FormatError::Write(std::io::Error::other("encoded chunks are for continuous mode only")));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        if let MteStore::Segment(m) = &mut self.mte {
+            flush_mte(&mut self.writer, &self.live, m)?;
+        }
+        if self.cpus[cpu].cur.records > 0 {
+            self.flush_cpu(cpu)?;
+        }
+        let tally = Tally { records, branches, instructions };
+        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, data, tally);
+        self.records[cpu] += records;
+        self.branches += branches;
+        self.instructions += instructions;
+        self.live.branches.store(self.branches, Ordering::Relaxed);
+        self.live.instructions.store(self.instructions, Ordering::Relaxed);
+        r
+    }
+
+    /// Make room for an item of `len` bytes on `cpu`'s stream, as the mode says; false when a
+    /// normal-mode buffer refuses it (never for a control record).
+    #[inline]
+    fn room(&mut self, cpu: usize, len: usize, control: bool) -> Result<bool, FormatError> {
+        let bs = self.block_size;
+        match self.cfg.mode {
+            Mode::Continuous => {
+                let st = &self.cpus[cpu];
+                if st.cur.data.len() + st.enc.pending() + len > bs && st.cur.records > 0 {
+                    // MTE records first, so any trace chunk on disk can be symbolised even if
+                    // the recording never finishes.
+                    if let MteStore::Segment(m) = &mut self.mte {
+                        flush_mte(&mut self.writer, &self.live, m)?;
+                    }
+                    self.flush_cpu(cpu)?;
+                }
+            }
+            Mode::Normal => {
+                let st = &mut self.cpus[cpu];
+                if !control && st.used() + len > self.cfg.buffer_size {
+                    return Ok(false);
+                }
+                if st.cur.data.len() + st.enc.pending() + len > bs && st.cur.records > 0 {
+                    st.close(bs);
+                }
+            }
+            Mode::Wrap => {
+                let st = &mut self.cpus[cpu];
+                if st.cur.data.len() + st.enc.pending() + len > bs && st.cur.records > 0 {
+                    st.close(bs);
+                }
+                while st.used() + len > self.cfg.buffer_size {
+                    let Some(old) = st.done.pop_front() else { break };
+                    st.done_bytes -= old.data.len();
+                    note_evicted(&mut self.evicted_start[cpu], &old.data);
+                    self.lost[cpu] += old.records;
+                    self.records[cpu] -= old.records;
+                    let mut v = old.data;
+                    v.clear();
+                    st.spare.push(v);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Store a taken branch for `cpu`. In normal mode a full buffer refuses it.
+    #[inline]
+    pub fn push_branch(&mut self, cpu: usize, b: &Branch) -> Result<Push, FormatError> {
+        if !self.room(cpu, MAX_BRANCH_ITEM, false)? {
+            return Ok(Push::Full);
+        }
+        let st = &mut self.cpus[cpu];
+        st.enc.branch(&mut st.cur.data, b);
+        let blk = &mut st.cur;
+        blk.records += 1;
+        blk.first_ts.get_or_insert(b.ts);
+        blk.tally.records += 1;
+        blk.tally.branches += 1;
+        blk.tally.instructions += b.icount as u64;
+        self.records[cpu] += 1;
+        self.branches += 1;
+        self.instructions += b.icount as u64;
+        self.live.branches.store(self.branches, Ordering::Relaxed);
+        self.live.instructions.store(self.instructions, Ordering::Relaxed);
+        self.stored_segment()?;
         Ok(Push::Stored)
     }
 
     /// Store a control record (trace on/off, lost) for `cpu`; never refused for lack of space.
     pub fn push_control(&mut self, cpu: usize, rec: &Record) -> Result<(), FormatError> {
+        if let Record::Branch(b) = rec {
+            return self.push_branch(cpu, b).map(|_| ());
+        }
         let mut s = std::mem::take(&mut self.scratch);
         s.clear();
-        rec.encode(&mut s)?;
-        let r = self.push_cpu(cpu, &s, true);
+        let r = rec.encode(&mut s).and_then(|_| self.room(cpu, 1 + s.len(), true));
+        if let Err(e) = r {
+            self.scratch = s;
+            return Err(e);
+        }
+        let st = &mut self.cpus[cpu];
+        st.enc.record(&mut st.cur.data, &s, rec);
         self.scratch = s;
-        r.map(|_| ())
+        let blk = &mut st.cur;
+        blk.records += 1;
+        blk.first_ts.get_or_insert(rec.ts());
+        match rec {
+            // The Lost and resume records of a wrapped ring are not the program's.
+            Record::Lost(_) => {}
+            Record::TraceOn(on) if on.reason == TraceOnReason::Resume => {}
+            Record::TraceOff(off) => {
+                blk.tally.records += 1;
+                blk.tally.instructions += off.icount as u64;
+            }
+            _ => blk.tally.records += 1,
+        }
+        self.records[cpu] += 1;
+        self.stored_segment()
     }
 
     /// Store an MTE record. In normal mode, [`Push::Full`] means the MTE buffer
@@ -246,81 +405,38 @@ impl Buffers {
     pub fn push_mte(&mut self, rec: &Record) -> Result<Push, FormatError> {
         let mut s = std::mem::take(&mut self.scratch);
         s.clear();
-        rec.encode(&mut s)?;
+        if let Err(e) = rec.encode(&mut s) {
+            self.scratch = s;
+            return Err(e);
+        }
         self.mte_records += 1;
         let seg = self.cfg.segment_size;
         let r = match &mut self.mte {
-            Store::Linear(v) => {
+            MteStore::Linear(v) => {
                 v.extend_from_slice(&s);
                 Ok(if v.len() > self.cfg.mte_size { Push::Full } else { Push::Stored })
             }
-            Store::Segment(v) => {
-                let r = if v.len() + s.len() > seg {
-                    flush(&mut self.writer, &self.live, STREAM_MTE, 0, v)
-                } else {
-                    Ok(())
-                };
+            MteStore::Segment(v) => {
+                let r = if v.len() + s.len() > seg { flush_mte(&mut self.writer, &self.live, v) } else { Ok(()) };
                 v.extend_from_slice(&s);
                 r.and_then(|_| self.stored_segment()).map(|_| Push::Stored)
             }
-            Store::Ring(_) => unreachable!("the MTE stream never wraps"),
         };
         self.scratch = s;
         r
     }
 
-    fn push_cpu(&mut self, cpu: usize, rec: &[u8], control: bool) -> Result<Push, FormatError> {
-        let store = &mut self.cpus[cpu];
-        match store {
-            Store::Linear(v) => {
-                if !control && v.len() + rec.len() > self.cfg.buffer_size {
-                    return Ok(Push::Full);
-                }
-                v.extend_from_slice(rec);
-            }
-            Store::Ring(ring) => {
-                let cap = self.cfg.buffer_size;
-                while !ring.is_empty() && ring.len() + rec.len() > cap {
-                    let n = if ring.len() >= 2 {
-                        record_len(Endian::native(), &[ring[0], ring[1]]).unwrap_or(0)
-                    } else {
-                        0
-                    };
-                    if n == 0 || n > ring.len() {
-                        ring.clear();
-                        break;
-                    }
-                    let head: Vec<u8> = ring.range(..n.min(40)).copied().collect();
-                    note_evicted(&mut self.evicted_start[cpu], &head);
-                    ring.drain(..n);
-                    self.lost[cpu] += 1;
-                    self.records[cpu] -= 1;
-                }
-                ring.extend(rec);
-            }
-            Store::Segment(v) => {
-                if v.len() + rec.len() > self.cfg.segment_size {
-                    // MTE records first, so any trace chunk on disk can be symbolised even if
-                    // the recording never finishes.
-                    if let Store::Segment(m) = &mut self.mte {
-                        flush(&mut self.writer, &self.live, STREAM_MTE, 0, m)?;
-                    }
-                    flush(&mut self.writer, &self.live, cpu as u16, 0, v)?;
-                }
-                v.extend_from_slice(rec);
-                self.records[cpu] += 1;
-                if !control {
-                    self.count_live(rec);
-                }
-                self.stored_segment()?;
-                return Ok(Push::Stored);
-            }
-        }
-        self.records[cpu] += 1;
-        if !control {
-            self.count_live(rec);
-        }
-        Ok(Push::Stored)
+    /// Continuous mode: write `cpu`'s segment as a chunk and start the next.
+    fn flush_cpu(&mut self, cpu: usize) -> Result<(), FormatError> {
+        let st = &mut self.cpus[cpu];
+        st.enc.finish(&mut st.cur.data);
+        st.enc.reset();
+        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, &st.cur.data, st.cur.tally);
+        st.cur.data.clear();
+        st.cur.records = 0;
+        st.cur.tally = Tally::default();
+        st.cur.first_ts = None;
+        r
     }
 
     /// A record went into a segment: note when, if nothing else waits, and now and then see
@@ -359,12 +475,12 @@ impl Buffers {
             return Ok(());
         }
         self.oldest = u64::MAX;
-        if let Store::Segment(m) = &mut self.mte {
-            flush(&mut self.writer, &self.live, STREAM_MTE, 0, m)?;
+        if let MteStore::Segment(m) = &mut self.mte {
+            flush_mte(&mut self.writer, &self.live, m)?;
         }
-        for (cpu, store) in self.cpus.iter_mut().enumerate() {
-            if let Store::Segment(v) = store {
-                flush(&mut self.writer, &self.live, cpu as u16, 0, v)?;
+        for cpu in 0..self.cpus.len() {
+            if self.cpus[cpu].cur.records > 0 {
+                self.flush_cpu(cpu)?;
             }
         }
         Ok(())
@@ -405,37 +521,46 @@ impl Buffers {
             }
         };
         // MTE first: readers apply module changes before the branches that need them.
-        match std::mem::replace(&mut self.mte, Store::Linear(Vec::new())) {
-            Store::Linear(mut v) | Store::Segment(mut v) => {
-                keep(flush(&mut self.writer, &self.live, STREAM_MTE, 0, &mut v))
-            }
-            Store::Ring(_) => unreachable!(),
+        match &mut self.mte {
+            MteStore::Linear(v) | MteStore::Segment(v) => keep(flush_mte(&mut self.writer, &self.live, v)),
         }
         for cpu in 0..self.cpus.len() {
-            match std::mem::replace(&mut self.cpus[cpu], Store::Linear(Vec::new())) {
-                Store::Linear(mut v) | Store::Segment(mut v) => {
-                    keep(flush(&mut self.writer, &self.live, cpu as u16, 0, &mut v))
-                }
-                Store::Ring(mut ring) => {
-                    let lost = self.lost[cpu];
-                    let data = ring.make_contiguous();
-                    let mut out = Vec::with_capacity(data.len() + 32);
-                    if lost > 0 && data.len() >= 16 {
-                        // Tell readers, in stream order, where the gap is, and where each thread's
-                        // first surviving block starts (pid 0: known from the MTE stream).
-                        let ts = Endian::native().u64(&data[8..16]);
-                        Record::Lost(Lost { ts, count: lost }).encode(&mut out)?;
-                        let mut starts: Vec<_> = self.evicted_start[cpu].iter().collect();
-                        starts.sort();
-                        for (&tid, &pc) in starts {
-                            let on = TraceOn { ts, reason: TraceOnReason::Resume, pid: 0, tid, pc };
-                            Record::TraceOn(on).encode(&mut out)?;
-                        }
+            let st = &mut self.cpus[cpu];
+            st.enc.finish(&mut st.cur.data);
+            let cur = std::mem::replace(&mut st.cur, Block::new(Vec::new()));
+            if !cur.data.is_empty() {
+                st.done.push_back(cur);
+            }
+            let lost = self.lost[cpu];
+            if self.cfg.mode == Mode::Wrap && lost > 0 {
+                // Tell readers, in stream order, where the gap is, and where each thread's
+                // first surviving block starts (pid 0: known from the MTE stream): a chunk of
+                // its own before the ring's blocks.
+                if let Some(ts) = st.done.front().and_then(|b| b.first_ts) {
+                    let mut enc = Encoder::new();
+                    let mut out = Vec::new();
+                    let mut rec = Vec::new();
+                    let mut push = |r: Record, out: &mut Vec<u8>| -> Result<(), FormatError> {
+                        rec.clear();
+                        r.encode(&mut rec)?;
+                        enc.record(out, &rec, &r);
+                        Ok(())
+                    };
+                    push(Record::Lost(Lost { ts, count: lost }), &mut out)?;
+                    let mut starts: Vec<_> = self.evicted_start[cpu].iter().collect();
+                    starts.sort();
+                    for (&tid, &pc) in starts {
+                        push(
+                            Record::TraceOn(TraceOn { ts, reason: TraceOnReason::Resume, pid: 0, tid, pc }),
+                            &mut out,
+                        )?;
                     }
-                    out.extend_from_slice(data);
-                    let flags = if lost > 0 { CHUNK_FLAG_WRAPPED } else { 0 };
-                    keep(flush(&mut self.writer, &self.live, cpu as u16, flags, &mut out));
+                    let none = Tally::default();
+                    keep(flush_block(&mut self.writer, &self.live, cpu as u16, CHUNK_FLAG_WRAPPED, &out, none));
                 }
+            }
+            for blk in std::mem::take(&mut st.done) {
+                keep(flush_block(&mut self.writer, &self.live, cpu as u16, 0, &blk.data, blk.tally));
             }
         }
         if let Some(e) = first_err {
@@ -443,73 +568,67 @@ impl Buffers {
         }
         let mut end = Vec::new();
         Record::Summary(summary).encode(&mut end)?;
-        flush(&mut self.writer, &self.live, STREAM_END, 0, &mut end)?;
+        self.writer.write_chunk_atomic(STREAM_END, 0, &end)?;
+        self.live.bytes.store(self.writer.len(), Ordering::Relaxed);
         self.writer.sync()?;
         Ok(self.writer.len())
     }
 }
 
-/// Remember what an evicted record says about where its thread's next block starts.
-fn note_evicted(starts: &mut std::collections::HashMap<u32, u64>, r: &[u8]) {
+/// Remember what the records of an evicted block say about where each thread's next block
+/// starts.
+fn note_evicted(starts: &mut HashMap<u32, u64>, data: &[u8]) {
     let e = Endian::native();
-    if r.len() < 32 {
-        return;
-    }
-    match e.u16(&r[2..]) {
-        major::BRANCH_USER | major::BRANCH_KERNEL if r.len() >= 40 => {
-            let (to, tid) = (e.u64(&r[24..]), e.u32(&r[32..]));
-            if to != 0 {
-                starts.insert(tid, to);
-            } else {
-                starts.remove(&tid);
+    let mut dec = Decoder::new();
+    let mut at = 0;
+    // The block was encoded here: it decodes; should it not, what was noted stands.
+    while let Ok(Some(r)) = dec.next(e, data, &mut at) {
+        match r {
+            Record::Branch(b) => {
+                if b.to != 0 {
+                    starts.insert(b.tid, b.to);
+                } else {
+                    starts.remove(&b.tid);
+                }
             }
+            Record::TraceOn(on) => {
+                starts.insert(on.tid, on.pc);
+            }
+            Record::TraceOff(off) => {
+                starts.remove(&off.tid);
+            }
+            _ => {}
         }
-        major::TRACE_ON => {
-            starts.insert(e.u32(&r[20..]), e.u64(&r[24..]));
-        }
-        major::TRACE_OFF => {
-            starts.remove(&e.u32(&r[20..]));
-        }
-        _ => {}
     }
 }
 
-fn flush(w: &mut TraceWriter, live: &LiveCounts, stream: u16, flags: u16, v: &mut Vec<u8>) -> Result<(), FormatError> {
-    let r = w.write_chunk_atomic(stream, flags, v);
-    if stream != STREAM_MTE && stream != STREAM_END {
-        count_flushed(live, v, r.is_ok());
-    }
+fn flush_mte(w: &mut TraceWriter, live: &LiveCounts, v: &mut Vec<u8>) -> Result<(), FormatError> {
+    let r = w.write_chunk_atomic(STREAM_MTE, 0, v);
     v.clear();
     live.bytes.store(w.len(), Ordering::Relaxed);
     r
 }
 
-/// Count a CPU chunk's records as written or not: the summary of a recording whose writes
-/// failed says what reached the file. One walk over the chunk, as it leaves memory.
-fn count_flushed(live: &LiveCounts, data: &[u8], written: bool) {
-    let e = Endian::native();
-    let (mut records, mut branches, mut instructions) = (0u64, 0u64, 0u64);
-    for rec in raw_records(e, data).map_while(Result::ok) {
-        match rec.major {
-            // The Lost and resume records wrap mode puts before a ring are not the program's.
-            major::LOST => continue,
-            major::TRACE_ON if e.u32(&rec.bytes[4..]) == TraceOnReason::Resume as u32 => continue,
-            major::BRANCH_USER | major::BRANCH_KERNEL if rec.bytes.len() >= 40 => {
-                branches += 1;
-                instructions += e.u32(&rec.bytes[36..]) as u64;
-            }
-            major::TRACE_OFF if rec.bytes.len() >= 36 => instructions += e.u32(&rec.bytes[32..]) as u64,
-            _ => {}
-        }
-        records += 1;
-    }
-    if written {
-        live.written_records.fetch_add(records, Ordering::Relaxed);
-        live.written_branches.fetch_add(branches, Ordering::Relaxed);
-        live.written_instructions.fetch_add(instructions, Ordering::Relaxed);
+/// Write a CPU block as a chunk, and count its records as written or not: the summary of a
+/// recording whose writes failed says what reached the file.
+fn flush_block(
+    w: &mut TraceWriter,
+    live: &LiveCounts,
+    stream: u16,
+    flags: u16,
+    data: &[u8],
+    t: Tally,
+) -> Result<(), FormatError> {
+    let r = w.write_chunk_atomic(stream, flags, data);
+    if r.is_ok() {
+        live.written_records.fetch_add(t.records, Ordering::Relaxed);
+        live.written_branches.fetch_add(t.branches, Ordering::Relaxed);
+        live.written_instructions.fetch_add(t.instructions, Ordering::Relaxed);
     } else {
-        live.unwritten_records.fetch_add(records, Ordering::Relaxed);
+        live.unwritten_records.fetch_add(t.records, Ordering::Relaxed);
     }
+    live.bytes.store(w.len(), Ordering::Relaxed);
+    r
 }
 
 #[cfg(test)]

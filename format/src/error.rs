@@ -24,13 +24,8 @@ pub enum FormatError {
     #[error("{path}: the file header is invalid: {what}")]
     HeaderInvalid { path: PathBuf, what: String },
     #[error(
-        "{path} was written by an older itrace (trace format {major}.{minor}); this itrace reads format {}.x: \
-         record it again",
-        crate::VERSION_MAJOR
-    )]
-    OlderVersion { path: PathBuf, major: u16, minor: u16 },
-    #[error(
-        "{path}: trace format version {major}.{minor} is not supported (this itrace reads {}.x)",
+        "{path}: trace format version {major}.{minor} is not supported (this itrace reads {}.x to {}.x)",
+        crate::header::OLDEST_MAJOR,
         crate::VERSION_MAJOR
     )]
     UnsupportedVersion { path: PathBuf, major: u16, minor: u16 },

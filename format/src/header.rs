@@ -7,9 +7,13 @@ use std::path::Path;
 
 /// First four bytes of every trace file.
 pub const MAGIC: [u8; 4] = *b"ITRC";
-/// Readers refuse files with another major version. 2: header and chunk headers carry their own
-/// CRC (1.0 had none, so a damaged length or header field went unnoticed).
-pub const VERSION_MAJOR: u16 = 2;
+/// The major version this itrace writes. 2: header and chunk headers carry their own CRC (1.0
+/// had none, so a damaged length or header field went unnoticed). 3: CPU chunks hold the
+/// compact encoding ([`crate::compact`]), and chunks may be compressed.
+pub const VERSION_MAJOR: u16 = 3;
+/// The oldest major version this itrace reads (2.0: the same header and chunk headers, CPU
+/// chunks of 16-byte-header records).
+pub const OLDEST_MAJOR: u16 = 2;
 /// Minor versions only add record kinds; readers skip kinds they do not know.
 pub const VERSION_MINOR: u16 = 0;
 /// Size of the file header in bytes.
@@ -243,51 +247,54 @@ impl FileHeader {
         };
         let version_major = endian.u16(&b[6..]);
         let version_minor = endian.u16(&b[8..]);
-        // Format 1.0 had no header CRC: its last 8 bytes were reserved zeros.
-        if version_major == 1 && version_minor == 0 && b[5] as usize == HEADER_LEN && b[56..64] == [0; 8] {
-            return Err(FormatError::OlderVersion { path: path.into(), major: 1, minor: 0 });
-        }
+        // Format 1.0 had no header CRC: its last 8 bytes were reserved zeros. It is read as it
+        // was (its fields checked one by one below), with what 1.0 could not tell apart.
+        let v1 = version_major == 1 && version_minor == 0 && b[5] as usize == HEADER_LEN && b[56..64] == [0; 8];
         let len = b[5] as usize;
-        if len < HEADER_LEN || !len.is_multiple_of(4) {
-            return Err(damaged(format!("its header-length byte (offset 5) is {len}; format 2 headers are 64 bytes")));
-        }
-        if b.len() < len {
-            return Err(damaged(format!("its header-length byte (offset 5) says {len}, longer than the file")));
-        }
-        let crc_at = len - 4;
-        let stored = endian.u32(&b[crc_at..]);
-        if crc32(&b[..crc_at]) != stored {
-            // Name the byte when it is the one damaged: the header checks out as 64 bytes long.
-            if len != HEADER_LEN {
-                let mut h: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("64 bytes");
-                h[5] = HEADER_LEN as u8;
-                if crc32(&h[..HEADER_CRC_AT]) == endian.u32(&h[HEADER_CRC_AT..]) {
-                    return Err(damaged(format!("its header-length byte (offset 5) is {len}, not {HEADER_LEN}")));
-                }
-            }
-            // Or the byte-order byte: the header checks out read in the other order.
-            let mut h: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("64 bytes");
-            h[4] ^= 3;
-            let other = if endian == Endian::Little { Endian::Big } else { Endian::Little };
-            if len == HEADER_LEN && crc32(&h[..HEADER_CRC_AT]) == other.u32(&h[HEADER_CRC_AT..]) {
+        if !v1 {
+            if len < HEADER_LEN || len % 4 != 0 {
                 return Err(damaged(format!(
-                    "its byte-order byte (offset 4) is {}, but the header was written {}",
-                    b[4],
-                    if other == Endian::Little { "little-endian (1)" } else { "big-endian (2)" }
+                    "its header-length byte (offset 5) is {len}; format 2 and 3 headers are 64 bytes"
                 )));
             }
-            return Err(damaged("its checksum does not match".into()));
-        }
-        if version_major != VERSION_MAJOR {
-            return Err(FormatError::UnsupportedVersion {
-                path: path.into(),
-                major: version_major,
-                minor: version_minor,
-            });
+            if b.len() < len {
+                return Err(damaged(format!("its header-length byte (offset 5) says {len}, longer than the file")));
+            }
+            let crc_at = len - 4;
+            let stored = endian.u32(&b[crc_at..]);
+            if crc32(&b[..crc_at]) != stored {
+                // Name the byte when it is the one damaged: the header checks out as 64 bytes long.
+                if len != HEADER_LEN {
+                    let mut h: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("64 bytes");
+                    h[5] = HEADER_LEN as u8;
+                    if crc32(&h[..HEADER_CRC_AT]) == endian.u32(&h[HEADER_CRC_AT..]) {
+                        return Err(damaged(format!("its header-length byte (offset 5) is {len}, not {HEADER_LEN}")));
+                    }
+                }
+                // Or the byte-order byte: the header checks out read in the other order.
+                let mut h: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("64 bytes");
+                h[4] ^= 3;
+                let other = if endian == Endian::Little { Endian::Big } else { Endian::Little };
+                if len == HEADER_LEN && crc32(&h[..HEADER_CRC_AT]) == other.u32(&h[HEADER_CRC_AT..]) {
+                    return Err(damaged(format!(
+                        "its byte-order byte (offset 4) is {}, but the header was written {}",
+                        b[4],
+                        if other == Endian::Little { "little-endian (1)" } else { "big-endian (2)" }
+                    )));
+                }
+                return Err(damaged("its checksum does not match".into()));
+            }
+            if !(OLDEST_MAJOR..=VERSION_MAJOR).contains(&version_major) {
+                return Err(FormatError::UnsupportedVersion {
+                    path: path.into(),
+                    major: version_major,
+                    minor: version_minor,
+                });
+            }
         }
         // From here on the bytes are as written: a value out of range is a writer's mistake.
         if len != HEADER_LEN {
-            return Err(invalid(format!("header length {len} (offset 5); format 2 headers are 64 bytes")));
+            return Err(invalid(format!("header length {len} (offset 5); format 2 and 3 headers are 64 bytes")));
         }
         let arch_code = endian.u16(&b[10..]);
         let arch = Arch::from_code(arch_code)

@@ -6,6 +6,7 @@
 //! layout is documented in `docs/trace-format.md`.
 
 mod buffers;
+pub mod compact;
 mod error;
 mod header;
 pub mod kmod;
@@ -43,9 +44,12 @@ pub fn human_size(n: u64) -> String {
 pub use error::FormatError;
 pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};
-pub use reader::{ChunkInfo, Event, MergedRecords, StreamId, StreamRecords, TraceFile};
+pub use reader::{ChunkInfo, Event, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats, TraceFile};
 pub use record::{
-    branch_flags, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord, RawRecords, Record,
-    StopReason, Summary, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN, RECORD_HEADER_LEN,
+    branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord,
+    RawRecords, Record, StopReason, Summary, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN, RECORD_HEADER_LEN,
 };
-pub use writer::{TraceWriter, CHUNK_FLAG_WRAPPED, CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END, STREAM_MTE};
+pub use writer::{
+    TraceWriter, CHUNK_FLAG_COMPRESSED, CHUNK_FLAG_WRAPPED, CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESS_LEVEL,
+    MAX_DECOMPRESSED, STREAM_END, STREAM_MTE,
+};

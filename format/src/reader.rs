@@ -3,8 +3,12 @@
 //! time order. A file cut short is read up to its last whole record; damage
 //! anywhere else is an error naming the offset.
 
+use crate::compact::{DecodeError, Decoder};
 use crate::record::{record_len, Summary};
-use crate::writer::{CHUNK_FLAG_WRAPPED, CHUNK_HEADER_CRC_AT, CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END, STREAM_MTE};
+use crate::writer::{
+    CHUNK_FLAG_COMPRESSED, CHUNK_FLAG_WRAPPED, CHUNK_HEADER_CRC_AT, CHUNK_HEADER_LEN, CHUNK_MAGIC, STREAM_END,
+    STREAM_MTE,
+};
 use crate::{FileHeader, FormatError, Record, HEADER_LEN, RECORD_HEADER_LEN};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -106,23 +110,17 @@ impl TraceFile {
         let b = self.data.bytes();
         let e = self.header.endian;
         let ncpu = self.header.ncpu;
+        if self.header.version_major == 1 {
+            return self.index_1_0();
+        }
         let mut off = HEADER_LEN;
         let mut seq = 0u32;
         let mut end_chunk = None;
         while off < b.len() {
-            let rest = &b[off..];
-            if end_chunk.is_some() {
-                return Err(corrupt(off, format!("{} bytes after the end chunk", rest.len())));
-            }
-            let magic = &rest[..rest.len().min(4)];
-            if magic != &CHUNK_MAGIC[..magic.len()] {
-                return Err(corrupt(off, format!("expected a chunk header (\"CHNK\"), found bytes {magic:02x?}")));
-            }
-            if rest.len() < CHUNK_HEADER_LEN {
+            let Some(h) = chunk_header(b, off, CHUNK_HEADER_LEN, end_chunk.is_some())? else {
                 self.truncated_at = Some(off as u64);
                 break;
-            }
-            let h = &rest[..CHUNK_HEADER_LEN];
+            };
             if crate::writer::crc32(&h[..CHUNK_HEADER_CRC_AT]) != e.u32(&h[CHUNK_HEADER_CRC_AT..]) {
                 return Err(corrupt(off, "the chunk header is damaged (its checksum does not match)".into()));
             }
@@ -140,10 +138,17 @@ impl TraceFile {
             if stream >= ncpu && stream != STREAM_MTE && stream != STREAM_END {
                 return Err(corrupt(off + 4, format!("chunk for stream {stream}, but the trace has {ncpu} CPUs")));
             }
-            if !crate::header::later_minor(self.header.version_minor) && flags & !CHUNK_FLAG_WRAPPED != 0 {
-                return Err(corrupt(off + 6, format!("unknown chunk flag bits {:#x}", flags & !CHUNK_FLAG_WRAPPED)));
+            // Format 3.0 added compressed chunks, and compact CPU chunks of any length.
+            let v3 = self.header.version_major >= 3;
+            let known = if v3 { CHUNK_FLAG_WRAPPED | CHUNK_FLAG_COMPRESSED } else { CHUNK_FLAG_WRAPPED };
+            if !crate::header::later_minor(self.header.version_minor) && flags & !known != 0 {
+                return Err(corrupt(off + 6, format!("unknown chunk flag bits {:#x}", flags & !known)));
             }
-            if want == 0 || !want.is_multiple_of(4) {
+            let any_length = v3 && (stream < ncpu || flags & CHUNK_FLAG_COMPRESSED != 0);
+            if want == 0 {
+                return Err(corrupt(off + 8, "chunk payload length 0".into()));
+            }
+            if !any_length && want % 4 != 0 {
                 return Err(corrupt(off + 8, format!("chunk payload length {want} is not a positive multiple of 4")));
             }
             let start = off + CHUNK_HEADER_LEN;
@@ -170,6 +175,70 @@ impl TraceFile {
         Ok(())
     }
 
+    /// Format 1.0's chunks: a 16-byte header (magic, stream, flags, length, and a CRC over those
+    /// three fields and the payload), no sequence numbers. Without a CRC of its own, a chunk
+    /// header's length cannot be told from damage when it runs past the file's end: that reads
+    /// as a file cut short, as 1.0 readers read it.
+    fn index_1_0(&mut self) -> Result<(), FormatError> {
+        let b = self.data.bytes();
+        let e = self.header.endian;
+        let ncpu = self.header.ncpu;
+        let mut off = HEADER_LEN;
+        let mut end_chunk = None;
+        while off < b.len() {
+            let Some(h) = chunk_header(b, off, CHUNK_HEADER_LEN_1_0, end_chunk.is_some())? else {
+                self.truncated_at = Some(off as u64);
+                break;
+            };
+            let stream = e.u16(&h[4..]);
+            let flags = e.u16(&h[6..]);
+            let want = e.u32(&h[8..]) as usize;
+            if stream >= ncpu && stream != STREAM_MTE && stream != STREAM_END {
+                return Err(corrupt(off + 4, format!("chunk for stream {stream}, but the trace has {ncpu} CPUs")));
+            }
+            if flags & !CHUNK_FLAG_WRAPPED != 0 {
+                return Err(corrupt(off + 6, format!("unknown chunk flag bits {:#x}", flags & !CHUNK_FLAG_WRAPPED)));
+            }
+            if want == 0 || want % 4 != 0 {
+                return Err(corrupt(off + 8, format!("chunk payload length {want} is not a positive multiple of 4")));
+            }
+            let start = off + CHUNK_HEADER_LEN_1_0;
+            let have = want.min(b.len() - start);
+            let truncated = have < want;
+            if !truncated {
+                let mut crc = crc32fast::Hasher::new();
+                crc.update(&h[4..12]);
+                crc.update(&b[start..start + want]);
+                if crc.finalize() != e.u32(&h[12..]) {
+                    return Err(corrupt(off, format!("checksum mismatch in the {want}-byte chunk of stream {stream}")));
+                }
+            }
+            let info = ChunkInfo { offset: off as u64, stream, flags, len: have, truncated };
+            if stream == STREAM_END {
+                end_chunk = Some(info.clone());
+            }
+            self.chunks.push(info);
+            if truncated {
+                self.truncated_at = Some(b.len() as u64);
+                break;
+            }
+            off = start + want;
+        }
+        if let Some(c) = end_chunk {
+            self.summary = self.read_summary(c)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of a chunk header in this file's version.
+    fn chunk_header_len(&self) -> usize {
+        if self.header.version_major == 1 {
+            CHUNK_HEADER_LEN_1_0
+        } else {
+            CHUNK_HEADER_LEN
+        }
+    }
+
     /// The end chunk holds one summary record, for the header's CPUs; `None` when it was cut.
     fn read_summary(&self, c: ChunkInfo) -> Result<Option<Summary>, FormatError> {
         let truncated = c.truncated;
@@ -188,7 +257,7 @@ impl TraceFile {
         }
         let ncpu = self.header.ncpu as usize;
         if found.records.len() != ncpu {
-            let at = c.offset as usize + CHUNK_HEADER_LEN;
+            let at = c.offset as usize + self.chunk_header_len();
             return Err(corrupt(
                 at,
                 format!("the summary counts {} CPUs, the file header {ncpu}", found.records.len()),
@@ -249,6 +318,126 @@ impl TraceFile {
     }
 }
 
+/// What one kind of item costs in a stream (see [`TraceFile::stream_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KindStats {
+    /// Records of this kind.
+    pub records: u64,
+    /// Payload bytes they take (before compression).
+    pub bytes: u64,
+}
+
+/// The size breakdown of one stream.
+#[derive(Clone, Debug, Default)]
+pub struct StreamStats {
+    pub chunks: u64,
+    pub compressed_chunks: u64,
+    /// Chunk headers and payloads as stored in the file.
+    pub file_bytes: u64,
+    /// Payload bytes before compression.
+    pub payload_bytes: u64,
+    pub records: u64,
+    pub branches: u64,
+    pub first_ts: Option<u64>,
+    pub last_ts: Option<u64>,
+    /// The file ends inside one of its chunks.
+    pub truncated: bool,
+    /// By kind of item: "table hit", "table hit, time moved", "second-table hit", "new edge",
+    /// "run", "whole record"
+    /// (format 3.0 CPU chunks); "40-byte branch", "whole record" otherwise.
+    pub kinds: std::collections::BTreeMap<&'static str, KindStats>,
+}
+
+impl TraceFile {
+    /// Decode stream `id` whole and say what its records cost, by kind of item.
+    pub fn stream_stats(&self, id: StreamId) -> Result<StreamStats, FormatError> {
+        use crate::compact::tag;
+        let mut st = StreamStats::default();
+        let chunks: Vec<ChunkInfo> = self.chunks.iter().filter(|c| c.stream == id).cloned().collect();
+        for c in chunks {
+            st.chunks += 1;
+            if c.truncated {
+                st.truncated = true;
+            }
+            st.file_bytes += (self.chunk_header_len() + c.len) as u64;
+            // Only this chunk: the reader has no next one to go on to.
+            let mut r = StreamRecords::new(self, Vec::new());
+            r.open_chunk(c)?;
+            let cur = r.cur.as_ref().expect("an open chunk");
+            if cur.owned.is_some() {
+                st.compressed_chunks += 1;
+            }
+            st.payload_bytes += cur.len as u64;
+            let compact = cur.compact;
+            let mut before = 0;
+            while let Some(item) = r.next() {
+                let (_, rec) = item?;
+                let cur = r.cur.as_ref().expect("an open chunk");
+                let payload: &[u8] = match &cur.owned {
+                    Some(v) => v,
+                    None => &self.data.bytes()[cur.base..cur.base + cur.len],
+                };
+                let after = cur.pos;
+                let kind = if !compact {
+                    if matches!(rec, Record::Branch(_)) {
+                        "40-byte branch"
+                    } else {
+                        "whole record"
+                    }
+                } else {
+                    // A timestamp reset belongs to the item after it.
+                    let mut at = before;
+                    while payload.get(at) == Some(&tag::TS_SET) {
+                        at += 1;
+                        while payload.get(at).is_some_and(|b| b & 0x80 != 0) {
+                            at += 1;
+                        }
+                        at += 1;
+                    }
+                    match payload.get(at).copied().unwrap_or(0) {
+                        0x00..=0x3F => "table hit",
+                        0x40..=0x7F => "table hit, time moved",
+                        0x80..=0x83 => "new edge",
+                        0x84..=0x8B => "second-table hit",
+                        tag::REPEAT => "run",
+                        _ => "whole record",
+                    }
+                };
+                let k = st.kinds.entry(kind).or_default();
+                k.records += 1;
+                k.bytes += (after - before) as u64;
+                before = after;
+                st.records += 1;
+                if matches!(rec, Record::Branch(_)) {
+                    st.branches += 1;
+                }
+                let ts = rec.ts();
+                st.first_ts = Some(st.first_ts.map_or(ts, |f| f.min(ts)));
+                st.last_ts = Some(st.last_ts.map_or(ts, |l| l.max(ts)));
+            }
+        }
+        Ok(st)
+    }
+}
+
+/// The `len`-byte chunk header at `off`: its magic checked, nothing after the end chunk
+/// (`after_end`); `None` when the file ends inside it (a cut file: the bytes present start as
+/// the magic does).
+fn chunk_header(b: &[u8], off: usize, len: usize, after_end: bool) -> Result<Option<&[u8]>, FormatError> {
+    let rest = &b[off..];
+    if after_end {
+        return Err(corrupt(off, format!("{} bytes after the end chunk", rest.len())));
+    }
+    let magic = &rest[..rest.len().min(4)];
+    if magic != &CHUNK_MAGIC[..magic.len()] {
+        return Err(corrupt(off, format!("expected a chunk header (\"CHNK\"), found bytes {magic:02x?}")));
+    }
+    Ok(rest.get(..len))
+}
+
+/// Format 1.0's chunk header: magic, stream, flags, length, CRC.
+const CHUNK_HEADER_LEN_1_0: usize = 16;
+
 fn corrupt(offset: usize, what: String) -> FormatError {
     FormatError::Corrupt { offset: offset as u64, what }
 }
@@ -257,13 +446,68 @@ fn corrupt(offset: usize, what: String) -> FormatError {
 pub struct StreamRecords<'a> {
     file: &'a TraceFile,
     chunks: std::vec::IntoIter<ChunkInfo>,
-    cur: Option<(usize, usize, bool)>,
+    cur: Option<Cursor>,
+    /// Format 3.0's compact CPU chunks: the decoder's state, reset at each chunk.
+    dec: Option<Decoder>,
     failed: bool,
+}
+
+/// Where the read of a chunk is.
+struct Cursor {
+    /// File offset of the payload's first byte.
+    base: usize,
+    /// Read position within the payload.
+    pos: usize,
+    /// Payload bytes present.
+    len: usize,
+    truncated: bool,
+    /// The payload is compact-encoded (a CPU chunk of format 3.0).
+    compact: bool,
+    /// A compressed payload, decompressed; its records' offsets are the chunk's.
+    owned: Option<Vec<u8>>,
+    chunk_offset: usize,
 }
 
 impl<'a> StreamRecords<'a> {
     fn new(file: &'a TraceFile, chunks: Vec<ChunkInfo>) -> Self {
-        StreamRecords { file, chunks: chunks.into_iter(), cur: None, failed: false }
+        StreamRecords { file, chunks: chunks.into_iter(), cur: None, dec: None, failed: false }
+    }
+
+    fn fail(&mut self, offset: usize, what: String) -> Option<<Self as Iterator>::Item> {
+        self.failed = true;
+        Some(Err(corrupt(offset, what)))
+    }
+
+    /// Start reading chunk `c`.
+    fn open_chunk(&mut self, c: ChunkInfo) -> Result<(), FormatError> {
+        let h = &self.file.header;
+        let compact = h.version_major >= 3 && c.stream < h.ncpu;
+        let base = c.offset as usize + self.file.chunk_header_len();
+        let mut cur = Cursor {
+            base,
+            pos: 0,
+            len: c.len,
+            truncated: c.truncated,
+            compact,
+            owned: None,
+            chunk_offset: c.offset as usize,
+        };
+        if c.flags & CHUNK_FLAG_COMPRESSED != 0 {
+            // A cut compressed chunk has no records that can be trusted to be whole.
+            let data = if c.truncated {
+                Vec::new()
+            } else {
+                crate::writer::decompress(h.endian, &self.file.data.bytes()[base..base + c.len])
+                    .map_err(|what| corrupt(c.offset as usize, what))?
+            };
+            cur.len = data.len();
+            cur.owned = Some(data);
+        }
+        if compact {
+            self.dec.get_or_insert_with(Decoder::new).reset();
+        }
+        self.cur = Some(cur);
+        Ok(())
     }
 }
 
@@ -274,36 +518,59 @@ impl Iterator for StreamRecords<'_> {
         if self.failed {
             return None;
         }
-        let b = self.file.data.bytes();
-        let e = self.file.header.endian;
+        let file = self.file;
+        let b = file.data.bytes();
+        let e = file.header.endian;
         loop {
-            let (pos, end, truncated) = match self.cur {
-                Some(c) if c.0 < c.1 => c,
-                _ => {
-                    let c = self.chunks.next()?;
-                    let start = c.offset as usize + CHUNK_HEADER_LEN;
-                    self.cur = Some((start, start + c.len, c.truncated));
-                    continue;
+            let Some(cur) = self.cur.as_mut().filter(|c| c.pos < c.len) else {
+                let c = self.chunks.next()?;
+                if let Err(err) = self.open_chunk(c) {
+                    self.failed = true;
+                    return Some(Err(err));
                 }
+                continue;
             };
-            let rest = &b[pos..end];
+            let payload: &[u8] = match &cur.owned {
+                Some(v) => v,
+                None => &b[cur.base..cur.base + cur.len],
+            };
+            let at = cur.pos;
+            let offset = if cur.owned.is_some() { cur.chunk_offset } else { cur.base + at };
+            if cur.compact {
+                let dec = self.dec.as_mut().expect("a compact chunk has its decoder");
+                match dec.next(e, payload, &mut cur.pos) {
+                    Ok(Some(r)) => return Some(Ok((offset as u64, r))),
+                    Ok(None) => {
+                        cur.pos = cur.len;
+                        continue;
+                    }
+                    Err(DecodeError::Short) if cur.truncated => {
+                        // The file was cut inside this item: the stream ends at the last whole one.
+                        cur.pos = cur.len;
+                        continue;
+                    }
+                    Err(DecodeError::Short) => {
+                        return self.fail(offset, "an item runs past the end of its chunk".into());
+                    }
+                    Err(DecodeError::Bad(what)) => return self.fail(offset, what),
+                }
+            }
+            let rest = &payload[at..];
             let len = record_len(e, rest).unwrap_or(0);
             if rest.len() < RECORD_HEADER_LEN || len > rest.len() {
-                if truncated {
+                if cur.truncated {
                     // The file was cut inside this record: the stream ends at the last whole one.
-                    self.cur = Some((end, end, truncated));
+                    cur.pos = cur.len;
                     continue;
                 }
-                self.failed = true;
-                return Some(Err(corrupt(pos, format!("record length {len} runs past the end of its chunk"))));
+                return self.fail(offset, format!("record length {len} runs past the end of its chunk"));
             }
             if len < RECORD_HEADER_LEN {
-                self.failed = true;
-                return Some(Err(corrupt(pos, format!("record length {len} is shorter than a record header"))));
+                return self.fail(offset, format!("record length {len} is shorter than a record header"));
             }
-            self.cur = Some((pos + len, end, truncated));
-            return Some(match Record::decode(e, &rest[..len], pos as u64) {
-                Ok(r) => Ok((pos as u64, r)),
+            cur.pos += len;
+            return Some(match Record::decode(e, &rest[..len], offset as u64) {
+                Ok(r) => Ok((offset as u64, r)),
                 Err(err) => {
                     self.failed = true;
                     Err(err)

@@ -42,6 +42,8 @@ pub mod mte_minor {
     pub const EXEC: u32 = 0x36;
     pub const JIT_SYMBOL: u32 = 0x41;
     pub const VDSO_IMAGE: u32 = 0x42;
+    /// What the file of the segment record before it was when recorded: build-id, size, mtime.
+    pub const MODULE_ID: u32 = 0x43;
     pub const CLONE: u32 = 0x63;
 }
 
@@ -284,6 +286,19 @@ pub enum Mte {
         start: u64,
         image: Vec<u8>,
     },
+    /// The file mapped at `start` (the segment record just before) as it was when recorded:
+    /// its GNU build-id (empty when it has none), size in bytes and modification time, so that
+    /// readers can tell when the file at `path` is no longer the one that ran.
+    ModuleId {
+        ts: u64,
+        pid: u32,
+        start: u64,
+        size: u64,
+        /// Nanoseconds since the epoch.
+        mtime_ns: u64,
+        build_id: Vec<u8>,
+        path: String,
+    },
     /// A new thread (`thread` true) or process.
     Clone {
         ts: u64,
@@ -293,6 +308,13 @@ pub enum Mte {
         child_tid: u32,
         thread: bool,
     },
+}
+
+/// A file's modification time as a module-identity record holds it: ns since the epoch (0
+/// before it).
+pub fn file_mtime_ns(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    u64::try_from(meta.mtime()).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec() as u64)
 }
 
 impl Mte {
@@ -306,6 +328,7 @@ impl Mte {
             | Mte::Exec { ts, .. }
             | Mte::JitSymbol { ts, .. }
             | Mte::VdsoImage { ts, .. }
+            | Mte::ModuleId { ts, .. }
             | Mte::Clone { ts, .. } => ts,
         }
     }
@@ -434,6 +457,18 @@ impl Record {
                     w.u32(image.len() as u32);
                     w.u64(*start);
                     w.out.extend_from_slice(image);
+                }
+                Mte::ModuleId { ts, pid, start, size, mtime_ns, build_id, path } => {
+                    w.header(major::MTE, mte_minor::MODULE_ID, *ts);
+                    w.u32(*pid);
+                    // A GNU build-id is 20 bytes (SHA-1) or 16 (MD5, UUID); 255 is plenty.
+                    let id = &build_id[..build_id.len().min(255)];
+                    w.u32(id.len() as u32);
+                    w.u64(*start);
+                    w.u64(*size);
+                    w.u64(*mtime_ns);
+                    w.out.extend_from_slice(id);
+                    w.str(path);
                 }
                 Mte::Clone { ts, parent_pid, parent_tid, child_pid, child_tid, thread } => {
                     w.header(major::MTE, mte_minor::CLONE, *ts);
@@ -592,6 +627,20 @@ impl Record {
                         need(16 + n)?;
                         Mte::VdsoImage { ts, pid: e.u32(p), start: e.u64(&p[8..]), image: p[16..16 + n].to_vec() }
                     }
+                    mte_minor::MODULE_ID => {
+                        need(32)?;
+                        let n = (e.u32(&p[4..]) as usize).min(255);
+                        need(32 + n)?;
+                        Mte::ModuleId {
+                            ts,
+                            pid: e.u32(p),
+                            start: e.u64(&p[8..]),
+                            size: e.u64(&p[16..]),
+                            mtime_ns: e.u64(&p[24..]),
+                            build_id: p[32..32 + n].to_vec(),
+                            path: s(32 + n)?,
+                        }
+                    }
                     mte_minor::CLONE => {
                         need(20)?;
                         Mte::Clone {
@@ -656,7 +705,7 @@ impl Enc<'_> {
         self.out.extend_from_slice(&s.as_bytes()[..n]);
     }
     fn finish(self) -> Result<(), FormatError> {
-        while !(self.out.len() - self.start).is_multiple_of(4) {
+        while (self.out.len() - self.start) % 4 != 0 {
             self.out.push(0);
         }
         let len = self.out.len() - self.start;

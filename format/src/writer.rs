@@ -17,6 +17,14 @@ pub const STREAM_MTE: u16 = 0xFFFE;
 pub const STREAM_END: u16 = 0xFFFF;
 /// Chunk flag: records of this stream before this chunk were overwritten (wrap mode).
 pub const CHUNK_FLAG_WRAPPED: u16 = 1;
+/// Chunk flag (format 3.0): the payload is compressed: its decompressed length (4 bytes), then
+/// one zstd frame. The payload CRC covers the stored bytes.
+pub const CHUNK_FLAG_COMPRESSED: u16 = 2;
+/// The zstd level of `itrace record --compress`.
+pub const COMPRESS_LEVEL: i32 = 1;
+/// The most bytes a compressed chunk may hold decompressed: writers compress no larger
+/// payload, so a reader never allocates more for one chunk.
+pub const MAX_DECOMPRESSED: usize = 64 << 20;
 
 /// Appends chunks to a trace file. After a failed write it truncates the file
 /// back to its last whole chunk and refuses further writes, so whatever was
@@ -28,15 +36,32 @@ pub struct TraceWriter {
     failed: bool,
     /// Sequence number of the next chunk: a reader sees a chunk lost or repeated.
     next_seq: u32,
+    /// zstd level chunks are compressed with (`--compress`), if any.
+    compress: Option<i32>,
+    packed: Vec<u8>,
 }
 
 impl TraceWriter {
     /// Create (or truncate) `path` and write the header.
     pub fn create(path: &Path, header: &FileHeader) -> Result<Self, FormatError> {
         let file = File::create(path).map_err(|err| FormatError::Open { path: path.into(), err })?;
-        let mut w = TraceWriter { file, path: path.into(), good_len: 0, failed: false, next_seq: 0 };
+        let mut w = TraceWriter {
+            file,
+            path: path.into(),
+            good_len: 0,
+            failed: false,
+            next_seq: 0,
+            compress: None,
+            packed: Vec::new(),
+        };
         w.write_all(&header.encode())?;
         Ok(w)
+    }
+
+    /// Compress every chunk but the end chunk with zstd at `level` (format 3.0's compressed
+    /// chunks), where that makes it smaller.
+    pub fn compress(&mut self, level: i32) {
+        self.compress = Some(level);
     }
 
     /// Path of the file being written.
@@ -55,10 +80,31 @@ impl TraceWriter {
     }
 
     /// Append one chunk of `stream` holding `payload` (whole records).
-    pub fn write_chunk(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {
+    pub fn write_chunk(&mut self, stream: u16, mut flags: u16, payload: &[u8]) -> Result<(), FormatError> {
         if payload.is_empty() {
             return Ok(());
         }
+        let mut packed = std::mem::take(&mut self.packed);
+        let payload = match self.compress {
+            Some(level) if stream != STREAM_END && payload.len() <= MAX_DECOMPRESSED => {
+                packed.clear();
+                packed.extend_from_slice(&(payload.len() as u32).to_ne_bytes());
+                let r = zstd::stream::copy_encode(payload, &mut packed, level);
+                if r.is_ok() && packed.len() < payload.len() {
+                    flags |= CHUNK_FLAG_COMPRESSED;
+                    &packed[..]
+                } else {
+                    payload
+                }
+            }
+            _ => payload,
+        };
+        let r = self.write_framed(stream, flags, payload);
+        self.packed = packed;
+        r
+    }
+
+    fn write_framed(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {
         let len = u32::try_from(payload.len()).map_err(|_| {
             FormatError::Write(std::io::Error::other("a chunk of 4 GiB or more does not fit the format"))
         })?;
@@ -120,6 +166,29 @@ impl TraceWriter {
 /// reflected, initial value and final XOR 0xFFFFFFFF), as crc32fast computes it.
 pub(crate) fn crc32(b: &[u8]) -> u32 {
     crc32fast::hash(b)
+}
+
+/// The payload of a compressed chunk, decompressed; the error says what is wrong with it.
+pub(crate) fn decompress(e: crate::Endian, payload: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    if payload.len() < 4 {
+        return Err(format!("a compressed chunk of {} bytes has no length", payload.len()));
+    }
+    let want = e.u32(payload) as usize;
+    if want == 0 || want > MAX_DECOMPRESSED {
+        return Err(format!("a compressed chunk says it holds {want} bytes (1 to {MAX_DECOMPRESSED} allowed)"));
+    }
+    let mut out = Vec::new();
+    let dec = zstd::stream::read::Decoder::new(&payload[4..]).map_err(|e| format!("a compressed chunk: {e}"))?;
+    // One byte more than said: a frame that holds more is damage too, found without
+    // decompressing all of it.
+    dec.take(want as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("a compressed chunk does not decompress: {e}"))?;
+    if out.len() != want {
+        return Err(format!("a compressed chunk holds {} bytes, not the {want} it says", out.len()));
+    }
+    Ok(out)
 }
 
 /// Where a chunk header's own CRC lies: it covers the bytes before it.

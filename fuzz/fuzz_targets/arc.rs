@@ -27,8 +27,13 @@ fn check_arc_line(line: &str) {
         && u64::from_str_radix(f[5], 16).is_ok()
         && f[f.len() - 3].split('_').count() >= 4
         && ["INTRPT", "CALL", "RETURN", "JUMP", "IRET", "OTHER", "UNDEFD", "ALLOC"].contains(&f[f.len() - 2])
-        && f[f.len() - 1].parse::<u32>().is_ok();
+        && source_field(f[f.len() - 1]);
     assert!(ok, "not an arc line: {line:?}");
+}
+
+/// Field 10: `0` (no source line) or `file:line` (docs/arc-and-report.md).
+fn source_field(f: &str) -> bool {
+    f == "0" || f.rsplit_once(':').is_some_and(|(file, line)| !file.is_empty() && line.parse::<u32>().is_ok())
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -22,6 +22,8 @@ pub struct Config {
     pub sysroot: Option<PathBuf>,
     /// The process name for the module table (`name=`).
     pub name: String,
+    /// zstd level to compress chunks with (`compress=`), if any.
+    pub compress: Option<i32>,
     /// Only check that qemu loads the plugin and accepts its API version, then refuse to run.
     pub probe: bool,
 }
@@ -40,6 +42,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
         sysroot: None,
         name: "qemu".into(),
         probe: false,
+        compress: None,
     };
     let num = |k: &str, v: &str| v.parse::<usize>().map_err(|_| format!("plugin argument {k}={v}: not a number"));
     for a in args {
@@ -66,6 +69,9 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
             "streams" => c.streams = num(k, v)?.clamp(1, crate::MAX_VCPUS),
             "sysroot" => c.sysroot = Some(PathBuf::from(v)),
             "name" => c.name = v.to_string(),
+            "compress" => {
+                c.compress = Some(v.parse().map_err(|_| format!("plugin argument compress={v}: not a zstd level"))?)
+            }
             "probe" => c.probe = v == "on" || v == "1" || v == "true",
             _ => return Err(format!("unknown plugin argument '{k}'")),
         }

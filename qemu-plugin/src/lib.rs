@@ -27,8 +27,9 @@ pub mod writer;
 use config::Config;
 use itrace_decoders::Flow;
 use itrace_format::{
-    branch_flags, Arch, Branch, BranchKind, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
-    BRANCH_RECORD_LEN,
+    branch_flags,
+    compact::{Encoder, MAX_BRANCH_ITEM},
+    Arch, Branch, BranchKind, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN,
 };
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -160,6 +161,14 @@ struct Vcpu {
     ts_left: u32,
     /// The clock when `buf` got its oldest record.
     buf_since: u64,
+    /// Continuous mode: `buf` holds format 3.0's compact items, encoded here (on the vCPU's
+    /// thread, in parallel with the others and the writer), one chunk's worth; other modes
+    /// hand 40-byte records to the writer, whose buffers decide what to keep.
+    enc: Option<Encoder>,
+    scratch: Vec<u8>,
+    /// Bytes of `buf` handed over at a time: in continuous mode a chunk, at most the trace's
+    /// segment size.
+    segment: usize,
 }
 
 /// Branch records that share one clock reading: their timestamps are those of the first.
@@ -196,6 +205,12 @@ fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
             last_ts: 0,
             ts_left: 0,
             buf_since: 0,
+            enc: STATE.get().filter(|s| s.cfg.mode == Mode::Continuous).map(|_| Encoder::new()),
+            scratch: Vec::new(),
+            segment: STATE
+                .get()
+                .filter(|s| s.cfg.mode == Mode::Continuous)
+                .map_or(SEGMENT, |s| s.cfg.segment_size.clamp(4096, SEGMENT)),
         });
         p = Box::into_raw(v);
         slot.store(p, Release);
@@ -230,14 +245,23 @@ impl Vcpu {
         if self.buf.is_empty() {
             self.buf_since = self.last_ts;
         }
-        let mut a = [0u8; BRANCH_RECORD_LEN];
-        b.encode_into(&mut a);
-        self.buf.extend_from_slice(&a);
+        let room = match &mut self.enc {
+            Some(enc) => {
+                enc.branch(&mut self.buf, &b);
+                MAX_BRANCH_ITEM
+            }
+            None => {
+                let mut a = [0u8; BRANCH_RECORD_LEN];
+                b.encode_into(&mut a);
+                self.buf.extend_from_slice(&a);
+                BRANCH_RECORD_LEN
+            }
+        };
         self.buf_insns += b.icount as u64;
         self.buf_branches += 1;
         self.buf_records += 1;
         // ts_left is full right after a clock reading: only then is the age worth a look.
-        if self.buf.len() + BRANCH_RECORD_LEN > SEGMENT || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
+        if self.buf.len() + room > self.segment || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
             self.flush(s);
         }
     }
@@ -255,10 +279,21 @@ impl Vcpu {
         if let Record::TraceOff(off) = &r {
             self.buf_insns += off.icount as u64;
         }
-        if r.encode(&mut self.buf).is_ok() {
+        let stored = match &mut self.enc {
+            Some(enc) => {
+                self.scratch.clear();
+                let ok = r.encode(&mut self.scratch).is_ok();
+                if ok {
+                    enc.record(&mut self.buf, &self.scratch, &r);
+                }
+                ok
+            }
+            None => r.encode(&mut self.buf).is_ok(),
+        };
+        if stored {
             self.buf_records += 1;
         }
-        if self.buf.len() + 64 > SEGMENT {
+        if self.buf.len() + 64 > self.segment {
             self.flush(s);
         }
     }
@@ -266,6 +301,11 @@ impl Vcpu {
     fn flush(&mut self, s: &State) {
         if self.buf.is_empty() {
             return;
+        }
+        if let Some(enc) = &mut self.enc {
+            // The chunk is complete: the next starts from a fresh state.
+            enc.finish(&mut self.buf);
+            enc.reset();
         }
         let data = std::mem::replace(&mut self.buf, writer::segment_buffer(SEGMENT));
         let instructions = std::mem::take(&mut self.buf_insns);
@@ -408,7 +448,11 @@ fn segments(s: &State, prog: &itrace_arch::elf::Program, bias: u64, ts: u64) {
             offset: l.offset,
             path: path.display().to_string(),
         };
+        let identity = itrace_arch::modules::identity_record(ts, s.pid, start, &path.display().to_string());
         let _ = s.tx.send(Msg::Mte(Record::Mte(seg)));
+        if let Some(id) = identity {
+            let _ = s.tx.send(Msg::Mte(Record::Mte(id)));
+        }
     }
 }
 
@@ -599,8 +643,10 @@ extern "C" fn on_syscall_ret(_id: ffi::PluginId, idx: c_uint, _num: i64, ret: i6
     let Some(v) = vcpu(idx) else { return };
     if let Some(m) = v.mmap.take() {
         if !(-4095..0).contains(&ret) {
+            let ts = v.ts();
+            let identity = itrace_arch::modules::identity_record(ts, s.pid, ret as u64, &m.path);
             let seg = Mte::Segment {
-                ts: v.ts(),
+                ts,
                 pid: s.pid,
                 prot: m.prot,
                 start: ret as u64,
@@ -609,6 +655,9 @@ extern "C" fn on_syscall_ret(_id: ffi::PluginId, idx: c_uint, _num: i64, ret: i6
                 path: m.path,
             };
             let _ = s.tx.send(Msg::Mte(Record::Mte(seg)));
+            if let Some(id) = identity {
+                let _ = s.tx.send(Msg::Mte(Record::Mte(id)));
+            }
         }
     }
 }

@@ -19,7 +19,8 @@ const TICK: std::time::Duration = std::time::Duration::from_millis(200);
 /// Work for the writer.
 pub enum Msg {
     /// Encoded records of one stream, in order (branch, trace-on and trace-off records), with
-    /// the instructions and branch records among them.
+    /// the instructions and branch records among them: in continuous mode one whole chunk of
+    /// format 3.0's compact items, else records of the 16-byte-header layout.
     Records { stream: u16, data: Vec<u8>, records: u64, instructions: u64, branches: u64 },
     /// A module-table record.
     Mte(Record),
@@ -55,9 +56,12 @@ pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), Stri
         cfg.buffer_size as u64,
         cfg.segment_size as u64,
     );
-    let writer = TraceWriter::create(&cfg.out, &header)
+    let mut writer = TraceWriter::create(&cfg.out, &header)
         // The error names the file already ("cannot open trace file PATH: why").
         .map_err(|e| e.to_string())?;
+    if let Some(level) = cfg.compress {
+        writer.compress(level);
+    }
     let bcfg = BufferConfig {
         mode: cfg.mode,
         ncpu: cfg.streams,
@@ -178,12 +182,12 @@ impl Writer {
         }
     }
 
-    /// Continuous mode: the vCPU counted the instructions; store the records in runs.
+    /// Continuous mode: the vCPU encoded a chunk and counted its records; write it.
     fn bulk(&mut self, stream: usize, data: &[u8], records: u64, instructions: u64, branches: u64) {
         if self.stopped || stream >= self.full.len() {
             return;
         }
-        match self.buffers.push_records(stream, data, records) {
+        match self.buffers.push_encoded(stream, data, records, branches, instructions) {
             Ok(_) => {
                 self.t.instructions += instructions;
                 self.t.branches += branches;
