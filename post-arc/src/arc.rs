@@ -14,6 +14,8 @@ use std::io::Write;
 pub struct ArcStats {
     pub lines: u64,
     pub instructions: u64,
+    /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
+    pub notes: Vec<String>,
 }
 
 const HEADER: &str = "\
@@ -26,9 +28,9 @@ const HEADER: &str = "\
 #   5: @ = Call_Flow
 #   6: offset (from symbol start)
 #   7: symbol:module
-#   8: pid_tid_pidname_threadname
+#   8: pid_tid_pidname_threadname (pid and tid in hex)
 #   9: last instruction type (string)
-#  10: line number (if available)
+#  10: source file:line of the block's first instruction (0 if unknown)
 ";
 
 struct ArcSink<W: Write> {
@@ -57,6 +59,22 @@ fn push_dec(buf: &mut Vec<u8>, v: u64, width: usize) {
     buf.extend_from_slice(&tmp[i..]);
 }
 
+/// Append a source file name for field 10, which is read from the right of the line:
+/// whitespace (and control characters) in it are written as `\x20`-style escapes.
+fn push_source_file(buf: &mut Vec<u8>, file: &str) {
+    for c in file.chars() {
+        if c.is_whitespace() || c.is_control() {
+            let mut tmp = [0u8; 4];
+            for byte in c.encode_utf8(&mut tmp).bytes() {
+                buf.extend_from_slice(format!("\\x{byte:02x}").as_bytes());
+            }
+        } else {
+            let mut tmp = [0u8; 4];
+            buf.extend_from_slice(c.encode_utf8(&mut tmp).as_bytes());
+        }
+    }
+}
+
 /// Append `v` in lower-case hex, right-aligned to `width`.
 fn push_hex(buf: &mut Vec<u8>, v: u64, width: usize) {
     let mut tmp = [0u8; 16];
@@ -76,7 +94,7 @@ fn push_hex(buf: &mut Vec<u8>, v: u64, width: usize) {
 }
 
 impl<W: Write> ArcSink<W> {
-    /// One arc line: `" %2d %s %d  %5d @ %4x %s:%s   %s %s %d"`.
+    /// One arc line: `" %2d %s %d  %5d @ %4x %s:%s   %s %s %s:%d"` (or `0` for the last field).
     #[allow(clippy::too_many_arguments)]
     fn line(
         &mut self,
@@ -88,6 +106,7 @@ impl<W: Write> ArcSink<W> {
         sym: &str,
         module: &str,
         label: &str,
+        file: Option<&str>,
         line: u32,
     ) -> Result<(), PostError> {
         self.stats.lines += 1;
@@ -109,7 +128,14 @@ impl<W: Write> ArcSink<W> {
         b.push(b' ');
         b.extend_from_slice(kind.arc_name().as_bytes());
         b.push(b' ');
-        push_dec(b, line as u64, 0);
+        match file {
+            Some(f) if line != 0 => {
+                push_source_file(b, f);
+                b.push(b':');
+                push_dec(b, line as u64, 0);
+            }
+            _ => b.push(b'0'),
+        }
         b.push(b'\n');
         self.out.write_all(b)?;
         Ok(())
@@ -120,11 +146,20 @@ impl<W: Write> Sink for ArcSink<W> {
     fn block(&mut self, b: &Block, names: &mut Names, _res: &mut Resolver) -> Result<(), PostError> {
         let label = names.label(b.branch.tid);
         match &b.loc {
-            Where::User(l) => {
-                self.line(b.cpu, b'U', b.branch.kind, b.branch.icount, l.offset, &l.symbol, &l.module, label, l.line)
-            }
+            Where::User(l) => self.line(
+                b.cpu,
+                b'U',
+                b.branch.kind,
+                b.branch.icount,
+                l.offset,
+                &l.symbol,
+                &l.module,
+                label,
+                l.file.as_deref(),
+                l.line,
+            ),
             Where::Kernel(name) => {
-                self.line(b.cpu, b'K', b.branch.kind, b.branch.icount, 0, name, "[kernel]", label, 0)
+                self.line(b.cpu, b'K', b.branch.kind, b.branch.icount, 0, name, "[kernel]", label, None, 0)
             }
         }
     }
@@ -140,7 +175,18 @@ impl<W: Write> Sink for ArcSink<W> {
         let label = names.label(off.tid).to_string();
         if let Some(l) = partial {
             // The last block never reached a branch.
-            self.line(0, b'U', BranchKind::Other, off.icount, l.offset, &l.symbol, &l.module, &label, l.line)?;
+            self.line(
+                0,
+                b'U',
+                BranchKind::Other,
+                off.icount,
+                l.offset,
+                &l.symbol,
+                &l.module,
+                &label,
+                l.file.as_deref(),
+                l.line,
+            )?;
         }
         let why = match off.reason {
             StopReason::Exited => format!("exited with status {}", off.value),
@@ -180,7 +226,8 @@ pub fn write_arc<W: Write>(trace: &Trace, out: W, progress: &mut dyn FnMut(u64))
         h.step_method,
         h.ncpu
     )?;
-    replay(trace, true, &mut sink, progress)?;
+    let (_, res) = replay(trace, true, &mut sink, progress)?;
+    sink.stats.notes = res.notes().to_vec();
     if let Some(s) = trace.summary() {
         let lost = crate::summary_lost(s);
         writeln!(
@@ -195,6 +242,13 @@ pub fn write_arc<W: Write>(trace: &Trace, out: W, progress: &mut dyn FnMut(u64))
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn source_files_stay_one_field() {
+        let mut b = Vec::new();
+        super::push_source_file(&mut b, "/src/my dir/a\tb.c");
+        assert_eq!(String::from_utf8(b).unwrap(), "/src/my\\x20dir/a\\x09b.c");
+    }
+
     #[test]
     fn hand_formatting_matches_pi_printf() {
         for (v, w) in [(0u64, 2usize), (7, 2), (12, 2), (123, 2), (0, 5), (99999, 5), (123456, 5), (u64::MAX, 0)] {

@@ -4,7 +4,9 @@
 //! memory grows with the program's code and threads, not the trace's length.
 
 pub mod arc;
+pub mod archive;
 mod names;
+mod notes;
 pub mod replay;
 pub mod report;
 pub mod resolve;

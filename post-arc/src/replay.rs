@@ -7,7 +7,7 @@ use crate::names;
 use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
 use crate::{PostError, Trace, PROGRESS_EVERY};
-use itrace_format::{branch_flags, Branch, Lost, Record, TraceOff};
+use itrace_format::{branch_flags, Branch, BranchKind, Lost, Record, TraceOff};
 use std::collections::HashMap;
 
 /// One block of a thread.
@@ -54,6 +54,10 @@ pub fn replay(
     let arch = trace.header().arch;
     let mut names = Names::default();
     let mut res = Resolver::new(lines);
+    let archive = crate::archive::archive_dir(trace.path());
+    if archive.is_dir() {
+        res.use_archive(&archive);
+    }
     for r in trace.stream(itrace_format::STREAM_MTE) {
         if let (_, Record::Mte(m)) = r? {
             res.preload(&m);
@@ -65,7 +69,7 @@ pub fn replay(
     for ev in trace.merged() {
         let ev = ev?;
         n += 1;
-        if n.is_multiple_of(PROGRESS_EVERY) {
+        if n % PROGRESS_EVERY == 0 {
             progress(ev.offset);
         }
         match &ev.record {
@@ -83,7 +87,15 @@ pub fn replay(
                 } else {
                     // Without a known start (wrap mode cut it off), the block is placed at its branch.
                     let start = block_start.get(&b.tid).copied().unwrap_or(b.from);
-                    (start, Where::User(res.resolve(pid, start)))
+                    let loc = res.resolve(pid, start);
+                    // A call, or a jump out of a function, into code no symbol covers starts a
+                    // function there (stripped code without call-frame information).
+                    match b.kind {
+                        BranchKind::Call => res.learn_function_start(pid, None, b.to),
+                        BranchKind::Jump => res.learn_function_start(pid, Some(loc.func), b.to),
+                        _ => {}
+                    }
+                    (start, Where::User(loc))
                 };
                 sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
                 if b.to != 0 {

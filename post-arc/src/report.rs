@@ -8,10 +8,17 @@
 //! thread is in when its trace starts (or after that one returns) is a root
 //! frame, as if called there. A function already on the stack (recursion)
 //! is counted once.
+//!
+//! A call to a PLT stub is a call to the function the stub jumps to: the
+//! frame opens at the call (so the stub's instructions, and on a lazily bound
+//! first call the dynamic linker's resolver, count in the callee's inclusive
+//! cost) and takes the callee's identity at the first jump out of the PLT
+//! (not the header's jump to the resolver, nor the resolver's own jumps).
 
 use crate::names::printable;
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
+use crate::symbols::PltPart;
 use crate::threads::Names;
 use crate::{PostError, Trace};
 use itrace_format::{branch_flags, BranchKind, Lost, TraceOff};
@@ -63,6 +70,9 @@ pub struct Report {
     pub functions: Vec<FunctionRow>,
     pub modules: Vec<ModuleRow>,
     pub threads: Vec<ThreadRow>,
+    /// Warnings and hints about the names (changed or missing files, stripped modules), one
+    /// line each starting with `warning:` or `hint:`.
+    pub notes: Vec<String>,
 }
 
 #[derive(Default, Clone)]
@@ -83,6 +93,8 @@ struct Frame {
     /// For a signal handler: where the interrupted code resumes.
     resume_pc: u64,
     entry_total: u64,
+    /// A call to a PLT stub whose target is not known yet: `func` is the stub.
+    plt_pending: bool,
 }
 
 #[derive(Default)]
@@ -112,11 +124,41 @@ impl ReportSink {
         &mut self.funcs[i]
     }
 
-    fn push(&mut self, tid: u32, func: u32, call_from: u64, resume_pc: u64) {
+    fn push(&mut self, tid: u32, func: u32, call_from: u64, resume_pc: u64, plt_pending: bool) {
         let f = self.func(func);
         f.active += 1;
         let th = self.threads.entry(tid).or_default();
-        th.stack.push(Frame { func, root: false, call_from, resume_pc, entry_total: th.instructions });
+        th.stack.push(Frame { func, root: false, call_from, resume_pc, entry_total: th.instructions, plt_pending });
+    }
+
+    /// A jump by `tid` from a block at `from` to `to`: if the thread's newest frame is a call
+    /// to a PLT stub still waiting for its target, and this jump leaves the PLT for the
+    /// target, the frame becomes a call to the target.
+    fn follow_plt(&mut self, tid: u32, pid: u32, from: &Location, to: u64, res: &mut Resolver) {
+        let Some(th) = self.threads.get(&tid) else { return };
+        if !th.stack.last().is_some_and(|f| f.plt_pending) {
+            return;
+        }
+        let target = res.resolve(pid, to);
+        let waiting = match (target.plt, from.plt) {
+            // From stub to stub (`.plt.sec` to `.plt` on a lazy first call), or to the header.
+            (Some(_), _) => true,
+            // The header jumps to the dynamic linker's resolver.
+            (None, Some(PltPart::Header)) => true,
+            (None, Some(PltPart::Stub)) => false,
+            // In the resolver: its own jumps, until it jumps to the function it looked up.
+            (None, None) => target.func == from.func,
+        };
+        if waiting {
+            return;
+        }
+        let Some(frame) = self.threads.get_mut(&tid).and_then(|th| th.stack.last_mut()) else { return };
+        let stub = std::mem::replace(&mut frame.func, target.func);
+        frame.plt_pending = false;
+        self.func(stub).active -= 1;
+        let f = self.func(target.func);
+        f.active += 1;
+        f.calls += 1;
     }
 
     /// A thread with nothing on its stack is in a function it was not seen to call: the
@@ -124,7 +166,14 @@ impl ReportSink {
     fn ensure_root(&mut self, tid: u32, func: u32) {
         let th = self.threads.entry(tid).or_default();
         if th.stack.is_empty() {
-            th.stack.push(Frame { func, root: true, call_from: 0, resume_pc: 0, entry_total: th.instructions });
+            th.stack.push(Frame {
+                func,
+                root: true,
+                call_from: 0,
+                resume_pc: 0,
+                entry_total: th.instructions,
+                plt_pending: false,
+            });
             self.func(func).active += 1;
         }
     }
@@ -136,6 +185,10 @@ impl ReportSink {
         let frames: Vec<Frame> = th.stack.drain(i..).collect();
         for fr in frames.into_iter().rev() {
             let f = self.func(fr.func);
+            if fr.plt_pending {
+                // The stub's target was never seen: the call stays with the stub.
+                f.calls += 1;
+            }
             f.active -= 1;
             if f.active == 0 {
                 f.inclusive += total - fr.entry_total;
@@ -161,11 +214,18 @@ impl Sink for ReportSink {
                 self.ensure_root(br.tid, l.func);
                 self.add_self(br.tid, b.pid, l.func, br.icount);
                 match br.kind {
+                    // A call from PLT code to PLT code is ppc64 glink's `bcl` that reads its
+                    // own address, not a call.
+                    BranchKind::Call if l.plt.is_some() && res.resolve(b.pid, br.to).plt.is_some() => {}
                     BranchKind::Call => {
-                        let callee = res.resolve(b.pid, br.to).func;
-                        self.func(callee).calls += 1;
-                        self.push(br.tid, callee, br.from, 0);
+                        let callee = res.resolve(b.pid, br.to);
+                        let via_plt = callee.plt.is_some();
+                        if !via_plt {
+                            self.func(callee.func).calls += 1;
+                        }
+                        self.push(br.tid, callee.func, br.from, 0, via_plt);
                     }
+                    BranchKind::Jump => self.follow_plt(br.tid, b.pid, l, br.to, res),
                     BranchKind::Return => {
                         let th = self.threads.entry(br.tid).or_default();
                         let hit = th.stack.iter().rposition(|f| {
@@ -197,7 +257,7 @@ impl Sink for ReportSink {
                     let resume = self.threads.entry(br.tid).or_default().signal_from;
                     let handler = res.resolve(b.pid, br.to).func;
                     self.func(handler).calls += 1;
-                    self.push(br.tid, handler, u64::MAX, resume);
+                    self.push(br.tid, handler, u64::MAX, resume, false);
                 }
             }
         }
@@ -284,6 +344,7 @@ pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, Pos
         functions,
         modules,
         threads,
+        notes: res.notes().to_vec(),
     })
 }
 

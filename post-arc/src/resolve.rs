@@ -2,7 +2,7 @@
 //! the module-table records are applied in time order, so an address reused
 //! by a later mapping (or an exec) resolves to what was there at the time.
 
-use crate::symbols::{JitSymbols, ModuleSymbols, SymbolCache};
+use crate::symbols::{JitSymbols, ModuleSymbols, PltPart, SymbolCache};
 use itrace_format::Mte;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 /// Where an address is.
 #[derive(Clone, Debug)]
 pub struct Location {
-    /// Demangled function name, `<plt>`, or `<unknown>`.
+    /// Demangled function name, `name@plt` for a PLT stub, `<plt>`, or `<unknown>`.
     pub symbol: Arc<str>,
     /// Offset of the address from the symbol's start.
     pub offset: u64,
@@ -18,9 +18,24 @@ pub struct Location {
     pub module: Arc<str>,
     /// Source line, 0 when unknown.
     pub line: u32,
+    /// Source file of `line`, when known.
+    pub file: Option<Arc<str>>,
     /// Interned (module, symbol) pair: the function's identity in reports.
     pub func: u32,
+    /// Set when the address is in a PLT stub or header.
+    pub plt: Option<PltPart>,
 }
+
+/// A file as the recorder saw it.
+#[derive(Clone, Debug)]
+struct RecordedFile {
+    build_id: Vec<u8>,
+    size: u64,
+    mtime_ns: u64,
+}
+
+/// A source file and line (0 and no file when unknown).
+type SourceLine = (Option<Arc<str>>, u32);
 
 #[derive(Clone)]
 struct Segment {
@@ -74,6 +89,24 @@ pub struct Resolver {
     jitcode: Arc<str>,
     /// JIT symbols per process: recorded at the end of tracing, valid for the whole trace.
     jit: HashMap<u32, JitSymbols>,
+    /// Warnings and hints for the user, one per module at most.
+    notes: Vec<String>,
+    /// Modules already looked at for notes.
+    noted: std::collections::HashSet<Arc<str>>,
+    /// What each mapped file was when recorded (module-identity records), by path.
+    recorded: HashMap<Arc<str>, RecordedFile>,
+    /// Modules whose file is missing or no longer the one recorded: their addresses are shown
+    /// as `module+0xOFFSET` (file offsets), never with the names of the file there now.
+    stale: std::collections::HashSet<Arc<str>>,
+    /// The last resolved location that is not cached (see `resolve_ref`).
+    uncached: Location,
+    /// The trace's archive directory (`itrace archive`), when it has one.
+    archive: Option<std::path::PathBuf>,
+    /// Files read from the archive instead of their recorded path: recorded path -> copy.
+    archived: HashMap<Arc<str>, Arc<str>>,
+    /// Function starts (image addresses) learned from branch targets in code of a module that
+    /// no symbol covers, by module path.
+    learned: HashMap<Arc<str>, std::collections::BTreeSet<u64>>,
 }
 
 impl Resolver {
@@ -88,6 +121,125 @@ impl Resolver {
             unknown: Arc::from("<unknown>"),
             jitcode: Arc::from("JITCODE"),
             jit: HashMap::new(),
+            notes: Vec::new(),
+            noted: Default::default(),
+            learned: HashMap::new(),
+            recorded: HashMap::new(),
+            stale: Default::default(),
+            archive: None,
+            archived: HashMap::new(),
+            uncached: Location {
+                symbol: Arc::from("<unknown>"),
+                offset: 0,
+                module: Arc::from(""),
+                line: 0,
+                file: None,
+                func: 0,
+                plt: None,
+            },
+        }
+    }
+
+    /// Read the files the trace recorded from the archive directory `dir` where it has them,
+    /// and debug files from there first.
+    pub fn use_archive(&mut self, dir: &std::path::Path) {
+        let mut debug_dirs = vec![dir.to_path_buf()];
+        debug_dirs.push(std::path::PathBuf::from(crate::symbols::DEFAULT_DEBUG_DIR));
+        self.symbols = SymbolCache::with_debug_dirs(debug_dirs);
+        self.archive = Some(dir.to_path_buf());
+    }
+
+    /// The symbols of the file recorded at `path`: the archive's copy when there is one.
+    fn symbols_for(&mut self, path: &Arc<str>) -> Option<Arc<ModuleSymbols>> {
+        match self.archived.get(path).cloned() {
+            Some(copy) => self.symbols.get_copy(&copy, path).cloned(),
+            None => self.symbols.get(path).cloned(),
+        }
+    }
+
+    /// A call (`from_func` None) or a jump from function `from_func` to `to` in process `pid`:
+    /// if no symbol covers `to` and it is in a mapped file, and the jump leaves its function,
+    /// a function starts there (named `module+0xOFFSET` like those from call-frame
+    /// information).
+    pub fn learn_function_start(&mut self, pid: u32, from_func: Option<u32>, to: u64) {
+        let target = self.resolve_ref(pid, to);
+        if &*target.symbol != "<unknown>" || from_func == Some(target.func) {
+            return;
+        }
+        let Some(space) = self.spaces.get(&pid) else { return };
+        let i = space.segs.partition_point(|g| g.end <= to);
+        let Some(seg) = space.segs.get(i).filter(|g| g.start <= to).cloned() else { return };
+        if self.stale.contains(&seg.path) {
+            return;
+        }
+        let Some(ms) = self.symbols_for(&seg.path) else { return };
+        let Some(va) = ms.file_vaddr(seg.start, seg.offset, to) else { return };
+        self.learned.entry(seg.path.clone()).or_default().insert(va);
+    }
+
+    /// The learned function start covering `va` of module `path`, as (name, offset).
+    fn learned_start(&self, path: &Arc<str>, va: u64) -> Option<(Arc<str>, u64)> {
+        let start = *self.learned.get(path)?.range(..=va).next_back()?;
+        let base = path.rsplit('/').next().unwrap_or(path);
+        Some((Arc::from(format!("{base}+{start:#x}")), va - start))
+    }
+
+    /// What the user should know about the names: stripped modules (with what to install),
+    /// one line each, starting with `warning:` or `hint:`.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The first time `path` is resolved in: check it is still the file that was recorded,
+    /// and note it if it is not, or if it has no full symbol table.
+    fn note_module(&mut self, path: &Arc<str>) {
+        if !self.noted.insert(path.clone()) {
+            return;
+        }
+        if let Some(rec) = self.recorded.get(path).filter(|_| !self.archived.contains_key(path)).cloned() {
+            let base = path.rsplit('/').next().unwrap_or(path);
+            let why = match std::fs::metadata(&**path) {
+                Err(e) => Some(format!("is missing ({e})")),
+                Ok(meta) if !rec.build_id.is_empty() => {
+                    let now = self.symbols.get(path).and_then(|ms| ms.build_id().map(<[u8]>::to_vec));
+                    match now {
+                        Some(id) if id == rec.build_id => None,
+                        Some(id) => Some(format!(
+                            "has changed (build-id {} when recorded, {} now)",
+                            hex(&rec.build_id),
+                            hex(&id)
+                        )),
+                        None => Some(format!(
+                            "has changed (build-id {} when recorded, none now; {} bytes)",
+                            hex(&rec.build_id),
+                            meta.len()
+                        )),
+                    }
+                }
+                Ok(meta) => {
+                    let mtime_ns = itrace_format::file_mtime_ns(&meta);
+                    (meta.len() != rec.size || mtime_ns != rec.mtime_ns).then(|| {
+                        format!(
+                            "has changed (no build-id; {} bytes when recorded, {} now, or its modification time)",
+                            rec.size,
+                            meta.len()
+                        )
+                    })
+                }
+            };
+            if let Some(why) = why {
+                self.notes.push(format!(
+                    "warning: {path} {why} since the trace was recorded: its code is shown as {base}+0xOFFSET (file offsets), without function names"
+                ));
+                self.stale.insert(path.clone());
+                return;
+            }
+        }
+        if let Some(ms) = self.symbols_for(path) {
+            if !ms.has_full_symbols() {
+                let note = crate::notes::stripped_hint(path, ms.build_id());
+                self.notes.push(note);
+            }
         }
     }
 
@@ -115,6 +267,17 @@ impl Resolver {
                 let s = self.spaces.entry(*pid).or_default();
                 s.vdso = syms;
                 s.cache.clear();
+            }
+            Mte::ModuleId { path, size, mtime_ns, build_id, .. } => {
+                let rec = RecordedFile { build_id: build_id.clone(), size: *size, mtime_ns: *mtime_ns };
+                let path: Arc<str> = Arc::from(path.as_str());
+                if let Some(dir) = &self.archive {
+                    let copy = crate::archive::archived_path(dir, &path, build_id);
+                    if copy.is_file() {
+                        self.archived.insert(path.clone(), Arc::from(copy.to_string_lossy().as_ref()));
+                    }
+                }
+                self.recorded.insert(path, rec);
             }
             // Known before the replay: see `preload`.
             Mte::JitSymbol { .. } => {}
@@ -167,25 +330,36 @@ impl Resolver {
 
     /// Resolve `addr` in process `pid`.
     pub fn resolve(&mut self, pid: u32, addr: u64) -> Location {
-        if let Some(l) = self.spaces.get(&pid).and_then(|s| s.cache.get(&addr)) {
-            return l.clone();
-        }
-        let (symbol, offset, module, line) = self.lookup(pid, addr);
-        let func = self.intern(&module, &symbol);
-        let loc = Location { symbol, offset, module, line, func };
-        self.spaces.entry(pid).or_default().cache.insert(addr, loc.clone());
-        loc
+        self.resolve_ref(pid, addr).clone()
     }
 
-    fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, u32) {
+    /// [`Self::resolve`] without the copy, for looks that keep nothing.
+    fn resolve_ref(&mut self, pid: u32, addr: u64) -> &Location {
+        let cached = self.spaces.get(&pid).is_some_and(|s| s.cache.contains_key(&addr));
+        if !cached {
+            let (symbol, offset, module, (file, line), plt) = self.lookup(pid, addr);
+            let func = self.intern(&module, &symbol);
+            let loc = Location { symbol, offset, module, line, file, func, plt };
+            // Code of a file that no symbol covers may be named by a function start learned
+            // later (`learn_function_start`): not kept, so that learning never has to forget.
+            if &*loc.symbol == "<unknown>" && loc.module.starts_with('/') {
+                self.uncached = loc;
+                return &self.uncached;
+            }
+            self.spaces.entry(pid).or_default().cache.insert(addr, loc);
+        }
+        &self.spaces[&pid].cache[&addr]
+    }
+
+    fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, SourceLine, Option<PltPart>) {
         let jit_hit = self.jit.get(&pid).and_then(|j| j.lookup(addr)).map(|h| (Arc::<str>::from(h.name), h.offset));
         let space = self.spaces.entry(pid).or_default();
         let i = space.segs.partition_point(|g| g.end <= addr);
         let seg = space.segs.get(i).filter(|g| g.start <= addr).cloned();
         let jitcode = self.jitcode.clone();
         let jit = |_: &Space, _: Arc<str>| match jit_hit.clone() {
-            Some((name, offset)) => (name, offset, jitcode.clone(), 0),
-            None => (Arc::from("<unknown>"), 0, Arc::from(format!("{addr:#x}")), 0),
+            Some((name, offset)) => (name, offset, jitcode.clone(), (None, 0), None),
+            None => (Arc::from("<unknown>"), 0, Arc::from(format!("{addr:#x}")), (None, 0), None),
         };
         let Some(seg) = seg else {
             return jit(space, self.jitcode.clone());
@@ -194,11 +368,11 @@ impl Resolver {
             if let Some(v) = space.vdso.clone() {
                 if let Some(va) = v.file_vaddr(seg.start, 0, addr) {
                     if let Some(h) = v.lookup(va) {
-                        return (Arc::from(h.name), h.offset, seg.path.clone(), 0);
+                        return (Arc::from(h.name), h.offset, seg.path.clone(), (None, 0), h.plt);
                     }
                 }
             }
-            return (self.unknown.clone(), addr - seg.start, seg.path.clone(), 0);
+            return (self.unknown.clone(), addr - seg.start, seg.path.clone(), (None, 0), None);
         }
         if seg.path.is_empty() || seg.path.starts_with('[') {
             let r = jit(space, self.jitcode.clone());
@@ -206,22 +380,50 @@ impl Resolver {
                 return r;
             }
             let name: Arc<str> = if seg.path.is_empty() { Arc::from("[anon]") } else { seg.path.clone() };
-            return (self.unknown.clone(), addr - seg.start, name, 0);
+            return (self.unknown.clone(), addr - seg.start, name, (None, 0), None);
         }
         let lines = self.lines;
-        match self.symbols.get(&seg.path).cloned() {
+        self.note_module(&seg.path);
+        if self.stale.contains(&seg.path) {
+            let base = seg.path.rsplit('/').next().unwrap_or(&seg.path);
+            let file_offset = (addr - seg.start).wrapping_add(seg.offset);
+            return (Arc::from(base), file_offset, seg.path.clone(), (None, 0), None);
+        }
+        match self.symbols_for(&seg.path) {
             Some(ms) => {
                 let file_offset = (addr - seg.start).wrapping_add(seg.offset);
                 let va = ms.file_vaddr(seg.start, seg.offset, addr).unwrap_or(file_offset);
-                let line = if lines { ms.line(va).unwrap_or(0) } else { 0 };
+                let source = if lines { ms.source(va) } else { None };
+                let line = match source {
+                    Some((file, line)) => (Some(file), line),
+                    None => (None, 0),
+                };
                 match ms.lookup(va) {
-                    Some(h) => (Arc::from(h.name), h.offset, seg.path.clone(), line),
-                    None => (self.unknown.clone(), va, seg.path.clone(), line),
+                    Some(h) => (Arc::from(h.name), h.offset, seg.path.clone(), line, h.plt),
+                    None => match self.learned_start(&seg.path, va) {
+                        Some((name, offset)) => (name, offset, seg.path.clone(), line, None),
+                        None => (self.unknown.clone(), va, seg.path.clone(), line, None),
+                    },
                 }
             }
-            None => (self.unknown.clone(), (addr - seg.start).wrapping_add(seg.offset), seg.path.clone(), 0),
+            None => {
+                (self.unknown.clone(), (addr - seg.start).wrapping_add(seg.offset), seg.path.clone(), (None, 0), None)
+            }
         }
     }
+}
+
+/// (build-id, size, mtime in ns) of the file at `path` now; the build-id is empty for a file
+/// that has none (or is not ELF). None when it cannot be read.
+pub(crate) fn file_identity(path: &std::path::Path) -> Option<(Vec<u8>, u64, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    let mtime_ns = itrace_format::file_mtime_ns(&meta);
+    let id = ModuleSymbols::from_path(path).ok().and_then(|m| m.build_id().map(<[u8]>::to_vec)).unwrap_or_default();
+    Some((id, meta.len(), mtime_ns))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ fn header(ncpu: u16) -> FileHeader {
     FileHeader::starting_now(Arch::X86_64, Mode::Wrap, StepMethod::PtraceSingleStep, ncpu, FLAG_ICOUNT, 4096, 0)
 }
 
+/// An MTE or end chunk's payload (CPU chunks are compact: `compact::encode_chunk`).
 fn chunk(records: &[Record]) -> Vec<u8> {
     let mut payload = Vec::new();
     for r in records {
@@ -19,7 +20,7 @@ fn chunk(records: &[Record]) -> Vec<u8> {
 
 fn write(path: &Path, ncpu: u16, cpu0: &[Record], summary: Summary) {
     let mut w = TraceWriter::create(path, &header(ncpu)).unwrap();
-    w.write_chunk(0, CHUNK_FLAG_WRAPPED, &chunk(cpu0)).unwrap();
+    w.write_chunk(0, CHUNK_FLAG_WRAPPED, &compact::encode_chunk(cpu0).unwrap()).unwrap();
     w.write_chunk(STREAM_END, 0, &chunk(&[Record::Summary(summary)])).unwrap();
     w.sync().unwrap();
 }
@@ -78,7 +79,7 @@ fn control_characters_in_names_stay_inside_their_line() {
             value: 11,
         }),
     ];
-    w.write_chunk(0, 0, &chunk(&cpu)).unwrap();
+    w.write_chunk(0, 0, &compact::encode_chunk(&cpu).unwrap()).unwrap();
     w.sync().unwrap();
     let trace = itrace_post::open(&path).unwrap();
 

@@ -175,8 +175,12 @@ fn check_lookups_with(m: &ModuleSymbols, path: &Path, tools: &Tools, table: &str
         let best_bind =
             ["GLOBAL", "WEAK", "LOCAL"].into_iter().find(|b| syms.iter().any(|s| s.bind == *b)).unwrap_or("LOCAL");
         let best: Vec<&&ElfSym> = syms.iter().filter(|s| s.bind == best_bind).collect();
-        let expected: HashSet<&str> =
-            best.iter().map(|s| names.get(&s.name).map_or(s.name.as_str(), String::as_str)).collect();
+        // Names as nm prints them, less the symbol version itrace leaves out (`@@GLIBC_2.34`).
+        let expected: HashSet<&str> = best
+            .iter()
+            .map(|s| names.get(&s.name).map_or(s.name.as_str(), String::as_str))
+            .map(|n| n.split_once('@').filter(|(base, _)| !base.is_empty()).map_or(n, |(base, _)| base))
+            .collect();
         let mangled: Vec<&str> = best.iter().map(|s| s.name.as_str()).collect();
         let mut name_ok = |got: &str| {
             if expected.contains(got) {
@@ -390,7 +394,8 @@ fn own_insns(tools: &Tools, path: &Path) -> Vec<u64> {
     addrs
 }
 
-/// Check every instruction of the PLT sections objdump disassembles is "<plt>".
+/// Check every instruction of the PLT sections objdump disassembles has objdump's name for
+/// its stub (`printf@plt`, binutils' synthetic symbols), or `<plt>` in the header (`.plt`).
 fn check_plt(m: &ModuleSymbols, path: &Path, tools: &Tools) -> usize {
     let secs = readelf_sections(&tools.readelf, path);
     let plts: Vec<&str> = secs
@@ -400,10 +405,12 @@ fn check_plt(m: &ModuleSymbols, path: &Path, tools: &Tools) -> usize {
         .collect();
     let mut n = 0;
     for sec in plts {
-        for addrs in objdump_insns(&tools.objdump, path, &[sec]).values() {
-            for &a in addrs {
+        for (label, addrs) in objdump_insns(&tools.objdump, path, &[sec]) {
+            let want = if label.ends_with("@plt") { label.as_str() } else { "<plt>" };
+            for a in addrs {
                 let hit = m.lookup(a).unwrap_or_else(|| panic!("{sec} {a:#x}: no symbol"));
-                assert_eq!(hit.name, "<plt>", "{sec} {a:#x}");
+                assert_eq!(hit.name, want, "{sec} {a:#x}");
+                assert!(hit.plt.is_some(), "{sec} {a:#x}");
                 n += 1;
             }
         }
@@ -733,6 +740,8 @@ fn system_libc_with_installed_debug_file() {
     addrs.sort_unstable();
     addrs.dedup();
     check_lines(&m, libc, &tools, &addrs);
+    // libc's PLT: calls into ld.so by name, IFUNCs (IRELATIVE) as `*ABS*+0x...@plt`.
+    assert!(check_plt(&m, libc, &tools) > 0);
 }
 
 // ---------------------------------------------------------- this process
@@ -877,6 +886,67 @@ fn ppc64_elfv1_function_descriptors() {
         all.extend_from_slice(addrs);
     }
     check_lines(&m, &path, &tools, &all);
+}
+
+/// i386 PLTs, PIC (`jmp *disp(%ebx)`) and not (`jmp *abs32`): stubs named as objdump names them.
+#[test]
+fn i386_plt_stub_names() {
+    let gcc = "i686-linux-gnu-gcc";
+    require!(gcc, "i686-linux-gnu-objdump", "i686-linux-gnu-readelf");
+    let tools = Tools::prefixed("i686-linux-gnu-");
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in [("pie32", ["-O1", "-fPIE", "-pie"]), ("nopie32", ["-O1", "-fno-PIE", "-no-pie"])] {
+        let path = compile(gcc, dir.path(), name, "c", C_PROG, &args);
+        let m = ModuleSymbols::from_path(&path).unwrap();
+        assert!(m.is_32bit());
+        let named = objdump_insns(&tools.objdump, &path, &[".plt", ".plt.sec"]);
+        assert!(named.keys().any(|l| l.ends_with("@plt")), "{name}: objdump names no stub: {named:?}");
+        assert!(check_plt(&m, &path, &tools) > 0, "{name}");
+    }
+}
+
+/// s390x `.plt`: a 32-byte header, then 32-byte stubs in `.rela.plt` order, named as objdump does.
+#[test]
+fn s390x_plt_stub_names() {
+    let gcc = "s390x-linux-gnu-gcc";
+    require!(gcc, "s390x-linux-gnu-objdump", "s390x-linux-gnu-readelf");
+    let tools = Tools::prefixed("s390x-linux-gnu-");
+    let dir = tempfile::tempdir().unwrap();
+    let path = compile(gcc, dir.path(), "s390x", "c", C_PROG, &["-O1"]);
+    let m = ModuleSymbols::from_path(&path).unwrap();
+    let named = objdump_insns(&tools.objdump, &path, &[".plt"]);
+    assert!(named.keys().any(|l| l.ends_with("@plt")), "objdump names no stub: {named:?}");
+    assert!(check_plt(&m, &path, &tools) > 0);
+}
+
+/// ppc64le PLT call stubs and glink entries (in .text): named as objdump's synthetic
+/// `NNNNNNNN.plt_call.NAME@@VER` and `NAME@plt` labels say, without prefix and version; the
+/// glink header (`__glink_PLTresolve`) is `<plt>`.
+#[test]
+fn ppc64le_plt_call_stub_names() {
+    let gcc = "powerpc64le-linux-gnu-gcc";
+    require!(gcc, "powerpc64le-linux-gnu-objdump");
+    let tools = Tools::prefixed("powerpc64le-linux-gnu-");
+    let dir = tempfile::tempdir().unwrap();
+    let path = compile(gcc, dir.path(), "ppc64le", "c", C_PROG, &["-O1"]);
+    let m = ModuleSymbols::from_path(&path).unwrap();
+    let mut stubs = 0;
+    for (label, addrs) in objdump_insns(&tools.objdump, &path, &[".text", ".init"]) {
+        // Call stubs, and the lazy-binding glink entries (`NAME@plt`) and their header.
+        let want = match label.split_once(".plt_call.") {
+            Some((_, name)) => format!("{}@plt", name.split('@').next().unwrap()),
+            None if label.ends_with("@plt") => label.clone(),
+            None if label == "__glink_PLTresolve" => "<plt>".to_string(),
+            None => continue,
+        };
+        for a in addrs {
+            let hit = m.lookup(a).unwrap_or_else(|| panic!("{label} {a:#x}: no symbol"));
+            assert_eq!(hit.name, want, "{label} {a:#x}");
+            assert!(hit.plt.is_some(), "{label} {a:#x}");
+            stubs += 1;
+        }
+    }
+    assert!(stubs >= 8, "only {stubs} stub instructions found");
 }
 
 /// 32-bit big-endian (powerpc): ELF32 MSB symbols and lines.

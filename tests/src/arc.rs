@@ -45,7 +45,10 @@ pub struct ArcLine {
     pub pname: String,
     pub tname: String,
     pub type_str: String,
+    /// Field 10: the source line, 0 when unknown.
     pub line: u64,
+    /// Field 10: the source file, empty when unknown.
+    pub file: String,
     /// Line number in the arc text (1-based).
     pub lineno: usize,
 }
@@ -134,7 +137,17 @@ fn parse_arc_line(raw: &str) -> Result<ArcLine, String> {
     let tid = u64::from_str_radix(tid, 16).map_err(|e| format!("tid {tid:?}: {e}"))?;
     let (pname, tname) = split_names(&names);
     let type_str = tok(n - 2).to_string();
-    let line = num(tok(n - 1), "line")?;
+    // `FILE:LINE`, or 0
+    let (file, line) = match tok(n - 1) {
+        "0" => (String::new(), 0),
+        f10 => {
+            let (file, line) = f10.rsplit_once(':').ok_or_else(|| format!("field 10 {f10:?} is not FILE:LINE or 0"))?;
+            if file.is_empty() {
+                return Err(format!("field 10 {f10:?} has no file"));
+            }
+            (file.to_string(), num(line, "line")?)
+        }
+    };
     Ok(ArcLine {
         cpu,
         kernel,
@@ -151,6 +164,7 @@ fn parse_arc_line(raw: &str) -> Result<ArcLine, String> {
         tname,
         type_str,
         line,
+        file,
         lineno: 0,
     })
 }

@@ -1,7 +1,7 @@
 //! Symbols, offsets and source lines in the arc agree with nm, objdump and
 //! addr2line for the same addresses.
 
-use itrace_tests::{addr2line_lines, checked_arc, objdump_insns, program, record, test_dir, Symbols};
+use itrace_tests::{addr2line_locations, checked_arc, objdump_insns, program, record, test_dir, Symbols};
 use std::collections::BTreeSet;
 
 fn check(name: &str, expect_funcs: &[&str]) {
@@ -21,7 +21,7 @@ fn check(name: &str, expect_funcs: &[&str]) {
     let mut addrs = BTreeSet::new();
     let mut seen = BTreeSet::new();
     for l in lines.iter().filter(|l| !l.kernel && l.module == module) {
-        if l.symbol == "<plt>" {
+        if l.symbol == "<plt>" || l.symbol.ends_with("@plt") {
             continue;
         }
         let s = syms
@@ -50,22 +50,26 @@ fn check(name: &str, expect_funcs: &[&str]) {
         assert!(seen.contains(*f), "{name}: no block in {f}; seen {seen:?}");
     }
 
-    // line numbers: addr2line on the same addresses
+    // source file and line: addr2line on the same addresses
     let addrs: Vec<u64> = addrs.into_iter().collect();
-    let want = addr2line_lines(&bin, &addrs);
+    let want = addr2line_locations(&bin, &addrs);
     let mut checked = 0;
     for l in lines.iter().filter(|l| !l.kernel && l.module == module) {
-        if l.symbol == "<plt>" {
+        if l.symbol == "<plt>" || l.symbol.ends_with("@plt") {
             continue;
         }
         let addr = syms.by_name(&l.symbol).unwrap().addr + l.offset;
         let i = addrs.binary_search(&addr).unwrap();
-        assert_eq!(l.line, want[i], "arc line {}: source line of {} ({addr:#x}) per addr2line", l.lineno, l.location());
+        let got = if l.line == 0 { "0".to_string() } else { format!("{}:{}", l.file, l.line) };
+        assert_eq!(got, want[i], "arc line {}: source of {} ({addr:#x}) per addr2line", l.lineno, l.location());
         checked += 1;
     }
     assert!(checked > 0);
     // and -g really gave lines for the program's own functions
-    assert!(lines.iter().any(|l| l.module == module && l.symbol == "main" && l.line > 0), "no line number for main");
+    assert!(
+        lines.iter().any(|l| l.module == module && l.symbol == "main" && l.line > 0 && l.file.ends_with(".c")),
+        "no source file and line for main"
+    );
 }
 
 #[test]

@@ -45,6 +45,16 @@ impl SymbolCache {
         self.modules.get(path)?.as_ref().ok()
     }
 
+    /// The symbols of the image in `file` (a copy, as in a trace's archive) shown as the image
+    /// at `name`: functions without symbols are named after `name`'s file name.
+    pub fn get_copy(&mut self, file: &str, name: &str) -> Option<&Arc<ModuleSymbols>> {
+        if !self.modules.contains_key(file) {
+            let loaded = ModuleSymbols::from_copy(Path::new(file), name, &self.debug_dirs).map(Arc::new);
+            self.modules.insert(file.to_string(), loaded);
+        }
+        self.modules.get(file)?.as_ref().ok()
+    }
+
     /// Load an in-memory image (a saved vDSO) under `name`, replacing any earlier entry.
     pub fn insert_bytes(&mut self, name: &str, bytes: Vec<u8>) -> Option<&Arc<ModuleSymbols>> {
         let loaded = ModuleSymbols::from_bytes_with_debug_dirs(name, bytes, &self.debug_dirs).map(Arc::new);

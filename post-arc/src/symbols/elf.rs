@@ -94,6 +94,8 @@ pub(crate) struct RawSym {
 pub(crate) struct ElfFile {
     pub ctx: Ctx,
     pub machine: u16,
+    /// The entry point (e_entry).
+    pub entry: u64,
     pub sections: Vec<Section>,
     pub loads: Vec<Segment>,
     pub build_id: Option<Vec<u8>>,
@@ -199,7 +201,7 @@ impl ElfFile {
         }
         let build_id = note_areas.iter().find_map(|(area, align)| find_build_id(area, *align, big));
 
-        Ok(ElfFile { ctx, machine: header.e_machine, sections, loads, build_id })
+        Ok(ElfFile { ctx, machine: header.e_machine, entry: header.e_entry, sections, loads, build_id })
     }
 
     pub fn is_big_endian(&self) -> bool {

@@ -71,7 +71,12 @@ impl JitSymbols {
         if addr >= p.end {
             return None;
         }
-        Some(SymbolHit { name: self.names.get(p.name as usize)?, start: p.sym_start, offset: addr - p.sym_start })
+        Some(SymbolHit {
+            name: self.names.get(p.name as usize)?,
+            start: p.sym_start,
+            offset: addr - p.sym_start,
+            plt: None,
+        })
     }
 
     /// Number of symbols added.

@@ -1,5 +1,6 @@
 //! Source lines from DWARF, through addr2line.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use gimli::{EndianArcSlice, RunTimeEndian, SectionId};
@@ -14,6 +15,8 @@ pub(crate) struct Lines {
     /// addr2line parses units lazily through interior mutability that is not
     /// `Sync`; the mutex lets `ModuleSymbols` be shared across threads.
     ctx: Mutex<addr2line::Context<Reader>>,
+    /// Source file names, one allocation each.
+    files: Mutex<HashSet<Arc<str>>>,
 }
 
 impl Lines {
@@ -36,7 +39,7 @@ impl Lines {
             let dwarf = gimli::Dwarf::load(section).ok()?;
             addr2line::Context::from_dwarf(dwarf).ok()
         })?;
-        Some(Lines { ctx: Mutex::new(ctx) })
+        Some(Lines { ctx: Mutex::new(ctx), files: Mutex::new(HashSet::new()) })
     }
 
     /// The line of `addr`, if the line table has a nonzero one.
@@ -49,5 +52,28 @@ impl Lines {
         // usable state (they are fill-once), so a poisoned lock is still fine.
         let ctx = self.ctx.lock().unwrap_or_else(|e| e.into_inner());
         guarded(|| ctx.find_location(addr).ok()??.line.filter(|&l| l != 0))
+    }
+
+    /// The source file (as the line table names it, joined to its compilation directory, as
+    /// binutils' addr2line prints it) and line of `addr`, if the line is nonzero.
+    pub fn location(&self, addr: u64) -> Option<(Arc<str>, u32)> {
+        if addr == u64::MAX {
+            return None;
+        }
+        let ctx = self.ctx.lock().unwrap_or_else(|e| e.into_inner());
+        let (file, line) = guarded(|| {
+            let loc = ctx.find_location(addr).ok()??;
+            Some((loc.file?.to_string(), loc.line.filter(|&l| l != 0)?))
+        })?;
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let file = match files.get(file.as_str()) {
+            Some(f) => f.clone(),
+            None => {
+                let f: Arc<str> = Arc::from(file);
+                files.insert(f.clone());
+                f
+            }
+        };
+        Some((file, line))
     }
 }

@@ -8,9 +8,11 @@
 mod cache;
 mod demangle;
 mod elf;
+mod frames;
 mod jit;
 mod lines;
 mod module;
+mod plt;
 mod table;
 
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use std::path::PathBuf;
 pub use cache::SymbolCache;
 pub use jit::JitSymbols;
 pub use module::{ModuleSymbols, DEFAULT_DEBUG_DIR};
+pub use plt::PltPart;
 
 /// Run third-party parsing of untrusted data (DWARF, mangled names) so that
 /// a bug there costs one answer (`None`) instead of the whole post-processing.
@@ -28,12 +31,15 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
 /// A symbol found for an address: its demangled name, start address and the address's offset from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SymbolHit<'a> {
-    /// Demangled name; `"<plt>"` for PLT stubs.
+    /// Demangled name without its symbol version; `printf@plt` for PLT stubs, `<plt>` for a
+    /// PLT header or a stub whose target is not known.
     pub name: &'a str,
-    /// Address of the symbol's first byte (for `<plt>`, of the PLT section).
+    /// Address of the symbol's (or PLT entry's) first byte.
     pub start: u64,
     /// The looked-up address minus `start`.
     pub offset: u64,
+    /// Set when the address is in a PLT.
+    pub plt: Option<PltPart>,
 }
 
 /// Why an image could not be loaded.

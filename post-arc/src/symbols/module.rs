@@ -8,16 +8,14 @@ use goblin::elf::header::EM_PPC64;
 use goblin::elf::section_header::{SHT_DYNSYM, SHT_SYMTAB};
 
 use super::elf::{Bytes, ElfFile};
+use super::frames;
 use super::lines::Lines;
+use super::plt::{self, PltEntry};
 use super::table::{Opd, SymbolTable};
 use super::{SymbolError, SymbolHit};
 
 /// Where distributions install separate debug files (`.build-id/xx/yyyy.debug`).
 pub const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
-
-/// Executable sections made only of PLT stubs (`.iplt`: static binaries'
-/// IFUNC stubs with some linkers; `.glink`: ppc64's PLT call stubs).
-const PLT_SECTIONS: [&str; 5] = [".plt", ".plt.sec", ".plt.got", ".iplt", ".glink"];
 
 /// Symbols, PLT ranges and source lines of one ELF image (a file on disk, or bytes such as a saved vDSO).
 pub struct ModuleSymbols {
@@ -25,8 +23,12 @@ pub struct ModuleSymbols {
     bytes: Bytes,
     elf: ElfFile,
     table: SymbolTable,
-    plt: Vec<(u64, u64)>,
+    /// PLT entries, sorted by address.
+    plt: Vec<PltEntry>,
     debug_file: Option<PathBuf>,
+    /// True when function names came from a full symbol table (`.symtab` of the image or of
+    /// its debug file), false when only from `.dynsym` (a stripped image).
+    full_symtab: bool,
     /// Built on the first `line` call: most modules of a trace never need
     /// lines, and parsing DWARF is the expensive part of loading.
     lines: OnceLock<Option<Lines>>,
@@ -55,6 +57,15 @@ impl ModuleSymbols {
         Self::new(path.display().to_string(), bytes, debug_dirs)
     }
 
+    /// Load the ELF file at `file`, a copy of the image at `name` (a trace's archive): names
+    /// of functions without symbols are made from `name`.
+    pub fn from_copy(file: &Path, name: &str, debug_dirs: &[PathBuf]) -> Result<Self, SymbolError> {
+        let bytes = map_file(file)?;
+        let mut m = Self::new(name.to_string(), bytes, debug_dirs)?;
+        m.name = file.display().to_string();
+        Ok(m)
+    }
+
     /// Load an ELF image held in memory (a vDSO saved in the trace); `name` is used in errors.
     pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self, SymbolError> {
         Self::from_bytes_with_debug_dirs(name, bytes, &[PathBuf::from(DEFAULT_DEBUG_DIR)])
@@ -67,7 +78,11 @@ impl ModuleSymbols {
 
     fn new(name: String, bytes: Bytes, debug_dirs: &[PathBuf]) -> Result<Self, SymbolError> {
         let elf = ElfFile::parse(&name, &bytes)?;
-        let debug_file = elf.build_id.as_deref().and_then(|id| find_debug_file(id, debug_dirs));
+        let debug_file = elf
+            .build_id
+            .as_deref()
+            .and_then(|id| find_debug_file(id, debug_dirs))
+            .or_else(|| find_debuglink_file(&name, &elf, &bytes, debug_dirs));
 
         // A debug file's .opd is NOBITS, so descriptors are always read from
         // the image itself.
@@ -76,36 +91,38 @@ impl ModuleSymbols {
             .flatten()
             .and_then(|s| Some(Opd { addr: s.addr, data: s.data(&bytes)?.to_vec(), big_endian: elf.is_big_endian() }));
 
+        // Stripping keeps .eh_frame: its FDEs say where the functions no symbol names are.
+        let mut frames = frames::function_starts(&elf, &bytes);
+        let debug = debug_file.as_deref().and_then(|p| open_debug_file(p, elf.build_id.as_deref()));
+        if let Some((dbytes, delf)) = &debug {
+            frames.extend(frames::function_starts(delf, dbytes));
+            frames::normalize(&mut frames);
+        }
+        let prefix = name.rsplit('/').next().unwrap_or(&name).to_string();
+        let mut full_symtab = true;
         let table = match elf.symbols(&bytes, SHT_SYMTAB) {
-            Some(syms) => SymbolTable::build(&elf, syms, opd.as_ref()),
+            Some(syms) => SymbolTable::build(&elf, syms, opd.as_ref(), &frames, &prefix),
             None => {
                 // Stripped image: the debug file keeps the full .symtab,
                 // including static functions .dynsym lacks.
-                let from_debug = debug_file
-                    .as_deref()
-                    .and_then(|p| open_debug_file(p, elf.build_id.as_deref()))
-                    .and_then(|(dbytes, delf)| {
-                        let syms = delf.symbols(&dbytes, SHT_SYMTAB)?;
-                        Some(SymbolTable::build(&delf, syms, opd.as_ref()))
-                    });
+                let from_debug = debug.as_ref().and_then(|(dbytes, delf)| {
+                    let syms = delf.symbols(dbytes, SHT_SYMTAB)?;
+                    Some(SymbolTable::build(delf, syms, opd.as_ref(), &frames, &prefix))
+                });
                 match from_debug {
                     Some(t) => t,
                     None => {
+                        full_symtab = false;
                         let syms = elf.symbols(&bytes, SHT_DYNSYM).unwrap_or_default();
-                        SymbolTable::build(&elf, syms, opd.as_ref())
+                        SymbolTable::build(&elf, syms, opd.as_ref(), &frames, &prefix)
                     }
                 }
             }
         };
 
-        let plt = elf
-            .sections
-            .iter()
-            .filter(|s| PLT_SECTIONS.contains(&s.name.as_str()) && s.is_exec() && s.size > 0)
-            .map(|s| (s.addr, s.addr.saturating_add(s.size)))
-            .collect();
+        let plt = plt::plt_entries(&elf, &bytes);
 
-        Ok(ModuleSymbols { name, bytes, elf, table, plt, debug_file, lines: OnceLock::new() })
+        Ok(ModuleSymbols { name, bytes, elf, table, plt, debug_file, full_symtab, lines: OnceLock::new() })
     }
 
     /// Translate a runtime address inside a mapping (start address, file offset of the mapping) to the
@@ -132,13 +149,11 @@ impl ModuleSymbols {
     }
 
     /// Function symbol covering `vaddr`: demangled name and offset from the symbol start.
-    /// PLT stubs (.plt, .plt.sec, .plt.got) give "<plt>".
+    /// PLT stubs (.plt, .plt.sec, .plt.got) give `name@plt`, PLT headers `<plt>`.
     #[inline]
     pub fn lookup(&self, vaddr: u64) -> Option<SymbolHit<'_>> {
-        for &(start, end) in &self.plt {
-            if vaddr >= start && vaddr < end {
-                return Some(SymbolHit { name: "<plt>", start, offset: vaddr - start });
-            }
+        if let Some(e) = plt::lookup(&self.plt, vaddr) {
+            return Some(SymbolHit { name: &e.name, start: e.start, offset: vaddr - e.start, plt: Some(e.part) });
         }
         self.table.lookup(vaddr)
     }
@@ -146,6 +161,11 @@ impl ModuleSymbols {
     /// Source line (DWARF, via the addr2line crate) of `vaddr`, if the image or its separate debug file has line info.
     pub fn line(&self, vaddr: u64) -> Option<u32> {
         self.lines.get_or_init(|| self.load_lines()).as_ref()?.line(vaddr)
+    }
+
+    /// Source file and line of `vaddr` (DWARF), if the image or its debug file has them.
+    pub fn source(&self, vaddr: u64) -> Option<(std::sync::Arc<str>, u32)> {
+        self.lines.get_or_init(|| self.load_lines()).as_ref()?.location(vaddr)
     }
 
     fn load_lines(&self) -> Option<Lines> {
@@ -189,6 +209,12 @@ impl ModuleSymbols {
         self.debug_file.as_deref()
     }
 
+    /// False for a stripped image without a debug file: only its exported functions have
+    /// names, the others are named `module+0xOFFSET` from call-frame information.
+    pub fn has_full_symbols(&self) -> bool {
+        self.full_symtab
+    }
+
     /// Number of distinct function symbol addresses.
     pub fn symbol_count(&self) -> usize {
         self.table.len()
@@ -227,6 +253,34 @@ fn find_debug_file(build_id: &[u8], debug_dirs: &[PathBuf]) -> Option<PathBuf> {
         .iter()
         .map(|d| d.join(".build-id").join(format!("{first:02x}")).join(format!("{rest}.debug")))
         .find(|p| p.is_file())
+}
+
+/// The debug file `.gnu_debuglink` names, where GDB looks for it: next to the image, in
+/// `.debug/` there, and under each debug dir followed by the image's directory; its CRC-32
+/// must match the link's.
+fn find_debuglink_file(name: &str, elf: &ElfFile, bytes: &[u8], debug_dirs: &[PathBuf]) -> Option<PathBuf> {
+    let image = Path::new(name);
+    if !image.is_absolute() {
+        return None;
+    }
+    let link = elf.section(".gnu_debuglink")?.data(bytes)?;
+    let len = link.iter().position(|&b| b == 0)?;
+    let file = std::str::from_utf8(&link[..len]).ok()?;
+    let crc_at = (len + 1).next_multiple_of(4);
+    let crc: [u8; 4] = link.get(crc_at..crc_at + 4)?.try_into().ok()?;
+    let crc = if elf.is_big_endian() { u32::from_be_bytes(crc) } else { u32::from_le_bytes(crc) };
+    let dir = image.parent()?;
+    let mut candidates = vec![dir.join(file), dir.join(".debug").join(file)];
+    let relative = dir.strip_prefix("/").ok()?;
+    candidates.extend(debug_dirs.iter().map(|d| d.join(relative).join(file)));
+    candidates.into_iter().find(|p| p.as_path() != image && p.is_file() && file_crc32(p) == Some(crc))
+}
+
+fn file_crc32(path: &Path) -> Option<u32> {
+    let bytes = map_file(path).ok()?;
+    let mut crc = flate2::Crc::new();
+    crc.update(&bytes);
+    Some(crc.sum())
 }
 
 /// Map and parse a debug file, checking it carries the image's build-id.

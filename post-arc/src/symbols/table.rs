@@ -42,8 +42,20 @@ struct Entry {
 }
 
 impl Entry {
+    /// The demangled name, without a symbol version (`@@GLIBC_2.34`, `@GLIBC_2.2.5`): which
+    /// version of a symbol ran is not what a profile is read for.
     fn name(&self) -> &str {
-        self.demangled.get_or_init(|| demangle(&self.raw).map(String::into_boxed_str)).as_deref().unwrap_or(&self.raw)
+        self.demangled
+            .get_or_init(|| {
+                let unversioned = without_version(&self.raw);
+                match demangle(unversioned) {
+                    Some(d) => Some(d.into_boxed_str()),
+                    None if unversioned.len() != self.raw.len() => Some(unversioned.into()),
+                    None => None,
+                }
+            })
+            .as_deref()
+            .unwrap_or(&self.raw)
     }
 }
 
@@ -67,7 +79,9 @@ struct Candidate {
 impl SymbolTable {
     /// Build the table from raw symbols of `elf` (the file the symbol table
     /// came from, for its section headers); `opd` resolves ppc64 descriptors.
-    pub fn build(elf: &ElfFile, syms: Vec<RawSym>, opd: Option<&Opd>) -> Self {
+    /// `frames` are function (start, length) pairs from call-frame information: those no
+    /// symbol covers become functions named `{prefix}+0x{start:x}`.
+    pub fn build(elf: &ElfFile, syms: Vec<RawSym>, opd: Option<&Opd>, frames: &[(u64, u64)], prefix: &str) -> Self {
         let mut cands: Vec<Candidate> = Vec::new();
         for s in syms {
             if s.name.is_empty() || s.shndx == 0 || s.shndx >= SHN_LORESERVE {
@@ -96,6 +110,7 @@ impl SymbolTable {
             };
             cands.push(Candidate { addr, size: s.size, name: s.name, rank: (bind_rank, type_rank) });
         }
+        add_unnamed_frames(&mut cands, frames, prefix);
         // Best name first at each address: global over weak over local,
         // typed over untyped, fewer leading underscores (`malloc` over
         // `__libc_malloc`), shorter, then alphabetical for determinism.
@@ -160,7 +175,7 @@ impl SymbolTable {
         let i = self.starts.partition_point(|&s| s <= addr).checked_sub(1)?;
         let owner = self.owners[i];
         let e = self.entries.get(owner as usize)?;
-        Some(SymbolHit { name: e.name(), start: e.addr, offset: addr - e.addr })
+        Some(SymbolHit { name: e.name(), start: e.addr, offset: addr - e.addr, plt: None })
     }
 
     pub fn len(&self) -> usize {
@@ -174,6 +189,39 @@ impl SymbolTable {
             .find(|e| &*e.raw == name)
             .or_else(|| self.entries.iter().find(|e| e.name() == name))
             .map(|e| e.addr)
+    }
+}
+
+/// Functions from call-frame information where no symbol is: an FDE that starts inside a
+/// symbol's range is part of that function (a `.cold` part, a nested label) and adds nothing.
+fn add_unnamed_frames(cands: &mut Vec<Candidate>, frames: &[(u64, u64)], prefix: &str) {
+    if frames.is_empty() {
+        return;
+    }
+    let mut ranges: Vec<(u64, u64)> = cands.iter().map(|c| (c.addr, c.addr.saturating_add(c.size.max(1)))).collect();
+    ranges.sort_unstable();
+    // Furthest end among ranges starting at or before each one.
+    let mut reach = Vec::with_capacity(ranges.len());
+    let mut furthest = 0;
+    for r in &ranges {
+        furthest = furthest.max(r.1);
+        reach.push(furthest);
+    }
+    for &(start, len) in frames {
+        let i = ranges.partition_point(|r| r.0 <= start);
+        if i > 0 && reach[i - 1] > start {
+            continue;
+        }
+        cands.push(Candidate { addr: start, size: len, name: format!("{prefix}+{start:#x}"), rank: (4, 2) });
+    }
+}
+
+/// `name` without its symbol-version suffix (`memcpy@GLIBC_2.2.5`, `main@@V1`); a name that
+/// starts with `@` is kept.
+fn without_version(name: &str) -> &str {
+    match name.find('@') {
+        Some(i) if i > 0 => &name[..i],
+        _ => name,
     }
 }
 

@@ -236,8 +236,9 @@ pub fn parse_sections(text: &str) -> Vec<(String, u64, u64)> {
     v
 }
 
-/// Source line of each address from `addr2line -e binary`; 0 when unknown.
-pub fn addr2line_lines(binary: &Path, addrs: &[u64]) -> Vec<u64> {
+/// `addr2line -e binary` on `addrs`: one `FILE:LINE` per address, discriminators left out
+/// (`??:0`, `FILE:?` where it knows nothing).
+fn addr2line_raw(binary: &Path, addrs: &[u64]) -> Vec<String> {
     require_tool("addr2line");
     if addrs.is_empty() {
         return Vec::new();
@@ -249,18 +250,29 @@ pub fn addr2line_lines(binary: &Path, addrs: &[u64]) -> Vec<u64> {
     }
     let o = run(&mut cmd);
     o.assert_success();
-    let lines: Vec<u64> = o
-        .stdout
-        .lines()
-        .map(|l| {
-            // "file.c:12", "file.c:12 (discriminator 3)", "??:0", "??:?"
-            let loc = l.split(" (").next().unwrap_or(l);
-            let n = loc.rsplit(':').next().unwrap_or("0");
-            n.trim().parse().unwrap_or(0)
+    let out: Vec<String> = o.stdout.lines().map(|l| l.split(" (").next().unwrap_or(l).trim().to_string()).collect();
+    assert_eq!(out.len(), addrs.len(), "addr2line output:\n{}", o.stdout);
+    out
+}
+
+/// Source line of each address from `addr2line -e binary`; 0 when unknown.
+pub fn addr2line_lines(binary: &Path, addrs: &[u64]) -> Vec<u64> {
+    addr2line_raw(binary, addrs)
+        .iter()
+        .map(|loc| loc.rsplit(':').next().unwrap_or("0").trim().parse().unwrap_or(0))
+        .collect()
+}
+
+/// `FILE:LINE` of each address from `addr2line -e binary`; `0` where addr2line knows no line
+/// (`??:0`, `FILE:?`, `FILE:0`).
+pub fn addr2line_locations(binary: &Path, addrs: &[u64]) -> Vec<String> {
+    addr2line_raw(binary, addrs)
+        .into_iter()
+        .map(|loc| match loc.rsplit_once(':') {
+            Some((file, line)) if file != "??" && line.parse::<u64>().is_ok_and(|n| n > 0) => loc,
+            _ => "0".to_string(),
         })
-        .collect();
-    assert_eq!(lines.len(), addrs.len(), "addr2line output:\n{}", o.stdout);
-    lines
+        .collect()
 }
 
 /// (e_type, e_entry) of a 64-bit little-endian ELF file.

@@ -1,0 +1,119 @@
+//! `itrace info`: what a trace holds and what it costs: the header, each stream's chunks,
+//! records and bytes, the bytes per taken branch by kind of record, and the time span.
+
+use crate::cli::InfoArgs;
+use anyhow::Result;
+use itrace_format::{human_size, KindStats, StreamStats, HEADER_LEN, STREAM_END, STREAM_MTE};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+pub fn run(args: InfoArgs) -> Result<ExitCode> {
+    let path = args.input.path();
+    let t = crate::read::open_trace(&path)?;
+    let h = t.header();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let file_len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    writeln!(out, "{}: {} ({file_len} bytes)", path.display(), human_size(file_len))?;
+    writeln!(
+        out,
+        "format {}.{}, {:?}-endian; {} traced with {}, mode {}, {} CPU streams, aslr {}",
+        h.version_major,
+        h.version_minor,
+        h.endian,
+        h.arch,
+        h.step_method,
+        h.mode,
+        h.ncpu,
+        if h.aslr_disabled() { "off" } else { "on" }
+    )?;
+    let mut ids: Vec<u16> = t.chunks().iter().map(|c| c.stream).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut cpu_total = StreamStats::default();
+    let mut kinds: BTreeMap<&'static str, KindStats> = BTreeMap::new();
+    writeln!(
+        out,
+        "\n{:<8} {:>7} {:>11} {:>13} {:>13} {:>12}",
+        "stream", "chunks", "records", "branches", "bytes", "B/branch"
+    )?;
+    for id in ids {
+        let s = t.stream_stats(id)?;
+        let name = match id {
+            STREAM_MTE => "mte".to_string(),
+            STREAM_END => "end".to_string(),
+            cpu => format!("cpu{cpu}"),
+        };
+        let per = if s.branches > 0 { format!("{:.2}", s.file_bytes as f64 / s.branches as f64) } else { "-".into() };
+        let compressed =
+            if s.compressed_chunks > 0 { format!("  ({} compressed)", s.compressed_chunks) } else { String::new() };
+        writeln!(
+            out,
+            "{name:<8} {:>7} {:>11} {:>13} {:>13} {per:>12}{compressed}",
+            s.chunks, s.records, s.branches, s.file_bytes
+        )?;
+        if id < h.ncpu {
+            cpu_total.chunks += s.chunks;
+            cpu_total.records += s.records;
+            cpu_total.branches += s.branches;
+            cpu_total.file_bytes += s.file_bytes;
+            cpu_total.payload_bytes += s.payload_bytes;
+            for (ts, keep_min) in [(s.first_ts, true), (s.last_ts, false)] {
+                let Some(ts) = ts else { continue };
+                let slot = if keep_min { &mut cpu_total.first_ts } else { &mut cpu_total.last_ts };
+                *slot = Some(slot.map_or(ts, |v| if keep_min { v.min(ts) } else { v.max(ts) }));
+            }
+            for (k, v) in s.kinds {
+                let e = kinds.entry(k).or_default();
+                e.records += v.records;
+                e.bytes += v.bytes;
+            }
+        }
+    }
+    let b = cpu_total.branches.max(1) as f64;
+    writeln!(
+        out,
+        "\ntaken branches: {}; bytes per taken branch: {:.2} in the CPU streams ({:.2} before compression), \
+         {:.2} for the whole file",
+        cpu_total.branches,
+        cpu_total.file_bytes as f64 / b,
+        cpu_total.payload_bytes as f64 / b,
+        file_len as f64 / b
+    )?;
+    writeln!(out, "file header {HEADER_LEN} bytes, {} chunks", t.chunks().len())?;
+    writeln!(out, "\nCPU records by kind of item (bytes before compression):")?;
+    writeln!(out, "  {:<24} {:>13} {:>8} {:>13} {:>9}", "kind", "records", "share", "bytes", "B/record")?;
+    for (k, v) in &kinds {
+        writeln!(
+            out,
+            "  {k:<24} {:>13} {:>7.1}% {:>13} {:>9.2}",
+            v.records,
+            100.0 * v.records as f64 / cpu_total.records.max(1) as f64,
+            v.bytes,
+            v.bytes as f64 / v.records.max(1) as f64
+        )?;
+    }
+    if let (Some(first), Some(last)) = (cpu_total.first_ts, cpu_total.last_ts) {
+        let start = h.start_monotonic_ns;
+        writeln!(
+            out,
+            "\ntime span: {:.6} s (records from {:.6} s to {:.6} s after the trace started)",
+            (last - first) as f64 / 1e9,
+            first.saturating_sub(start) as f64 / 1e9,
+            last.saturating_sub(start) as f64 / 1e9
+        )?;
+    }
+    match t.summary() {
+        Some(s) => writeln!(
+            out,
+            "summary: {} instructions, {} records kept, {} lost, {} module records",
+            s.instructions,
+            s.records.iter().sum::<u64>(),
+            s.lost.iter().sum::<u64>(),
+            s.mte_records
+        )?,
+        None => writeln!(out, "summary: none (the recording did not finish)")?,
+    }
+    crate::read::warn_truncated(&t);
+    Ok(ExitCode::SUCCESS)
+}
