@@ -10,55 +10,12 @@
 
 use itrace_tests::{
     add_missing_insns, arc_text, compare_cross_blocks, cross_code_symbols, cross_function_counts, cross_hand_count,
-    cross_objdump, cross_oracle_blocks, cross_program, cross_qemu_pcs, cross_sysroot, free_port, itrace, itrace_bin,
-    listening, program, qemu_log_pcs, record, record_gdb, report_json, report_self_counts, require_tool, run, test_dir,
-    wait_until, wait_with_guard, CrossBlock, KillOnDrop, LONG_LOOP_INSTRUCTIONS,
+    cross_objdump, cross_oracle_blocks, cross_program, cross_qemu_options, cross_qemu_pcs, cross_sysroot, free_port,
+    itrace, itrace_bin, itrace_blocks, listening, program, qemu_log_pcs, record, record_gdb, report_json,
+    report_self_counts, require_tool, run, test_dir, wait_until, wait_with_guard, KillOnDrop, LONG_LOOP_INSTRUCTIONS,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-/// itrace's blocks from `itrace dump` (raw records): user records, with a system call's
-/// destination taken from the kernel record that follows it.
-fn itrace_blocks(trace: &Path) -> (Vec<CrossBlock>, u64) {
-    let o = itrace(["dump".as_ref(), trace.as_os_str()]);
-    o.assert_success();
-    let mut out: Vec<CrossBlock> = Vec::new();
-    let mut total = 0;
-    for line in o.stdout.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if let Some(off) = f.iter().position(|t| t.starts_with("TraceOff(")) {
-            let _ = off;
-            if let Some(n) = line.split("icount: ").nth(1).and_then(|s| s.split(',').next()) {
-                total += n.trim().parse::<u64>().unwrap();
-            }
-            continue;
-        }
-        // "0x... cpu0 TS U Kind flags=.. aux=.. 0xFROM -> 0xTO tid=.. n=N"
-        if f.len() < 11 || !f[1].starts_with("cpu") || (f[3] != "U" && f[3] != "K") {
-            continue;
-        }
-        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
-        let (from, to) = (hex(f[7]), hex(f[9]));
-        let n: u64 = f[11].trim_start_matches("n=").parse().unwrap();
-        total += n;
-        if f[3] == "K" {
-            if let Some(last) = out.last_mut() {
-                last.to = to;
-            }
-            continue;
-        }
-        let kind = match f[4] {
-            "Call" => "Call",
-            "Return" => "Return",
-            "Jump" => "Jump",
-            "CondJump" => "CondJump",
-            "Intrpt" => "Intrpt",
-            _ => "Other",
-        };
-        out.push(CrossBlock { from, to, count: n, kind });
-    }
-    (out, total)
-}
 
 fn record_qemu(arch: &str, bin: &Path, dir: &Path) -> PathBuf {
     let trace = dir.join("t.itr");
@@ -145,7 +102,9 @@ fn check_dynamic(arch: &str) {
     let bin = cross_program(&format!("{arch}-dynamic"));
     let dir = test_dir(&format!("cross-dynamic-{arch}"));
     let sysroot = cross_sysroot(arch);
-    let mut pcs = qemu_log_pcs(&format!("qemu-{arch}"), &["-L", &sysroot], &bin, &[]);
+    let options = cross_qemu_options(arch);
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
+    let mut pcs = qemu_log_pcs(&format!("qemu-{arch}"), &options, &bin, &[]);
     pcs.dedup(); // rep string iterations count once
     let trace = record_qemu(arch, &bin, &dir);
     let report = report_json(&trace);

@@ -204,6 +204,49 @@ pub fn cross_oracle_blocks(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossI
     (out, total)
 }
 
+/// itrace's blocks from `itrace dump` (raw records): user records, with a system call's
+/// destination taken from the kernel record that follows it.
+pub fn itrace_blocks(trace: &Path) -> (Vec<CrossBlock>, u64) {
+    let o = crate::run::itrace(["dump".as_ref(), trace.as_os_str()]);
+    o.assert_success();
+    let mut out: Vec<CrossBlock> = Vec::new();
+    let mut total = 0;
+    for line in o.stdout.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if let Some(off) = f.iter().position(|t| t.starts_with("TraceOff(")) {
+            let _ = off;
+            if let Some(n) = line.split("icount: ").nth(1).and_then(|s| s.split(',').next()) {
+                total += n.trim().parse::<u64>().unwrap();
+            }
+            continue;
+        }
+        // "0x... cpu0 TS U Kind flags=.. aux=.. 0xFROM -> 0xTO tid=.. n=N"
+        if f.len() < 11 || !f[1].starts_with("cpu") || (f[3] != "U" && f[3] != "K") {
+            continue;
+        }
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+        let (from, to) = (hex(f[7]), hex(f[9]));
+        let n: u64 = f[11].trim_start_matches("n=").parse().unwrap();
+        total += n;
+        if f[3] == "K" {
+            if let Some(last) = out.last_mut() {
+                last.to = to;
+            }
+            continue;
+        }
+        let kind = match f[4] {
+            "Call" => "Call",
+            "Return" => "Return",
+            "Jump" => "Jump",
+            "CondJump" => "CondJump",
+            "Intrpt" => "Intrpt",
+            _ => "Other",
+        };
+        out.push(CrossBlock { from, to, count: n, kind });
+    }
+    (out, total)
+}
+
 /// Asserts that itrace's blocks equal the oracle's, naming the first difference.
 pub fn compare_cross_blocks(what: &str, got: &[CrossBlock], want: &[CrossBlock]) {
     for (k, (g, w)) in got.iter().zip(want).enumerate() {

@@ -1,0 +1,366 @@
+//! The stops that are not single steps: ptrace events (clone, exec, exit), group stops and
+//! interrupts, a thread's first stop, and signals on their way to the program.
+
+use super::engine::*;
+use super::regs::poke_insn;
+use super::tables::PPC64LE;
+use crate::procfs::{self};
+use crate::Arch;
+use itrace_decoders::Flow;
+use itrace_format::{branch_flags, now_ns, Branch, BranchKind, Mte, Record, StopReason, TraceOn, TraceOnReason};
+use nix::sys::ptrace;
+use nix::unistd::Pid;
+
+impl Session<'_> {
+    pub(super) fn on_event(&mut self, tid: i32, sig: i32, ev: i32) {
+        if !self.threads.contains_key(&tid) {
+            self.adopt(tid);
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.stopped = true;
+        }
+        match ev {
+            libc::PTRACE_EVENT_STOP => self.on_interrupt_stop(tid, sig),
+            libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                let child = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
+                self.on_clone(tid, child, ev);
+                self.resume(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                let former = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(tid as i64) as i32;
+                self.on_exec(tid, former);
+                self.resume(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXIT => {
+                let status = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
+                self.on_exit_event(tid, status);
+                // Let it exit; it is no longer ours to step.
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.stopped = false;
+                }
+                let _ = ptrace::cont(Pid::from_raw(tid), None);
+            }
+            _ => self.resume(tid, 0),
+        }
+    }
+
+    /// A stopped tid we did not know: a new thread or child reported before its parent's event.
+    pub(super) fn adopt(&mut self, tid: i32) {
+        let pid = procfs::tgid(tid).unwrap_or(tid);
+        let cpu = self.assign_cpu();
+        let t = self.new_thread(tid, pid, cpu);
+        self.threads.insert(tid, t);
+    }
+
+    pub(super) fn on_clone(&mut self, parent: i32, child: i32, ev: i32) {
+        let Some(p) = self.threads.get(&parent) else { return };
+        let parent_pid = p.pid;
+        let child_pid = procfs::tgid(child).unwrap_or(if ev == libc::PTRACE_EVENT_CLONE { parent_pid } else { child });
+        let thread = child_pid == parent_pid;
+        let ts = now_ns();
+        self.emit_mte(Mte::Clone {
+            ts,
+            parent_pid: parent_pid as u32,
+            parent_tid: parent as u32,
+            child_pid: child_pid as u32,
+            child_tid: child as u32,
+            thread,
+        });
+        if !self.threads.contains_key(&child) {
+            let cpu = self.assign_cpu();
+            let t = self.new_thread(child, child_pid, cpu);
+            self.threads.insert(child, t);
+        }
+        if let Some(t) = self.threads.get_mut(&child) {
+            t.pid = child_pid;
+        }
+        if !thread && self.opts.follow_forks {
+            self.out.processes += 1;
+            // The child starts with a copy of the parent's address space.
+            let (maps, code, name) = match self.procs.get(&parent_pid) {
+                Some(pp) => (pp.maps.clone(), pp.code.clone(), pp.name.clone()),
+                None => (Vec::new(), IntMap::default(), String::new()),
+            };
+            self.emit_mte(Mte::ProcessName { ts, pid: child_pid as u32, ppid: parent_pid as u32, name: name.clone() });
+            for m in &maps {
+                self.emit_mte(Mte::Segment {
+                    ts,
+                    pid: child_pid as u32,
+                    prot: m.prot,
+                    start: m.start,
+                    end: m.end,
+                    offset: m.offset,
+                    path: m.path.clone(),
+                });
+            }
+            self.seen_pids.push(child_pid);
+            let mut p = Process::new(maps, code, name);
+            // Another thread's atomic run may have traps in the memory the child copied: they
+            // come out of the child's copy at its first stop (`start_thread`).
+            p.traps = self.procs.get(&parent_pid).map(|pp| pp.traps.clone()).unwrap_or_default();
+            self.procs.insert(child_pid, p);
+        }
+    }
+
+    pub(super) fn on_exec(&mut self, tid: i32, former: i32) {
+        let ts = now_ns();
+        if former != tid {
+            // A non-leader thread called exec and took over the leader's tid.
+            if let Some(mut t) = self.threads.remove(&former) {
+                self.finish_thread(tid, StopReason::Vanished, 0);
+                self.threads.remove(&tid);
+                t.tid = tid;
+                self.threads.insert(tid, t);
+            }
+        }
+        let Some(t) = self.threads.get(&tid) else { return };
+        let pid = t.pid;
+        let launching = t.state == ThreadState::Launching;
+        let path = procfs::exe(pid);
+        self.emit_mte(Mte::Exec { ts, pid: pid as u32, tid: tid as u32, path });
+        self.procs.remove(&pid);
+        let ppid = procfs::ppid(pid).unwrap_or(0);
+        self.new_process(pid, ts, ppid);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.name.clear();
+        }
+        self.name_thread(pid, tid, ts);
+        if launching {
+            // The launched program's first instruction: start stepping here.
+            self.pin_thread(tid);
+            self.pin_tracer(tid);
+            self.report_syscalls(tid);
+            let Ok(regs) = getregs(tid) else { return };
+            let insn = self.decode(pid, regs.nip);
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.state = ThreadState::Stepping;
+            t.pending = Some(Pending { pc: regs.nip, insn, nr: regs.syscall_nr() });
+            // Resuming with a step makes the kernel report the end of execve before the first instruction.
+            t.skip_report_at = Some(regs.nip);
+            let (cpu, pc) = (t.cpu, regs.nip);
+            self.out.threads += 1;
+            let on = TraceOn { ts, reason: TraceOnReason::Start, pid: pid as u32, tid: tid as u32, pc };
+            self.push_control(cpu, Record::TraceOn(on));
+        }
+    }
+
+    pub(super) fn on_exit_event(&mut self, tid: i32, status: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        if t.state != ThreadState::Stepping {
+            return;
+        }
+        let (pid, cpu) = (t.pid, t.cpu);
+        self.name_thread(pid, tid, now_ns());
+        let signaled = libc::WIFSIGNALED(status);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        if let Some(p) = t.pending {
+            if p.insn.flow == Flow::Syscall && !signaled && PPC64LE.is_exit_syscall(p.nr) {
+                // The exit system call ran and never returns.
+                let b = Branch {
+                    ts: t.syscall_ts,
+                    kernel: false,
+                    kind: BranchKind::Intrpt,
+                    flags: branch_flags::SYSCALL,
+                    aux: p.nr as u16,
+                    from: p.pc,
+                    to: 0,
+                    tid: tid as u32,
+                    icount: t.icount + 1,
+                };
+                t.icount = 0;
+                t.pending = Some(Pending { pc: p.pc + p.insn.len as u64, ..p });
+                self.push_branch(cpu, b);
+            }
+        }
+        if signaled {
+            self.finish_thread(tid, StopReason::Signaled, libc::WTERMSIG(status));
+        } else {
+            self.finish_thread(tid, StopReason::Exited, libc::WEXITSTATUS(status));
+        }
+    }
+
+    /// PTRACE_EVENT_STOP: our interrupt, a new thread's first stop, or a group-stop.
+    pub(super) fn on_interrupt_stop(&mut self, tid: i32, sig: i32) {
+        let group_stop = matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
+        let state = self.threads.get(&tid).map(|t| t.state);
+        if self.detaching.is_some() {
+            let traced = state == Some(ThreadState::Stepping);
+            if traced && procfs::thread_pending_signals(tid) & (1 << (libc::SIGTRAP - 1)) != 0 {
+                // A step trap (or one of our traps) is queued behind this stop: detaching now
+                // would deliver it untraced and kill the program. Let it surface as a signal
+                // stop, handle it there, then detach.
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.stopped = false;
+                }
+                let _ = ptrace::cont(Pid::from_raw(tid), None);
+                return;
+            }
+            self.stopped_in_atomic(tid);
+            self.detach_thread(tid, 0);
+            return;
+        }
+        if group_stop {
+            // Stay stopped like an untraced process until SIGCONT.
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.stopped = false;
+            }
+            // SAFETY: plain ptrace request on a tracee in group-stop; no pointers are passed.
+            unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid, 0, 0) };
+            return;
+        }
+        match state {
+            Some(ThreadState::New) => self.start_thread(tid),
+            Some(ThreadState::Launching) => {
+                let _ = ptrace::cont(Pid::from_raw(tid), None);
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.stopped = false;
+                }
+            }
+            _ => {
+                self.stopped_in_atomic(tid);
+                self.resume(tid, 0)
+            }
+        }
+    }
+
+    /// First stop of an attached thread or a new thread/process: start stepping it.
+    pub(super) fn start_thread(&mut self, tid: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        let (pid, attach) = (t.pid, t.attached);
+        if !self.procs.contains_key(&pid) {
+            // A new process whose fork event has not been seen, or one we must not follow.
+            if !self.opts.follow_forks {
+                self.release_unfollowed(tid);
+                return;
+            }
+            self.new_process(pid, now_ns(), procfs::ppid(pid).unwrap_or(0));
+        }
+        if !self.opts.follow_forks && Some(pid) != self.root_pid() {
+            self.release_unfollowed(tid);
+            return;
+        }
+        self.pin_thread(tid);
+        self.report_syscalls(tid);
+        self.remove_copied_traps(tid, pid);
+        let Ok(regs) = getregs(tid) else {
+            self.threads.remove(&tid);
+            return;
+        };
+        // Stopped inside a system call that will be restarted: the kernel moves the pc back
+        // onto the system call instruction when it resumes, so that is what runs next.
+        let mut pc = regs.nip;
+        if regs.trap & 0xfff0 == 0xc00 && regs.restarting() {
+            pc -= 4;
+        }
+        let insn = self.decode(pid, pc);
+        let ts = now_ns();
+        self.name_thread(pid, tid, ts);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.state = ThreadState::Stepping;
+        t.pending = Some(Pending { pc, insn, nr: regs.syscall_nr() });
+        t.syscall_ts = ts;
+        let cpu = t.cpu;
+        if self.out.threads == 0 {
+            self.pin_tracer(tid);
+        }
+        self.out.threads += 1;
+        let reason = if attach { TraceOnReason::Attach } else { TraceOnReason::Start };
+        self.push_control(cpu, Record::TraceOn(TraceOn { ts, reason, pid: pid as u32, tid: tid as u32, pc }));
+        self.resume(tid, 0);
+    }
+
+    /// Syscall stops say so (PTRACE_O_TRACESYSGOOD), beside the options tracing began with;
+    /// threads and children created later inherit them.
+    fn report_syscalls(&mut self, tid: i32) {
+        let opts = super::launch::ptrace_options(self.opts) | ptrace::Options::PTRACE_O_TRACESYSGOOD;
+        let _ = ptrace::setoptions(Pid::from_raw(tid), opts);
+    }
+
+    /// A child process we do not follow: take out the traps of atomic runs (of other threads of
+    /// its parent) its memory copied, and let it go.
+    fn release_unfollowed(&mut self, tid: i32) {
+        let parent = procfs::ppid(tid).unwrap_or(0);
+        let traps: Vec<(u64, u32)> =
+            self.procs.get(&parent).map(|p| p.traps.iter().map(|(&a, &w)| (a, w)).collect()).unwrap_or_default();
+        for (addr, old) in traps {
+            let _ = poke_insn(tid, addr, old);
+        }
+        self.threads.remove(&tid);
+        let _ = ptrace::detach(Pid::from_raw(tid), None);
+    }
+
+    /// A new process's first stop: the traps its memory copied from its parent come out (the
+    /// parent's runs take out their own).
+    fn remove_copied_traps(&mut self, tid: i32, pid: i32) {
+        let copied = self.procs.get_mut(&pid).map(|p| std::mem::take(&mut p.traps)).unwrap_or_default();
+        let running_here = self.threads.values().any(|t| t.pid == pid && t.atomic.is_some());
+        if running_here {
+            // Traps of this process's own runs (not a copy): leave them.
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.traps = copied;
+            }
+            return;
+        }
+        for (addr, old) in copied {
+            let _ = poke_insn(tid, addr, old);
+        }
+    }
+
+    pub(super) fn root_pid(&self) -> Option<i32> {
+        match self.opts.target {
+            Target::Attach { pid } => Some(procfs::tgid(pid).unwrap_or(pid)),
+            Target::Launch { .. } => self.launched,
+        }
+    }
+
+    /// A signal-delivery stop (or a step trap, or one of our traps: SIGTRAP).
+    pub(super) fn on_signal_stop(&mut self, tid: i32, sig: i32) {
+        if !self.threads.contains_key(&tid) {
+            self.adopt(tid);
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.stopped = true;
+        if t.state != ThreadState::Stepping {
+            // Not stepping yet (or finished): pass the signal on.
+            let state = t.state;
+            if state == ThreadState::New && sig == libc::SIGSTOP {
+                // A new child's initial stop when not seized (older kernels): start it.
+                self.start_thread(tid);
+                return;
+            }
+            self.resume(tid, sig);
+            return;
+        }
+        if sig == libc::SIGTRAP && self.threads[&tid].atomic.is_none() {
+            if let Some(rip) = self.predicted_stop(tid) {
+                // A step whose end the instruction tells: no registers to read.
+                let mut inject = 0;
+                self.on_step(tid, rip, &mut inject);
+                self.resume(tid, inject);
+                return;
+            }
+        }
+        let Ok(regs) = getregs(tid) else {
+            self.resume(tid, 0);
+            return;
+        };
+        if self.threads[&tid].atomic.is_some() {
+            if self.atomic_done(tid, &regs, sig) {
+                self.resume(tid, 0);
+            } else {
+                // A signal in the middle of the sequence: deliver it with a step.
+                self.resume(tid, if sig == libc::SIGTRAP { 0 } else { sig });
+            }
+            return;
+        }
+        if sig != libc::SIGTRAP {
+            // The program gets a signal: deliver it on the next step; the stop after shows the
+            // handler.
+            self.resume(tid, sig);
+            return;
+        }
+        let mut inject = 0;
+        self.on_step(tid, regs.nip, &mut inject);
+        self.resume(tid, inject);
+    }
+}

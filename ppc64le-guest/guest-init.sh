@@ -1,0 +1,101 @@
+#!/bin/busybox sh
+# /init of the ppc64le guest (see test-in-guest.sh). Records the test programs with the native
+# ppc64le itrace and prints each trace in base64 between "PPC64-FILE name" and "PPC64-END name"
+# lines (checked on the host against qemu-ppc64le's log); the checks made here print
+# "PPC64: PASS|FAIL name detail"; "PPC64-RESULT: PASS|FAIL" ends, then it powers off.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+chmod 1777 /tmp
+cd /tmp
+FAILS=0
+now() { cut -d' ' -f1 /proc/uptime; }
+T0=$(now)
+pass() { echo "PPC64: PASS $* [$(now) s]"; }
+fail() { echo "PPC64: FAIL $* [$(now) s]"; FAILS=$((FAILS + 1)); }
+finish() {
+    if [ "$FAILS" -eq 0 ]; then echo "PPC64-RESULT: PASS"; else echo "PPC64-RESULT: FAIL ($FAILS failed)"; fi
+    poweroff -f
+}
+send() {
+    echo "PPC64-FILE $1"
+    base64 "$2"
+    echo "PPC64-END $1"
+}
+# record NAME [itrace options] -- PROGRAM ARGS: in an empty environment, like qemu's oracle run.
+record() {
+    name=$1
+    shift
+    if env -i /bin/itrace record -o "/tmp/$name.itr" "$@" > "/tmp/$name.out" 2> "/tmp/$name.err"; then
+        pass "record $name: $(tail -1 "/tmp/$name.err")"
+        send "$name.itr" "/tmp/$name.itr"
+        # The report where the program files are (the host has no /t): symbols for the host's checks.
+        if itrace report --json "/tmp/$name.itr" > "/tmp/$name.json" 2> "/tmp/$name.rerr"; then
+            send "$name.json" "/tmp/$name.json"
+        else
+            fail "report $name: $(cat "/tmp/$name.rerr")"
+        fi
+    else
+        fail "record $name (exit $?): $(cat "/tmp/$name.err")"
+    fi
+}
+
+WHAT=$(cat /etc/what)
+echo "PPC64: kernel $(uname -r) $(grep -m1 '^cpu' /proc/cpuinfo) [$(now) s]"
+
+if [ "$WHAT" = test ]; then
+    record asm -- /t/ppc64le-asm
+    record libc -- /t/ppc64le-libc
+    record dynamic -- /t/ppc64le-dynamic
+    record signal -- /t/ppc64le-signal
+    record threads -- /t/threads
+    record forkexec --follow-forks -- /t/forkexec
+    # The three modes: normal above; continuous writes segments as it goes; wrap keeps the last.
+    record continuous --mode continuous --segment-size 4K -- /t/ppc64le-libc
+    record wrap --mode wrap --buffer-size 4K --segment-size 4K -- /t/ppc64le-libc
+    # Attach to a running program (the loop is long enough under TCG to be caught running).
+    /t/loop 50 > /dev/null &
+    pid=$!
+    sleep 1
+    if env -i /bin/itrace record -p "$pid" --duration 1 -o /tmp/attach.itr > /dev/null 2> /tmp/attach.err; then
+        pass "record attach: $(tail -1 /tmp/attach.err)"
+        send attach.itr /tmp/attach.itr
+        itrace report --json /tmp/attach.itr > /tmp/attach.json && send attach.json /tmp/attach.json
+    else
+        fail "record attach: $(cat /tmp/attach.err)"
+    fi
+    kill "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    # Bad input: the same one-line errors as itrace on x86_64 (/etc/expect-*, made there).
+    for case in nopid noprog; do
+        case $case in
+            nopid) itrace record -p 999999 -o /tmp/bad.itr > /dev/null 2> /tmp/bad.err ;;
+            noprog) itrace record -o /tmp/bad.itr -- /t/does-not-exist > /dev/null 2> /tmp/bad.err ;;
+        esac
+        rc=$?
+        if [ "$rc" -ne 0 ] && cmp -s /tmp/bad.err "/etc/expect-$case"; then
+            pass "bad input $case: exit $rc, $(cat /tmp/bad.err)"
+        else
+            fail "bad input $case: exit $rc, got '$(cat /tmp/bad.err)', want '$(cat "/etc/expect-$case")'"
+        fi
+    done
+fi
+
+# The benchmark (bench/ppc64le.sh): raw_step (the ptrace single-step loop with nothing else)
+# and itrace on the same freestanding loop, alternately, twice each.
+[ "$WHAT" = bench ] && for round in 1 2; do
+    /t/raw_step /t/loop > /dev/null 2> /tmp/raw.err
+    echo "BENCH raw $(cat /tmp/raw.err)"
+    a=$(now)
+    itrace record -o /tmp/bench.itr -- /t/loop > /dev/null 2> /tmp/bench.err
+    b=$(now)
+    echo "BENCH itrace seconds=$(echo "$a $b" | awk '{ printf "%.2f", $2 - $1 }') $(tail -1 /tmp/bench.err)"
+    # itrace's fixed cost: start-up, module table, trace file, on a 47-instruction program.
+    a=$(now)
+    itrace record -o /tmp/fixed.itr -- /t/ppc64le-asm > /dev/null 2>&1
+    b=$(now)
+    echo "BENCH fixed seconds=$(echo "$a $b" | awk '{ printf "%.2f", $2 - $1 }')"
+done
+finish

@@ -1,0 +1,282 @@
+//! The native PowerPC64 recorder (`arch/src/backend/ptrace_ppc64/`), checked on traces made in a
+//! booted ppc64le guest by `ppc64le-guest/test-in-guest.sh`, which runs these tests with
+//! `--ignored` and `ITRACE_PPC64LE_GUEST_OUT` naming the directory of the guest's traces
+//! (`NAME.itr`), its reports (`NAME.json`, made in the guest, where the program files are) and
+//! the programs it ran (in the guest at `/t/NAME`).
+//!
+//! Oracles: qemu-ppc64le's single-step log of the same program in an empty environment (`env -i
+//! qemu-ppc64le -singlestep -d nochain,exec`), the cross objdump and nm, and the hand counts in
+//! tests/programs/cross/ppc64.S. itrace on this x86_64 machine reads the guest's traces
+//! (`dump`, `arc`, `report`) as they are.
+
+use itrace_tests::{
+    add_missing_insns, arc_text, compare_cross_blocks, cross_code_symbols, cross_function_counts, cross_hand_count,
+    cross_objdump, cross_oracle_blocks, cross_qemu_pcs, itrace, itrace_blocks, report_json, CrossBlock,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+const ARCH: &str = "ppc64le";
+const WHY: &str = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh";
+
+/// A file the guest run left (trace, report or program).
+fn guest_file(name: &str) -> PathBuf {
+    let dir = std::env::var_os("ITRACE_PPC64LE_GUEST_OUT")
+        .unwrap_or_else(|| panic!("ITRACE_PPC64LE_GUEST_OUT is not set: {WHY}"));
+    let p = PathBuf::from(dir).join(name);
+    assert!(p.exists(), "{} is missing: the guest did not record it (see its console log)", p.display());
+    p
+}
+
+/// The guest's `itrace report --json` of trace NAME.
+fn guest_report(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(guest_file(&format!("{name}.json"))).expect("read the guest's report");
+    serde_json::from_str(&text).expect("the guest's report is JSON")
+}
+
+/// Self instructions per function of the guest's program `/t/PROGRAM` in a guest report.
+fn guest_self_counts(report: &serde_json::Value, program: &str) -> HashMap<String, u64> {
+    itrace_tests::report_self_counts(report, std::path::Path::new(&format!("/t/{program}")))
+}
+
+/// The guest's trace against qemu's log, block for block (the trace is read by this machine's itrace).
+fn check_blocks(name: &str, program: &str) -> (Vec<CrossBlock>, u64) {
+    let bin = guest_file(program);
+    let mut insns = cross_objdump(ARCH, &bin);
+    let pcs = cross_qemu_pcs(ARCH, &bin);
+    add_missing_insns(ARCH, &bin, &pcs, &mut insns);
+    let (want, want_total) = cross_oracle_blocks(ARCH, &pcs, &insns);
+    let trace = guest_file(&format!("{name}.itr"));
+    let (got, total) = itrace_blocks(&trace);
+    compare_cross_blocks(&format!("native {name}"), &got, &want);
+    assert_eq!(total, want_total, "native {name}: instructions, itrace against qemu's log");
+    let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
+    assert!(dump.stdout.lines().next().unwrap_or("").contains("arch=ppc64le"), "trace header: {}", dump.stdout);
+    (got, total)
+}
+
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn asm_program_equals_qemu_and_the_hand_count() {
+    let (got, total) = check_blocks("asm", "ppc64le-asm");
+    assert_eq!((total, got.len()), cross_hand_count(ARCH), "native asm: the hand count");
+    // The write system call is named after PowerPC's numbers, here on x86_64.
+    let arc = arc_text(&guest_file("asm.itr"));
+    assert!(arc.contains("sys_write:[kernel]"), "no sys_write line in\n{arc}");
+}
+
+/// Static glibc. Its start-up depends on what the kernel gives the process, which qemu-user
+/// gives otherwise: the auxiliary vector's order (the first difference, in
+/// `__libc_start_main`'s AT_HWCAP scan), the vDSO (qemu 7.2 has none for PowerPC: natively
+/// `_dl_non_dynamic_init` looks up its symbols) and the pipe's st_blksize (64K pages here), so
+/// whole traces cannot be equal. The program's own code must be, block for block: every block
+/// ending in its functions, in order, with its instructions; and the trace went through glibc's
+/// load-reserve/store-conditional sequences, whose runs to a breakpoint count like steps.
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn static_glibc_own_code_equals_qemu_block_for_block() {
+    let bin = guest_file("ppc64le-libc");
+    let mut insns = cross_objdump(ARCH, &bin);
+    let pcs = cross_qemu_pcs(ARCH, &bin);
+    add_missing_insns(ARCH, &bin, &pcs, &mut insns);
+    let (want, _) = cross_oracle_blocks(ARCH, &pcs, &insns);
+    let trace = guest_file("libc.itr");
+    let (got, total) = itrace_blocks(&trace);
+    let names = ["main", "fib", "twice", "thrice", "sum_list"];
+    let own = function_ranges(&bin, &names);
+    let in_own = |b: &&CrossBlock| own.iter().any(|&(lo, hi)| b.from >= lo && b.from < hi);
+    let got_own: Vec<CrossBlock> = got.iter().filter(in_own).cloned().collect();
+    let want_own: Vec<CrossBlock> = want.iter().filter(in_own).cloned().collect();
+    assert!(want_own.len() > 20, "qemu ran few blocks of the program's own code: {want_own:?}");
+    compare_cross_blocks("native libc, the program's own blocks", &got_own, &want_own);
+    let want = cross_function_counts(ARCH, &bin, &pcs, &names);
+    let got = guest_self_counts(&guest_report("libc"), "ppc64le-libc");
+    for n in names {
+        assert!(want.get(n).is_some_and(|&c| c > 0), "qemu never ran {n}");
+        assert_eq!(got.get(n), want.get(n), "self instructions of {n}");
+    }
+    // Load-reserve instructions inside the traced blocks: the atomic sequences were run.
+    let lwarx: Vec<u64> = insns.iter().filter(|(_, i)| i.mnemonic.ends_with("arx")).map(|(&a, _)| a).collect();
+    let mut start = None;
+    let mut through = 0;
+    let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
+    for line in dump.stdout.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 12 || !f[1].starts_with("cpu") || f[3] != "U" {
+            continue;
+        }
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+        let (from, to) = (hex(f[7]), hex(f[9]));
+        if let Some(s) = start {
+            through += lwarx.iter().filter(|&&a| a >= s && a <= from).count();
+        }
+        start = Some(to);
+    }
+    assert!(through > 0, "no traced block ran through an lwarx/ldarx");
+    // This machine's report reads the guest's trace.
+    let here = report_json(&trace);
+    assert_eq!(here["total_instructions"].as_u64(), Some(total), "the x86_64 report of the guest's trace");
+}
+
+/// [start, end) of the named functions of a cross binary (to the next code symbol).
+fn function_ranges(bin: &std::path::Path, names: &[&str]) -> Vec<(u64, u64)> {
+    let syms = cross_code_symbols(ARCH, bin);
+    syms.iter()
+        .enumerate()
+        .filter(|(_, (_, n))| names.contains(&n.as_str()))
+        .map(|(i, &(a, _))| (a, syms.get(i + 1).map(|s| s.0).unwrap_or(u64::MAX)))
+        .collect()
+}
+
+/// Instructions per named function in a pc sequence, every pc counted: PowerPC has no repeated
+/// string instruction, and two threads logged one after the other can be at the same pc.
+fn counts_every_pc(bin: &std::path::Path, pcs: &[u64], names: &[&str]) -> HashMap<String, u64> {
+    let syms = cross_code_symbols(ARCH, bin);
+    let mut counts = HashMap::new();
+    for &pc in pcs {
+        let i = syms.partition_point(|s| s.0 <= pc);
+        if i > 0 && names.contains(&syms[i - 1].1.as_str()) {
+            *counts.entry(syms[i - 1].1.clone()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// The three modes on the same program: continuous (segments written as it goes) records what
+/// normal mode does; wrap with a 4K buffer keeps only the end, and says what it lost.
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn modes_continuous_and_wrap() {
+    let normal = report_json(&guest_file("libc.itr"));
+    let continuous = report_json(&guest_file("continuous.itr"));
+    assert_eq!(continuous["total_instructions"], normal["total_instructions"], "continuous against normal");
+    let wrap = guest_report("wrap");
+    let lost = wrap["lost_records"].as_u64().or_else(|| wrap["lost"].as_u64()).unwrap_or(0);
+    assert!(lost > 0, "wrap mode with a 4K buffer lost nothing: {wrap:#}");
+}
+
+/// A dynamically linked program: the loader and libc from the guest's files, the program's own
+/// functions as qemu ran them (the loader's own work differs natively: vDSO, hardware caps).
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn dynamic_program() {
+    let bin = guest_file("ppc64le-dynamic");
+    let sysroot = itrace_tests::cross_sysroot(ARCH);
+    let logged = itrace_tests::qemu_log_pcs("qemu-ppc64le", &["-L", &sysroot], &bin, &[]);
+    // A position-independent program: qemu loaded it at some base, below its interpreter. That
+    // base is where the entry point ran: the lowest logged pc that, less a page-aligned base, is
+    // the entry and is followed by seven more of the file's instructions.
+    let insns = cross_objdump(ARCH, &bin);
+    let readelf = itrace_tests::run(std::process::Command::new("readelf").arg("-h").arg(&bin));
+    let entry = readelf
+        .stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Entry point address:"))
+        .and_then(|v| u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok())
+        .expect("readelf's entry point");
+    let base = logged
+        .windows(8)
+        .filter_map(|w| {
+            let base = w[0].wrapping_sub(entry);
+            (base % 0x1000 == 0 && w[1..].iter().all(|pc| insns.contains_key(&pc.wrapping_sub(base)))).then_some(base)
+        })
+        .min()
+        .expect("the program's entry point in qemu's log");
+    let pcs: Vec<u64> = logged.iter().map(|pc| pc.wrapping_sub(base)).collect();
+    let names = ["main", "fib", "twice", "thrice", "sum_list"];
+    let want = cross_function_counts(ARCH, &bin, &pcs, &names);
+    let report = guest_report("dynamic");
+    let got = guest_self_counts(&report, "ppc64le-dynamic");
+    for n in names {
+        assert!(want.get(n).is_some_and(|&c| c > 0), "qemu never ran {n}");
+        assert_eq!(got.get(n), want.get(n), "self instructions of {n}");
+    }
+    let functions = report["functions"].as_array().expect("functions");
+    let libc = "/lib/powerpc64le-linux-gnu/libc.so.6";
+    assert!(
+        functions.iter().any(|f| f["name"] == "malloc" && f["module"] == libc),
+        "malloc not resolved in {libc}:\n{report:#}"
+    );
+}
+
+/// Three raise(SIGUSR1): three deliveries to the handler's first instruction, and the handler's
+/// and main's instructions as qemu ran them.
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn signal_handler() {
+    let bin = guest_file("ppc64le-signal");
+    let pcs = cross_qemu_pcs(ARCH, &bin);
+    let names = ["main", "on_usr1"];
+    let want = cross_function_counts(ARCH, &bin, &pcs, &names);
+    let got = guest_self_counts(&guest_report("signal"), "ppc64le-signal");
+    for n in names {
+        assert!(want.get(n).is_some_and(|&c| c > 0), "qemu never ran {n}");
+        assert_eq!(got.get(n), want.get(n), "self instructions of {n}");
+    }
+    let handler = cross_code_symbols(ARCH, &bin).into_iter().find(|(_, n)| n == "on_usr1").expect("on_usr1").0;
+    let trace = guest_file("signal.itr");
+    let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
+    let lines: Vec<&str> = dump.stdout.lines().filter(|l| l.contains(" U ") || l.contains(" K ")).collect();
+    let deliveries: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains(" K Iret flags=2 ")).collect();
+    assert_eq!(deliveries.len(), 3, "signal deliveries in\n{}", dump.stdout);
+    for i in deliveries {
+        // Linux enters the handler through the vDSO's trampoline, which calls it (`bctrl`,
+        // balancing the return predictor): the next block is that call, to on_usr1.
+        let d = lines[i];
+        assert!(d.contains(" aux=10 "), "not SIGUSR1: {d}");
+        let call = lines.get(i + 1).copied().unwrap_or("");
+        assert!(
+            call.contains(" U Call ") && call.contains(&format!("-> {handler:#x} ")),
+            "not to on_usr1 ({handler:#x}): {d}\n{call}"
+        );
+    }
+}
+
+/// Four threads: five traced, each worker's computation counted as qemu ran it.
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn threads() {
+    let bin = guest_file("threads");
+    let pcs = cross_qemu_pcs(ARCH, &bin);
+    let names = ["main", "thr_main", "thr_compute"];
+    let want = counts_every_pc(&bin, &pcs, &names);
+    let report = guest_report("threads");
+    let got = guest_self_counts(&report, "threads");
+    for n in names {
+        assert_eq!(got.get(n), want.get(n), "self instructions of {n}");
+    }
+    let tids = itrace_tests::report_thread_ids(&report, "tid");
+    assert_eq!(tids.len(), 5, "threads in the report: {tids:?}");
+}
+
+/// fork and exec, followed (-f): two processes, the work of each as qemu ran it.
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn fork_and_exec() {
+    let report = guest_report("forkexec");
+    let pids = itrace_tests::report_thread_ids(&report, "pid");
+    assert_eq!(pids.len(), 2, "processes in the report: {pids:?}");
+    let got = guest_self_counts(&report, "forkexec");
+    for n in ["fe_parent_work", "fe_child_work", "fe_exec_work"] {
+        assert!(got.get(n).is_some_and(|&c| c > 0), "{n} not traced: {got:?}");
+    }
+}
+
+/// Attached to a running program for a second: what ran is its loop, nothing else (the
+/// program has no other code), and the trace says the tracing began with an attach.
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn attach() {
+    let report = guest_report("attach");
+    let modules = report["modules"].as_array().expect("modules");
+    assert_eq!(modules.len(), 1, "modules: {modules:?}");
+    assert_eq!(modules[0]["module"], "/t/loop", "modules: {modules:?}");
+    assert!(modules[0]["self"].as_u64().unwrap_or(0) > 1000, "modules: {modules:?}");
+    let trace = guest_file("attach.itr");
+    let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
+    assert!(
+        dump.stdout.contains("reason: Attach"),
+        "no trace-on by attach in\n{}",
+        &dump.stdout[..2000.min(dump.stdout.len())]
+    );
+}
