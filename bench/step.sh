@@ -88,4 +88,16 @@ for k in raw instruction block; do
         "$(printf '%.2f' "$(calc "$b / $RAW_BEST")")" \
         "$( [ -n "$SS_BEST" ] && printf '%.2f' "$(calc "$b / $SS_BEST")" || echo n/a)"
 done
+# What block stepping saves depends on how far apart the stops are: the workload's taken
+# branches by kind (from the block trace) and the instructions per taken branch.
+if [ -f "$SCRATCH/block.itr" ]; then
+    echo
+    echo "./workload $N, taken branches by kind (itrace dump of the --step block trace):"
+    "$ITRACE" dump "$SCRATCH/block.itr" | awk -v insns="${INSNS[block]:-0}" '
+        $2 ~ /^cpu/ && ($4 == "U" || $4 == "K") { n[$5]++; total++ }
+        END {
+            for (k in n) printf "  %-10s %10d  %5.1f%%\n", k, n[k], 100 * n[k] / total
+            printf "  %-10s %10d  instructions per taken branch: %.2f\n", "all", total, (total ? insns / total : 0)
+        }'
+fi
 [ "$FAILS" -eq 0 ]

@@ -33,7 +33,17 @@ PACKAGES=(
     qemu-system-x86       # kmod-shim/test-in-guest.sh: boots Debian's kernel with the module (TCG)
     busybox-static        # the guest's initramfs
     xz-utils              # extracting vmlinux from vmlinuz
+    qemu-system-ppc       # ppc64le-guest/test-in-guest.sh: the native PowerPC64 recorder in a pseries guest (TCG)
 )
+
+# Debian's Rust at one version (bookworm-security has had newer amd64 builds than the foreign
+# archives' standard libraries): scripts/cross-build.sh builds the static PowerPC64
+# little-endian and s390x itrace with it, from those architectures' libstd-rust-web-dev, which it
+# downloads and unpacks (never installs: a foreign libc6 here would be found by qemu-user's
+# dynamic loader before the cross sysroot's). Their package lists need the architectures.
+RUST_DEBIAN_VERSION=1.85.0+dfsg3-1~deb12u3
+RUST_FOREIGN_ARCHES=(ppc64el s390x)
+RUST_PACKAGES=(rustc-web cargo-web libstd-rust-web-dev:amd64 libstd-rust-web-1.85:amd64)
 log() { echo "install-test-deps: $*"; }
 
 # Debian's package lists first: everything below reads them, and stale lists name packages the
@@ -42,6 +52,16 @@ log() { echo "install-test-deps: $*"; }
 KABI_LOG_PREFIX=install-test-deps
 # shellcheck source=scripts/kernel-abi.sh
 source "$(dirname "${BASH_SOURCE[0]}")/kernel-abi.sh"
+# The foreign architectures of the cross standard libraries come first: the refresh below
+# fetches their package lists too.
+for a in "${RUST_FOREIGN_ARCHES[@]}"; do
+    if ! dpkg --print-foreign-architectures | grep -qx "$a"; then
+        kabi_sudo || { log "not root and no sudo: run dpkg --add-architecture $a yourself" >&2; exit 1; }
+        log "running: ${KABI_SUDO[*]}${KABI_SUDO:+ }dpkg --add-architecture $a"
+        "${KABI_SUDO[@]}" dpkg --add-architecture "$a"
+        unset ITRACE_APT_LISTS_FRESH
+    fi
+done
 kabi_refresh_lists
 
 missing=()
@@ -63,6 +83,18 @@ else
     fi
     log "running: ${KABI_SUDO[*]}${KABI_SUDO:+ }apt-get install -y --no-install-recommends ${missing[*]}"
     "${KABI_SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+rust_missing=()
+for p in "${RUST_PACKAGES[@]}"; do
+    [ "$(kabi_installed_version "$p" || true)" = "$RUST_DEBIAN_VERSION" ] || rust_missing+=("$p=$RUST_DEBIAN_VERSION")
+done
+if [ "${#rust_missing[@]}" -eq 0 ]; then
+    log "Debian's Rust $RUST_DEBIAN_VERSION: installed"
+else
+    kabi_sudo || { log "not root and no sudo: install these packages yourself: ${rust_missing[*]}" >&2; exit 1; }
+    log "running: apt-get install -y --no-install-recommends ${rust_missing[*]}"
+    "${KABI_SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${rust_missing[@]}"
 fi
 
 # The kernel module builds against the headers of Debian's current kernel ABI (what

@@ -28,10 +28,24 @@ cargo build --workspace
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
 
+# The ptrace backend's default is block stepping where the probe finds debug registers working
+# (the run above); the fidelity tests again with every instruction stepped, against the same oracles.
+step "fidelity tests with ITRACE_STEP=instruction (the ptrace backend single-stepping)"
+ITRACE_STEP=instruction cargo test -p itrace-tests --no-fail-fast \
+    --test exact_counts --test oracles --test libc_counts --test examples --test crash --test jit \
+    --test modes --test region --test attach --test symbols_lines
+
 step "scripts/fuzz-smoke.sh (fuzz/: each libFuzzer target 15 s on its corpus)"; scripts/fuzz-smoke.sh
 
 # the kernel module, in a booted guest (QEMU TCG; never loaded on this machine)
 step "kmod-shim/test-in-guest.sh"
 kmod-shim/test-in-guest.sh
+
+# The native PowerPC64 recorder, in a booted ppc64le guest (QEMU TCG; the script builds the
+# static ppc64le itrace), and the static s390x itrace, built so that it cannot rot.
+step "ppc64le-guest/test-in-guest.sh"
+ppc64le-guest/test-in-guest.sh
+step "scripts/cross-build.sh s390x-unknown-linux-gnu"
+scripts/cross-build.sh s390x-unknown-linux-gnu
 
 step "all passed"

@@ -19,7 +19,7 @@ impl Mapping {
     }
 }
 
-/// The vDSO's image as mapped at `m` in process `pid` (at most 64K), or, if that process
+/// The vDSO's image as mapped at `m` in process `pid` (its ELF file, at most [`VDSO_MAX`] bytes), or, if that process
 /// cannot be read (gone, or another user's), our own: the kernel maps the same image into
 /// every process.
 pub fn vdso_image(pid: i32, m: &Mapping) -> Option<Vec<u8>> {
@@ -29,6 +29,14 @@ pub fn vdso_image(pid: i32, m: &Mapping) -> Option<Vec<u8>> {
         f.seek(SeekFrom::Start(m.start))?;
         let mut image = vec![0u8; (m.end - m.start).min(VDSO_MAX) as usize];
         f.read_exact(&mut image)?;
+        // The mapping is whole pages (64K on PowerPC): keep the ELF file, which ends with its
+        // section headers.
+        if let Ok(h) = goblin::elf::Elf::parse_header(&image) {
+            let end = h.e_shoff.saturating_add(h.e_shnum as u64 * h.e_shentsize as u64);
+            if end > 0 && end < image.len() as u64 {
+                image.truncate(end as usize);
+            }
+        }
         Ok(image)
     };
     read(pid, m).ok().or_else(|| {
@@ -38,8 +46,9 @@ pub fn vdso_image(pid: i32, m: &Mapping) -> Option<Vec<u8>> {
     })
 }
 
-/// The most of a vDSO image the trace keeps.
-const VDSO_MAX: u64 = 1 << 16;
+/// The most of a vDSO image the trace keeps: what fits one record (65532 bytes, 32 of them
+/// the record's own fields).
+const VDSO_MAX: u64 = 65500;
 
 /// The executable mappings of `pid`, sorted by address.
 pub fn exec_mappings(pid: i32) -> std::io::Result<Vec<Mapping>> {

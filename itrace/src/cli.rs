@@ -21,6 +21,7 @@ pub struct Cli {
 pub const ENVIRONMENT_HELP: &str = "\
 Environment:
   ITRACE_QEMU_PLUGIN  the TCG plugin of --backend qemu (default: next to itrace)
+  ITRACE_STEP         default of `record --step` (instruction, block, auto) where ptrace steps
   PATH                where `record` finds a program named without a slash
   COLUMNS             report width when stdout is not a terminal (default 120)
   LD_PRELOAD          `record --region` accepts a preloaded libitrace.so
@@ -36,6 +37,10 @@ pub enum Command {
     Report(ReportArgs),
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
+    /// Say what a trace holds and costs: header, streams, records, bytes per taken branch by kind, time span.
+    Info(InfoArgs),
+    /// Copy the files a trace ran into TRACE.files/, so that it reads right after they change or go.
+    Archive(ArchiveArgs),
     /// Calibrate the hookit entry/exit profiler and validate it against the trace.
     Calib(CalibArgs),
     /// Print a shell completion script: `itrace completions bash > /etc/bash_completion.d/itrace`.
@@ -64,7 +69,7 @@ pub enum StepArg {
     /// Block by block with debug-register breakpoints (x86_64; probed at start-up, an error
     /// where they do not work); the trace is the same as single-stepping's.
     Block,
-    /// PTRACE_SINGLEBLOCK where the branch trap works, else single steps.
+    /// The fastest that works here: block, else PTRACE_SINGLEBLOCK, else single steps.
     Auto,
 }
 
@@ -117,6 +122,10 @@ pub struct RecordArgs {
     /// Segment size for continuous mode (and the MTE stream in wrap mode): a segment is written when full.
     #[arg(long, default_value = "1M", value_parser = crate::size::parse_size)]
     pub segment_size: usize,
+    /// Compress each chunk of the trace with zstd (format 3.0's compressed chunks): about 3x
+    /// smaller again, at some cost in recording speed.
+    #[arg(long)]
+    pub compress: bool,
     /// Module-table buffer size (normal mode): tracing stops when it is full.
     #[arg(long, default_value = "8M", value_parser = crate::size::parse_size)]
     pub mte_size: usize,
@@ -158,10 +167,11 @@ pub struct RecordArgs {
     #[arg(long, hide = true)]
     pub emulate_block_step: bool,
     /// How the ptrace backend stops the program: every instruction, block by block with
-    /// hardware breakpoints (x86_64), or auto (PTRACE_SINGLEBLOCK where the branch trap works,
-    /// else every instruction). The trace is the same with each.
-    #[arg(long, value_enum, default_value_t = StepArg::Auto)]
-    pub step: StepArg,
+    /// debug-register breakpoints (x86_64, i386), or auto: the fastest that works here (block,
+    /// else PTRACE_SINGLEBLOCK where the branch trap works, else every instruction). The trace
+    /// is the same with each. Default: $ITRACE_STEP, else auto.
+    #[arg(long, value_enum)]
+    pub step: Option<StepArg>,
     /// Attach to this running process (all its threads).
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
@@ -227,6 +237,12 @@ pub struct ArcArgs {
 }
 
 #[derive(Args)]
+pub struct ArchiveArgs {
+    #[command(flatten)]
+    pub input: TraceInput,
+}
+
+#[derive(Args)]
 pub struct ReportArgs {
     #[command(flatten)]
     pub input: TraceInput,
@@ -243,6 +259,12 @@ pub struct ReportArgs {
 
 #[derive(Args)]
 pub struct DumpArgs {
+    #[command(flatten)]
+    pub input: TraceInput,
+}
+
+#[derive(Args)]
+pub struct InfoArgs {
     #[command(flatten)]
     pub input: TraceInput,
 }

@@ -4,6 +4,7 @@
 mod calib;
 mod cli;
 mod dump;
+mod info;
 mod read;
 mod record;
 mod shell;
@@ -34,6 +35,8 @@ fn main() -> ExitCode {
         cli::Command::Arc(args) => read::arc(args),
         cli::Command::Report(args) => read::report(args),
         cli::Command::Dump(args) => dump::run(args),
+        cli::Command::Info(args) => info::run(args),
+        cli::Command::Archive(args) => read::archive(args),
         cli::Command::Calib(args) => supervised(supervise::OnSupervisorDeath::Kill, || calib::run(args)),
         cli::Command::Completions(args) => shell::completions(args),
         cli::Command::Man(args) => shell::man(args),

@@ -1,7 +1,7 @@
 //! The commands that read a trace: `itrace arc` and `itrace report`, and what every reader
 //! shares (opening a trace, progress on a terminal, the truncation warning).
 
-use crate::cli::{ArcArgs, ReportArgs, TraceInput};
+use crate::cli::{ArcArgs, ArchiveArgs, ReportArgs, TraceInput};
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::Path;
@@ -40,10 +40,31 @@ pub fn write_arc(trace_path: &Path, output: Option<&Path>) -> Result<()> {
         .with_context(|| format!("cannot write the arc of {}", trace_path.display()))?;
     pb.finish_and_clear();
     warn_truncated(&trace);
+    print_notes(&stats.notes);
     if let Some(p) = output {
         eprintln!("itrace: wrote {} ({} lines)", p.display(), stats.lines);
     }
     Ok(())
+}
+
+pub fn archive(args: ArchiveArgs) -> Result<ExitCode> {
+    let path = args.input.path();
+    let trace = open_trace(&path)?;
+    let stats =
+        itrace_post::archive::write_archive(&trace).with_context(|| format!("cannot archive {}", path.display()))?;
+    print_notes(&stats.notes);
+    let dir = itrace_post::archive::archive_dir(&path);
+    eprintln!(
+        "itrace: archived {} files ({} bytes, {} already there) in {}; keep it next to {} (e.g. tar cf t.tar {} {})",
+        stats.files,
+        stats.bytes,
+        stats.kept,
+        dir.display(),
+        path.display(),
+        path.display(),
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn report(args: ReportArgs) -> Result<ExitCode> {
@@ -54,6 +75,7 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot read {}", path.display()))?;
     pb.finish_and_clear();
     warn_truncated(&trace);
+    print_notes(&report.notes);
     let stdout = std::io::stdout().lock();
     let mut out = std::io::BufWriter::new(stdout);
     if args.json {
@@ -93,6 +115,13 @@ fn terminal_width() -> usize {
         return ws.ws_col as usize;
     }
     std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()).filter(|&c: &usize| c > 0).unwrap_or(120)
+}
+
+/// Warnings and hints about the names in the output (stripped, changed or missing files).
+fn print_notes(notes: &[String]) {
+    for n in notes {
+        eprintln!("itrace: {n}");
+    }
 }
 
 /// Tell the user when a trace was cut short (records up to the cut were used).

@@ -53,6 +53,7 @@ pub fn settings(a: &RecordArgs) -> Result<RecordSettings> {
     };
     s.buffer_size = a.buffer_size;
     s.segment_size = a.segment_size;
+    s.compress = a.compress.then_some(itrace_format::COMPRESS_LEVEL);
     s.mte_size = a.mte_size;
     s.follow_forks = a.follow_forks;
     s.follow_threads = !a.no_follow_threads;
@@ -76,7 +77,18 @@ pub fn settings(a: &RecordArgs) -> Result<RecordSettings> {
         })
         .collect();
     s.emulate_block_step = a.emulate_block_step;
-    s.step = match a.step {
+    let step = match a.step {
+        Some(step) => step,
+        None => match std::env::var("ITRACE_STEP") {
+            Ok(v) if !v.is_empty() => {
+                s.step_from_env = true;
+                <crate::cli::StepArg as clap::ValueEnum>::from_str(&v, true)
+                    .map_err(|_| anyhow::anyhow!("ITRACE_STEP={v}: expected instruction, block or auto"))?
+            }
+            _ => crate::cli::StepArg::Auto,
+        },
+    };
+    s.step = match step {
         crate::cli::StepArg::Instruction => itrace_arch::backend::StepChoice::Instruction,
         crate::cli::StepArg::Block => itrace_arch::backend::StepChoice::Block,
         crate::cli::StepArg::Auto => itrace_arch::backend::StepChoice::Auto,

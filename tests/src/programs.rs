@@ -104,6 +104,23 @@ pub fn cross_sysroot(arch: &str) -> String {
     format!("/usr/{}", prefix.trim_end_matches('-'))
 }
 
+/// qemu's options to run a dynamically linked `arch` program with its cross sysroot: `-L`, and
+/// where the architecture's libc is also installed multi-arch (`libc6:ppc64el`, which the Rust
+/// cross toolchain brings) `-E LD_LIBRARY_PATH=/lib:/usr/lib`, so the sysroot's loader does not
+/// take that libc (of another build) from the host's `/lib/TRIPLET`: itrace's own rule
+/// (`cross_loader_env`, arch/src/backend/gdb/mod.rs). For dynamically linked programs only:
+/// a static one's start-up reads the variable too.
+pub fn cross_qemu_options(arch: &str) -> Vec<String> {
+    let (_, prefix, _) = ARCHES.iter().find(|a| a.0 == arch).expect("known arch");
+    let triplet = prefix.trim_end_matches('-');
+    let multiarch = if triplet == "i686-linux-gnu" { "i386-linux-gnu" } else { triplet };
+    let mut options = vec!["-L".to_string(), cross_sysroot(arch)];
+    if std::path::Path::new(&format!("/lib/{multiarch}/libc.so.6")).exists() {
+        options.extend(["-E".to_string(), "LD_LIBRARY_PATH=/lib:/usr/lib".to_string()]);
+    }
+    options
+}
+
 /// A cross tool (`powerpc64le-linux-gnu-objdump`), or a failure naming its package.
 pub fn cross_tool(arch: &str, tool: &str) -> String {
     let (_, prefix, package) = ARCHES.iter().find(|a| a.0 == arch).expect("known arch");

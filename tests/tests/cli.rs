@@ -68,6 +68,10 @@ fn report_table_of_count_loop() {
     let masked = text
         .replace(&pid_line, &format!("{:>8} {:>8}{}", "PID", "TID", &pid_line[17..]))
         .replace(&bin.display().to_string(), "<programs>/count_loop");
+    // The step method is the fastest the probes find on this machine; the counts are the same.
+    let masked = ["ptrace-hwbreak", "ptrace-singleblock", "ptrace-singlestep"]
+        .iter()
+        .fold(masked, |t, m| t.replace(m, "<step method>"));
     insta::assert_snapshot!("count_loop_report", masked);
 }
 
@@ -192,7 +196,9 @@ fn closed_pipe_is_quiet() {
         let status = wait_with_guard(&mut child, "itrace with a closed pipe");
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-        assert_eq!(err, "", "{args:?}: stderr after the reader left");
+        // Hints that /bin/true is stripped are fine; nothing else (no broken-pipe error).
+        let err: Vec<&str> = err.lines().filter(|l| !l.starts_with("itrace: hint: ")).collect();
+        assert!(err.is_empty(), "{args:?}: stderr after the reader left: {err:?}");
         assert!(status.success(), "{args:?}: {status}");
     }
 }

@@ -96,7 +96,7 @@ fn signals_to_itrace_never_harm_the_program() {
         let want = expected_result(sc);
         for n in 0..runs {
             for (gi, &(sig, sig_name)) in SIGNALS.iter().enumerate() {
-                let delay = if rng.next().is_multiple_of(3) {
+                let delay = if rng.next() % 3 == 0 {
                     Duration::from_micros(rng.next() % 10_000)
                 } else {
                     Duration::from_micros(10_000 + rng.next() % 590_000)

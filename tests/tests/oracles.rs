@@ -63,7 +63,7 @@ fn arc_parser() {
     let text = "# header\n\
 #  1 cpu\n\
   0 U 3      5 @    0 _start:/work/p/count_loop   1a2b_1a2b_count_loop_count_loop JUMP 0\n\
-  1 U 1     12 @   1f std::vector<int, std::allocator<int> >::push_back(int const&):/usr/lib/libx.so   10_11_my_prog_worker_1 CALL 42\n\
+  1 U 1     12 @   1f std::vector<int, std::allocator<int> >::push_back(int const&):/usr/lib/libx.so   10_11_my_prog_worker_1 CALL /src/x.cc:42\n\
   1 K 4      0 @    0 sys_write:[kernel]   10_11_a_b IRET 0\n\
 \n\
 # tracing ended: buffer full\n";
@@ -84,7 +84,8 @@ fn arc_parser() {
     assert_eq!(v[1].module, "/usr/lib/libx.so");
     assert_eq!(v[1].offset, 0x1f);
     assert_eq!(v[1].names, "my_prog_worker_1");
-    assert_eq!(v[1].line, 42);
+    assert_eq!((v[1].file.as_str(), v[1].line), ("/src/x.cc", 42));
+    assert_eq!((v[0].file.as_str(), v[0].line), ("", 0));
     assert!(v[2].kernel);
     assert_eq!(v[2].module, "[kernel]");
     check_arc_consistency(&v);

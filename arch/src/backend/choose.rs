@@ -27,7 +27,8 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     s.validate()?;
     // `--step` picks how ptrace stops a thread; no other backend steps that way, and saying
     // nothing about it would be a silent ignore.
-    let step_asked = s.step != StepChoice::Auto;
+    // (a default from the environment, ITRACE_STEP, applies only where ptrace steps)
+    let step_asked = s.step != StepChoice::Auto && !s.step_from_env;
     if step_asked && !matches!(s.backend, Backend::Auto | Backend::Ptrace) {
         let other = match s.backend {
             Backend::Inproc => "--backend inproc",
@@ -68,12 +69,15 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     let launch = program.is_some();
     let regions_of_launch = launch && s.region && !s.has_triggers();
     let inproc = match s.backend {
+        Backend::Inproc if !INPROC_HERE => {
+            return refuse("--backend inproc runs on x86_64 only (PowerPC cannot single-step itself from user space); use --backend ptrace")
+        }
         Backend::Inproc if regions_of_launch => true,
         Backend::Inproc => {
             return refuse("--backend inproc records --region of a launched program (not -p, --start or --stop)")
         }
         // An explicit --step asks for ptrace.
-        Backend::Auto => regions_of_launch && !step_asked,
+        Backend::Auto => regions_of_launch && !step_asked && INPROC_HERE,
         _ => false,
     };
     let use_kmod = !(s.backend == Backend::Auto && step_asked) && kmod::chosen(s.backend, s.has_triggers(), arch)?;
@@ -109,18 +113,36 @@ pub(super) fn not_using_libitrace(program: &Path) -> BackendError {
     ))
 }
 
-/// The architecture of the program to trace natively, from its ELF header (x86_64 when it is
-/// not ELF, e.g. a script). Foreign programs need qemu.
+/// The architectures the ptrace recorder of this build traces natively (the first: a program
+/// that is not ELF, e.g. a script).
+const NATIVE_ARCHES: &[Arch] = if cfg!(target_arch = "x86_64") {
+    &[Arch::X86_64, Arch::I386]
+} else if cfg!(all(target_arch = "powerpc64", target_endian = "little")) {
+    &[Arch::Ppc64le]
+} else {
+    &[]
+};
+
+/// Whether the in-process recorder (libitrace stepping itself with the trap flag) works here.
+const INPROC_HERE: bool = cfg!(target_arch = "x86_64");
+
+/// The architecture of the program to trace natively, from its ELF header (the machine's own
+/// when it is not ELF, e.g. a script). Foreign programs need qemu.
 fn native_arch(program: Option<&Path>, target: &Target) -> Result<Arch, BackendError> {
+    let Some(&own) = NATIVE_ARCHES.first() else {
+        return Err(BackendError::Settings(
+            "no native recorder on this architecture: trace with --qemu ARCH or a GDB stub (--gdb)".into(),
+        ));
+    };
     let exe = match (program, target) {
         (Some(p), _) => p.to_path_buf(),
         (None, Target::Attach { pid }) => PathBuf::from(format!("/proc/{pid}/exe")),
-        (None, _) => return Ok(Arch::X86_64),
+        (None, _) => return Ok(own),
     };
     match crate::elf::arch_of(&exe) {
-        Some(a @ (Arch::X86_64 | Arch::I386)) => Ok(a),
+        Some(a) if NATIVE_ARCHES.contains(&a) => Ok(a),
         Some(a) => Err(BackendError::Settings(format!("{} is a {a} program: trace it with --qemu {a}", exe.display()))),
-        None => Ok(Arch::X86_64),
+        None => Ok(own),
     }
 }
 

@@ -304,7 +304,7 @@ pub fn record(
             sh.header().maps_ack.store(pid, Ordering::Release);
         }
         polls += 1;
-        if pid != 0 && polls.is_multiple_of(100) {
+        if pid != 0 && polls % 100 == 0 {
             d.read_thread_names(pid);
         }
         // Drain a round, then sleep: on a machine with few cores, a consumer that spins while

@@ -19,12 +19,15 @@ pub fn open(
 ) -> Result<Buffers, BackendError> {
     let flags = FLAG_ICOUNT | if no_aslr { FLAG_NO_ASLR } else { 0 };
     let header = FileHeader::starting_now(arch, s.mode, step, ncpu, flags, s.buffer_size as u64, s.segment_size as u64);
-    let writer = TraceWriter::create(&s.output, &header).map_err(|e| match e {
+    let mut writer = TraceWriter::create(&s.output, &header).map_err(|e| match e {
         itrace_format::FormatError::Open { err, .. } => {
             BackendError::io(format!("cannot create trace file {}", s.output.display()), err)
         }
         e => e.into(),
     })?;
+    if let Some(level) = s.compress {
+        writer.compress(level);
+    }
     let cfg = BufferConfig {
         mode: s.mode,
         ncpu: ncpu as usize,

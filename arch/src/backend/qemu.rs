@@ -4,7 +4,7 @@
 //! and the plugin, checks that qemu accepts the plugin, launches, waits, and
 //! reports what the plugin wrote.
 
-use super::gdb::{cross_sysroot, qemu_binary};
+use super::gdb::{cross_loader_env, cross_sysroot, qemu_binary};
 use super::settings::find_program;
 use super::{BackendError, RecordSettings, Recorded, Recorder, Target};
 use itrace_format::{human_size, Arch, LiveCounts, StepMethod, StopReason};
@@ -232,6 +232,9 @@ impl Recorder for QemuRecorder {
             s.mte_size,
             opt_value(&name),
         );
+        if let Some(level) = s.compress {
+            spec.push_str(&format!(",compress={level}"));
+        }
         if let Some(root) = &sysroot {
             spec.push_str(&format!(",sysroot={}", opt_value(&root.to_string_lossy())));
         }
@@ -245,6 +248,11 @@ impl Recorder for QemuRecorder {
         qcmd.envs(s.env.iter().map(|(k, v)| (k, v)));
         if let Some(root) = &sysroot {
             qcmd.arg("-L").arg(root);
+            let user_path = s.env.iter().find(|(k, _)| k == "LD_LIBRARY_PATH").and_then(|(_, v)| v.to_str());
+            let inherited = std::env::var("LD_LIBRARY_PATH").ok();
+            if let Some(e) = cross_loader_env(arch, program, user_path.or(inherited.as_deref())) {
+                qcmd.arg("-E").arg(e);
+            }
         }
         // The plugin, preloaded into qemu itself, sees the kill() with which qemu-user ends a
         // program a signal kills (no plugin callback tells it), and ends the trace there. The

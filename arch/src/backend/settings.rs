@@ -48,6 +48,8 @@ pub struct RecordSettings {
     pub segment_size: usize,
     /// Bytes of module-table buffer (normal mode).
     pub mte_size: usize,
+    /// zstd level the trace's chunks are compressed with (`--compress`), if any.
+    pub compress: Option<i32>,
     /// Trace child processes and what they execute.
     pub follow_forks: bool,
     /// Trace threads created after tracing starts.
@@ -69,6 +71,8 @@ pub struct RecordSettings {
     pub emulate_block_step: bool,
     /// How the ptrace backend stops the program (`--step`).
     pub step: StepChoice,
+    /// `step` is a default from the environment, not asked for: other backends ignore it.
+    pub step_from_env: bool,
 }
 
 /// `--step`: how the ptrace backend stops a traced thread.
@@ -79,7 +83,8 @@ pub enum StepChoice {
     /// Block by block with debug-register breakpoints (x86_64), single-stepping what the
     /// decoder cannot be sure of; an error where the probe finds the breakpoints do not work.
     Block,
-    /// Today's choice: PTRACE_SINGLEBLOCK where the branch trap works, else single steps.
+    /// The fastest way the probes find working: debug-register breakpoints, else
+    /// PTRACE_SINGLEBLOCK where the branch trap works, else single steps.
     #[default]
     Auto,
 }
@@ -95,6 +100,7 @@ impl RecordSettings {
             buffer_size: 64 << 20,
             segment_size: 1 << 20,
             mte_size: 8 << 20,
+            compress: None,
             follow_forks: false,
             follow_threads: true,
             duration: None,
@@ -105,6 +111,7 @@ impl RecordSettings {
             env: Vec::new(),
             emulate_block_step: false,
             step: StepChoice::Auto,
+            step_from_env: false,
         }
     }
 

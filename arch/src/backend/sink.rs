@@ -3,7 +3,7 @@
 //! which may precede other threads' records), count what was stored, and keep the first
 //! write error.
 
-use itrace_format::{Branch, Buffers, Mte, Push, Record, BRANCH_RECORD_LEN};
+use itrace_format::{Branch, Buffers, Mte, Push, Record};
 
 /// What became of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +20,6 @@ pub enum Stored {
 /// The buffers of one recording, as a recording loop writes them.
 pub struct Sink<'a> {
     buffers: &'a mut Buffers,
-    rec: [u8; BRANCH_RECORD_LEN],
     last_ts: Vec<u64>,
     /// Taken branches stored, and the instructions they count.
     pub branches: u64,
@@ -30,7 +29,7 @@ pub struct Sink<'a> {
 
 impl<'a> Sink<'a> {
     pub fn new(buffers: &'a mut Buffers) -> Self {
-        Sink { buffers, rec: [0; BRANCH_RECORD_LEN], last_ts: Vec::new(), branches: 0, instructions: 0, error: None }
+        Sink { buffers, last_ts: Vec::new(), branches: 0, instructions: 0, error: None }
     }
 
     /// The newest timestamp stored on `cpu`'s stream.
@@ -45,8 +44,7 @@ impl<'a> Sink<'a> {
         }
         b.ts = b.ts.max(self.last_ts[cpu]);
         self.last_ts[cpu] = b.ts;
-        b.encode_into(&mut self.rec);
-        match self.buffers.push_trace(cpu, &self.rec) {
+        match self.buffers.push_branch(cpu, &b) {
             Ok(Push::Stored) => {
                 self.branches += 1;
                 self.instructions += b.icount as u64;

@@ -13,6 +13,11 @@ use crate::run::{require_tool, run};
 #[derive(Debug, Default, Clone)]
 pub struct CallgrindProfile {
     pub by_object: HashMap<(String, String), u64>,
+    /// Calls per (object, function): the sum of the `calls=` counts naming it.
+    pub calls: HashMap<(String, String), u64>,
+    /// Ir of the calls each (object, function) made to other functions (the cost lines after
+    /// its `calls=` lines): its inclusive cost is its self cost plus this.
+    pub called_cost: HashMap<(String, String), u64>,
     /// Sum of all costs of all files (checked against each file's
     /// `totals:` line).
     pub summary: u64,
@@ -26,6 +31,16 @@ impl CallgrindProfile {
             *m.entry(f.clone()).or_insert(0) += v;
         }
         m
+    }
+
+    /// (calls, inclusive Ir) of `function` (symbol version dropped) in `object`: what
+    /// `callgrind_annotate --inclusive=yes` shows for it, summed over its files.
+    pub fn calls_and_inclusive(&self, object: &Path, function: &str) -> (u64, u64) {
+        let object = object.to_string_lossy();
+        let sum = |m: &HashMap<(String, String), u64>| -> u64 {
+            m.iter().filter(|((o, f), _)| *o == *object && f.split('@').next() == Some(function)).map(|(_, v)| v).sum()
+        };
+        (sum(&self.calls), sum(&self.by_object) + sum(&self.called_cost))
     }
 
     /// Self Ir per function name of one object (the path as valgrind saw it).
@@ -52,22 +67,35 @@ pub fn callgrind_self_counts(binary: &Path, args: &[&str], trace_children: bool)
 
 /// Like [`callgrind_self_counts`], keeping the objects apart.
 pub fn callgrind_profile(binary: &Path, args: &[&str], trace_children: bool) -> CallgrindProfile {
+    // the default (yes) charges PLT stubs to their caller; itrace
+    // (and qemu with nm) charge them to no function of the program
+    run_callgrind(binary, args, trace_children, &["--skip-plt=no"], &[])
+}
+
+/// callgrind with its default `--skip-plt=yes`, which charges a call through a PLT stub to
+/// the function the stub jumps to (and the stub's instructions to the caller), with `env`
+/// set for the program.
+pub fn callgrind_profile_through_plt(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> CallgrindProfile {
+    run_callgrind(binary, args, false, &[], env)
+}
+
+fn run_callgrind(
+    binary: &Path,
+    args: &[&str],
+    trace_children: bool,
+    options: &[&str],
+    env: &[(&str, &str)],
+) -> CallgrindProfile {
     let valgrind = require_tool("valgrind");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cmd = Command::new(valgrind);
-    cmd.args([
-        "-q",
-        "--tool=callgrind",
-        "--collect-jumps=yes",
-        "--separate-recs=1",
-        // the default (yes) charges PLT stubs to their caller; itrace
-        // (and qemu with nm) charge them to no function of the program
-        "--skip-plt=no",
-    ])
-    .arg(format!("--trace-children={}", if trace_children { "yes" } else { "no" }))
-    .arg(format!("--callgrind-out-file={}/callgrind.out.%p", dir.path().display()))
-    .arg(binary)
-    .args(args);
+    cmd.args(["-q", "--tool=callgrind", "--collect-jumps=yes", "--separate-recs=1"])
+        .args(options)
+        .envs(env.iter().copied())
+        .arg(format!("--trace-children={}", if trace_children { "yes" } else { "no" }))
+        .arg(format!("--callgrind-out-file={}/callgrind.out.%p", dir.path().display()))
+        .arg(binary)
+        .args(args);
     let o = run(&mut cmd);
     o.assert_success();
     let mut profile = CallgrindProfile::default();
@@ -95,6 +123,10 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
     let mut ob = String::from("???");
     let mut func: Option<String> = None;
     let mut skip_next_cost = false;
+    // The callee object and function of the next `calls=` line, and then its count.
+    let mut call_ob: Option<String> = None;
+    let mut call_fn = String::new();
+    let mut call_count = 0u64;
     let mut file_total = 0u64;
     let mut summary: Option<u64> = None;
     let mut totals: Option<u64> = None;
@@ -123,10 +155,6 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
         }
         let first = line.as_bytes()[0];
         if first.is_ascii_digit() || first == b'+' || first == b'-' || first == b'*' {
-            if skip_next_cost {
-                skip_next_cost = false;
-                continue;
-            }
             let toks: Vec<&str> = line.split_whitespace().collect();
             let Some(ir) = ir_index else {
                 return Err(format!("line {lineno}: cost line before `events:`"));
@@ -138,6 +166,16 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
             let Some(f) = &func else {
                 return Err(format!("line {lineno}: cost line outside a function"));
             };
+            if skip_next_cost {
+                // The inclusive cost of the calls just named.
+                skip_next_cost = false;
+                let callee = (call_ob.take().unwrap_or_else(|| ob.clone()), call_fn.clone());
+                *profile.calls.entry(callee.clone()).or_insert(0) += call_count;
+                if callee != (ob.clone(), f.clone()) {
+                    *profile.called_cost.entry((ob.clone(), f.clone())).or_insert(0) += v;
+                }
+                continue;
+            }
             *profile.by_object.entry((ob.clone(), f.clone())).or_insert(0) += v;
             file_total += v;
             continue;
@@ -156,9 +194,7 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
             "summary" => summary = value.trim().parse().ok(),
             "totals" => totals = value.trim().parse().ok(),
             "ob" => ob = resolve(&mut names, "ob", value),
-            "cob" => {
-                resolve(&mut names, "ob", value);
-            }
+            "cob" => call_ob = Some(resolve(&mut names, "ob", value)),
             "fl" | "fi" | "fe" | "cfi" | "cfl" => {
                 resolve(&mut names, "fl", value);
             }
@@ -166,10 +202,11 @@ pub fn parse_callgrind_into(text: &str, profile: &mut CallgrindProfile) -> Resul
                 let name = resolve(&mut names, "fn", value);
                 func = Some(strip_recursion_suffix(&name).to_string());
             }
-            "cfn" => {
-                resolve(&mut names, "fn", value);
+            "cfn" => call_fn = strip_recursion_suffix(&resolve(&mut names, "fn", value)).to_string(),
+            "calls" => {
+                skip_next_cost = true;
+                call_count = value.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
             }
-            "calls" => skip_next_cost = true,
             _ => {}
         }
     }

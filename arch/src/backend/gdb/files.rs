@@ -51,15 +51,12 @@ impl Session<'_> {
             if l.prot & 2 == 0 {
                 self.read_only.push((start, end));
             }
-            self.emit_mte(Mte::Segment {
-                ts,
-                pid: self.pid,
-                prot: l.prot,
-                start,
-                end,
-                offset: l.offset,
-                path: path.display().to_string(),
-            });
+            let path = path.display().to_string();
+            let identity = crate::modules::identity_record(ts, self.pid, start, &path);
+            self.emit_mte(Mte::Segment { ts, pid: self.pid, prot: l.prot, start, end, offset: l.offset, path });
+            if let Some(id) = identity {
+                self.emit_mte(id);
+            }
         }
     }
 
@@ -150,8 +147,10 @@ impl Session<'_> {
                     // Read-only code of a library: decoded once, run in straight runs.
                     self.read_only.push((start, start.wrapping_add(len)));
                 }
+                let ts = now_ns();
+                let identity = crate::modules::identity_record(ts, self.pid, start, &path);
                 self.emit_mte(Mte::Segment {
-                    ts: now_ns(),
+                    ts,
                     pid: self.pid,
                     prot: (prot & 7) as u32,
                     start,
@@ -159,6 +158,9 @@ impl Session<'_> {
                     offset,
                     path,
                 });
+                if let Some(id) = identity {
+                    self.emit_mte(id);
+                }
             }
         }
         Ok(())

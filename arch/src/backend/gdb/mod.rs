@@ -42,15 +42,40 @@ pub fn qemu_binary(arch: Arch) -> &'static str {
 /// Debian's cross sysroot for an architecture (libc6-ARCH-cross), where qemu finds the dynamic
 /// loader and libraries of a dynamically linked program (`-L`).
 pub fn cross_sysroot(arch: Arch) -> Option<PathBuf> {
-    let triplet = match arch {
-        Arch::X86_64 => return None,
-        Arch::I386 => "i686-linux-gnu",
-        Arch::Ppc64le => "powerpc64le-linux-gnu",
-        Arch::Ppc64 => "powerpc64-linux-gnu",
-        Arch::S390x => "s390x-linux-gnu",
-    };
+    let (triplet, _) = triplets(arch)?;
     let p = Path::new("/usr").join(triplet);
     p.is_dir().then_some(p)
+}
+
+/// The cross triplet and the multi-arch directory name of an architecture.
+fn triplets(arch: Arch) -> Option<(&'static str, &'static str)> {
+    Some(match arch {
+        Arch::X86_64 => return None,
+        Arch::I386 => ("i686-linux-gnu", "i386-linux-gnu"),
+        Arch::Ppc64le => ("powerpc64le-linux-gnu", "powerpc64le-linux-gnu"),
+        Arch::Ppc64 => ("powerpc64-linux-gnu", "powerpc64-linux-gnu"),
+        Arch::S390x => ("s390x-linux-gnu", "s390x-linux-gnu"),
+    })
+}
+
+/// qemu's `-E` for a program run with [`cross_sysroot`] where the architecture's own libc is
+/// also installed multi-arch (`libc6:ppc64el`, which Debian's Rust cross toolchain brings).
+/// The sysroot's loader searches `/lib/TRIPLET` first, which is not in the sysroot, so qemu
+/// finds the host's multi-arch libc there, of another build than the loader (seen: "stack
+/// smashing detected" at start-up). `LD_LIBRARY_PATH=/lib:/usr/lib` (the sysroot's, under
+/// `-L`) keeps the loader with its own libc; the user's own path follows. Statically linked
+/// programs get nothing: their start-up reads the variable too, and they load no libraries.
+pub fn cross_loader_env(arch: Arch, program: &Path, user_path: Option<&str>) -> Option<String> {
+    let (_, multiarch) = triplets(arch)?;
+    cross_sysroot(arch)?;
+    if !Path::new("/lib").join(multiarch).join("libc.so.6").exists() {
+        return None;
+    }
+    crate::elf::Program::read(program).ok()?.interpreter?;
+    Some(match user_path {
+        Some(p) if !p.is_empty() => format!("LD_LIBRARY_PATH=/lib:/usr/lib:{p}"),
+        _ => "LD_LIBRARY_PATH=/lib:/usr/lib".to_string(),
+    })
 }
 
 /// A program started under qemu-user, stopped at its first instruction, with a connection to
@@ -98,6 +123,10 @@ pub fn launch_qemu(
     // qemu-user reads QEMU_* settings from its environment: none leak in from ours.
     if let Some(root) = cross_sysroot(arch) {
         cmd.arg("-L").arg(root);
+        let user_path = env.iter().find_map(|kv| kv.to_str()?.strip_prefix("LD_LIBRARY_PATH="));
+        if let Some(e) = cross_loader_env(arch, program, user_path) {
+            cmd.arg("-E").arg(e);
+        }
     }
     cmd.arg("-g").arg(port.to_string());
     cmd.arg(program).args(args.iter().skip(1)).stdin(Stdio::inherit());

@@ -70,7 +70,7 @@ fn hex_digit(b: u8) -> Option<u8> {
 
 /// Decode a hex string into bytes.
 pub fn from_hex(s: &[u8]) -> Result<Vec<u8>, GdbError> {
-    if !s.len().is_multiple_of(2) {
+    if s.len() % 2 != 0 {
         return Err(GdbError::Malformed(format!("odd-length hex data ({} characters)", s.len())));
     }
     s.chunks(2)

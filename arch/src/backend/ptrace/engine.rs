@@ -61,8 +61,9 @@ pub struct RecordOptions<'a> {
     pub hw_step: bool,
     /// With `hw_step`: the kernel sets the resume flag after a breakpoint hit (the probe's finding).
     pub hw_rf_auto: bool,
-    /// With `hw_step`: returns may be carried out by itrace (the CPU has no user shadow stack).
-    pub hw_emulate_ret: bool,
+    /// With `hw_step`: returns and indirect calls may be carried out by itrace (the CPU has no
+    /// user shadow stack).
+    pub hw_emulate_stack: bool,
     /// Region tracing: threads run untraced until a trigger starts them. Called with a process's
     /// executable mappings (once its program and libraries are loaded, or at attach), it returns
     /// the trigger addresses. `None` traces everything.
@@ -162,6 +163,9 @@ pub(super) struct Thread {
     pub(super) dr7: u64,
     /// Debug-register mode: the last resume was a single step.
     pub(super) hw_stepped: bool,
+    /// Debug-register mode: the clock at the current stop (0: none), the timestamp of every
+    /// record written at it: the branches of a run were not seen one by one, only at its end.
+    pub(super) stop_ts: u64,
 }
 
 impl Thread {
@@ -290,6 +294,7 @@ impl Session<'_> {
             dr1: 0,
             dr7: 0,
             hw_stepped: false,
+            stop_ts: 0,
         }
     }
 
@@ -377,6 +382,7 @@ impl Session<'_> {
     pub(super) fn resume(&mut self, tid: i32, sig: i32) {
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = false;
+        t.stop_ts = 0;
         let pid = Pid::from_raw(tid);
         let sig_opt = Signal::try_from(sig).ok();
         if self.detaching.is_some() || t.state == ThreadState::Finished {
@@ -397,6 +403,14 @@ impl Session<'_> {
         }
         t.injected = (sig != 0).then_some(sig);
         if self.opts.hw_step {
+            if sig == 0 && self.opts.triggers.is_some() {
+                // A run may end on a trigger (ITraceOff, --stop): handle it before going on (a
+                // second call for the same stop finds nothing to do).
+                self.before_step(tid);
+                if !matches!(self.threads.get(&tid), Some(t) if t.state == ThreadState::Stepping) {
+                    return self.resume(tid, 0);
+                }
+            }
             if sig == 0 && self.hw_run(tid) {
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.hw_stepped = false;

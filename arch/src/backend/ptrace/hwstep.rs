@@ -21,8 +21,7 @@
 //!    told from the step that follows), when any instruction on the path is in a writable
 //!    mapping (JIT or self-modifying code: only code that cannot change unseen is decoded
 //!    ahead, the rule of the decode cache), and when the walk finds no stop point within
-//!    [`PLAN_LIMIT`] instructions (a loop of direct jumps). Region tracing (`--region`,
-//!    `--start`, `--stop`, whose int3s are not modelled here) refuses `--step block`.
+//!    [`PLAN_LIMIT`] instructions (a loop of direct jumps).
 //! 3. **Run.** DR0 = `Z`, DR7 enables it as a one-byte execute breakpoint (each written only
 //!    when it changes), `PTRACE_CONT`. The breakpoint stops the thread before `Z` executes.
 //! 4. **Account.** At the next stop, at pc `R`, walk the same path from `P` to `R`: each
@@ -52,6 +51,16 @@
 //!    user shadow stacks (`user_shstk` in /proc/cpuinfo), which a return done by itrace would
 //!    leave unbalanced, and when the return address cannot be read (the ret faults, by a
 //!    step). A Jcc to itself is stepped.
+//!
+//!    Near indirect `jmp` and `call` (a PLT entry's `jmp *GOT(%rip)`, a call through a function
+//!    pointer, a switch's jump table) are carried out the same way: the target is computed
+//!    from the decoded operand (a register, or memory at base + index * scale + displacement,
+//!    RIP-relative and `%fs:`/`%gs:` included) and read with the thread's registers; a call
+//!    writes its return address below the stack pointer (process_vm_writev, which honours
+//!    page protections). Left to a step: far and 16-bit forms, operand- or address-size
+//!    prefixes, a segment base in a 32-bit process, an operand that cannot be read (the
+//!    instruction faults), a stack that cannot be written (a guard page to grow into), and
+//!    calls where the CPU offers user shadow stacks.
 //! 8. **Through a conditional jump.** When the stop point `Z` of a plan is a conditional jump
 //!    with a target, plan on from both its target and its next instruction. If both give a
 //!    stop point, the two differ and neither is `Z`, the run does not stop at `Z`: DR0 waits
@@ -59,16 +68,24 @@
 //!    one that stops the thread tells which way it went (the record is written as a step would
 //!    have). The paths to `Z`, and from it both ways, share no pc (a shared pc would lead to
 //!    one stop point), so a stop anywhere on them is placed exactly.
+//! 9. **Region tracing** (`--region`, `--start`, `--stop`). The int3s of the triggers are
+//!    stop points: a plan ends at any address that holds one (inserted or lifted), and a
+//!    thread on one is single-stepped, so the trigger is handled by the single-step code
+//!    (`region.rs`), which lifts the int3 for that step. Before every resume of a stepping
+//!    thread, the trigger where it stands is handled first (an `ITraceOff` ends the region
+//!    there). A thread whose region ends runs on untraced with its debug registers cleared, so
+//!    no breakpoint of a finished run can stop it. The instructions itrace carries out (rule 7)
+//!    are never at a trigger.
 //!
 //! Not handled (yet): a restartable sequence (rseq) aborted by the kernel moves the pc off the
 //! path without a signal, and the thread would run on untraced past `Z`; `mov ss`/`pop ss`
 //! hold back a breakpoint on the next instruction; another thread making code writable and
-//! changing it during a run is not seen. Indirect jumps and calls, system calls and
-//! interrupts are single-stepped: two traps (breakpoint, step) each.
+//! changing it during a run is not seen. System calls and interrupts are single-stepped: two
+//! traps (breakpoint, step) each.
 
 use super::engine::*;
 use super::probe::wait_no_eintr;
-use itrace_decoders::{Flow, Insn};
+use itrace_decoders::{x86, Flow, Insn};
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
@@ -176,6 +193,8 @@ pub enum Emul {
     Jcc(u8),
     /// A near `ret` (`ret imm16`: the bytes it also pops).
     Ret(u16),
+    /// A near indirect `jmp` or `call` whose target comes from registers and memory.
+    Indirect(x86::Indirect),
 }
 
 /// What of [`Emul`] the instruction in `bytes` is; `None` for anything else (LOOP, JRCXZ,
@@ -201,6 +220,30 @@ pub fn cpu_has_user_shadow_stack() -> bool {
     std::fs::read_to_string("/proc/cpuinfo")
         .map(|s| s.lines().filter(|l| l.starts_with("flags")).any(|l| l.split_whitespace().any(|f| f == "user_shstk")))
         .unwrap_or(true)
+}
+
+/// Where the indirect jump or call `ind` of a thread with registers `regs` goes; `None` where
+/// its memory operand cannot be read (the instruction faults: let it, by a step) or it uses a
+/// segment base a 32-bit process keeps in its descriptor tables.
+fn indirect_target(ind: &x86::Indirect, regs: &libc::user_regs_struct, compat: bool, pid: i32) -> Option<u64> {
+    let gprs = [
+        regs.rax, regs.rcx, regs.rdx, regs.rbx, regs.rsp, regs.rbp, regs.rsi, regs.rdi, regs.r8, regs.r9, regs.r10,
+        regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+    ];
+    if compat && matches!(ind.source, x86::IndirectSource::Memory { segment, .. } if segment != x86::SegmentBase::None)
+    {
+        return None;
+    }
+    let segment_base = |s: x86::SegmentBase| match s {
+        x86::SegmentBase::None => 0,
+        x86::SegmentBase::Fs => regs.fs_base,
+        x86::SegmentBase::Gs => regs.gs_base,
+    };
+    let read = |addr: u64, size: usize| {
+        let mut buf = [0u8; 8];
+        (super::tables::read_mem(pid, addr, &mut buf[..size]) == size).then(|| u64::from_le_bytes(buf))
+    };
+    ind.target(|n| gprs[n as usize], segment_base, read)
 }
 
 /// Whether a Jcc with condition code `cc` is taken with these flags.
@@ -290,6 +333,10 @@ pub fn follow(
     None
 }
 
+/// What the plan sees at a region trigger's address: an instruction it does not know, so the
+/// run stops there (rule 9).
+const STOP_HERE: Insn = Insn { len: 1, flow: Flow::Interrupt, target: None };
+
 /// A run in progress: from `start` to the breakpoint at `stop`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Run {
@@ -321,7 +368,15 @@ impl Session<'_> {
             return false;
         }
         let (pid, arch) = (t.pid, t.arch);
+        // Rule 9: an int3 of region tracing is a stop point; on one, single-step (it is lifted).
+        let trigger_at = |s: &Self, pc: u64| s.procs.get(&pid).is_some_and(|p| p.bps.kind_at(pc).is_some());
+        if trigger_at(self, p.pc) {
+            return false;
+        }
         let stable = |s: &mut Self, pc: u64| {
+            if trigger_at(s, pc) {
+                return Some(STOP_HERE);
+            }
             let insn = s.decode(pid, arch, pc);
             // Cached means stable (read-only code); anything else may change unseen.
             s.procs.get(&pid).is_some_and(|p| p.code.contains_key(&pc)).then_some(insn)
@@ -420,6 +475,9 @@ impl Session<'_> {
         let Some(t) = self.threads.get_mut(&tid) else { return false };
         let Some(run) = t.hw_run.take() else { return false };
         let Ok(regs) = getregs(tid) else { return false };
+        // One clock read for what this stop writes (the run's branches and what itrace carries
+        // out next); `hw_run` or a step ends it.
+        self.threads.get_mut(&tid).expect("thread exists").stop_ts = itrace_format::now_ns();
         let rip = regs.rip;
         let mut hit = sig == libc::SIGTRAP && rip == run.stop;
         let first = self.hw_path(tid, run.start, rip);
@@ -496,17 +554,21 @@ impl Session<'_> {
         for _ in 0..16 {
             let t = &self.threads[&tid];
             let Some(p) = t.pending else { break };
-            if !matches!(p.insn.flow, Flow::CondJump | Flow::Return) || t.injected.is_some() || regs.rip != p.pc {
+            let indirect = matches!(p.insn.flow, Flow::Jump | Flow::Call) && p.insn.target.is_none();
+            if !(matches!(p.insn.flow, Flow::CondJump | Flow::Return) || indirect)
+                || t.injected.is_some()
+                || regs.rip != p.pc
+            {
                 break;
             }
             let (pid, cpu, compat) = (t.pid, t.cpu, t.arch.compat);
             let next = p.pc.wrapping_add(p.insn.len as u64);
-            let (to, kind) = match self.emul_at(pid, p.pc) {
+            let (to, kind) = match self.emul_at(pid, p.pc, compat) {
                 Some(Emul::Jcc(cc)) => {
                     let Some(target) = p.insn.target else { break };
                     (if jcc_taken(cc, regs.eflags) { target } else { next }, itrace_format::BranchKind::CondJump)
                 }
-                Some(Emul::Ret(imm)) if self.opts.hw_emulate_ret => {
+                Some(Emul::Ret(imm)) if self.opts.hw_emulate_stack => {
                     // 32-bit code pops 4 bytes (esp wraps at 4 GiB).
                     let width = if compat { 4 } else { 8 };
                     let mut buf = [0u8; 8];
@@ -517,11 +579,25 @@ impl Session<'_> {
                     regs.rsp = if compat { sp & 0xffff_ffff } else { sp };
                     (u64::from_le_bytes(buf), itrace_format::BranchKind::Return)
                 }
+                Some(Emul::Indirect(ind)) if !ind.call || self.opts.hw_emulate_stack => {
+                    let Some(to) = indirect_target(&ind, &regs, compat, pid) else { break };
+                    if ind.call {
+                        // Push the return address as the call would; where the stack cannot be
+                        // written (a guard page to grow into), the call is left to a step.
+                        let width = if compat { 4 } else { 8 };
+                        let sp = regs.rsp.wrapping_sub(width as u64) & if compat { 0xffff_ffff } else { u64::MAX };
+                        if super::tables::write_mem(pid, sp, &next.to_le_bytes()[..width]) != width {
+                            break;
+                        }
+                        regs.rsp = sp;
+                    }
+                    (to, p.insn.flow.branch_kind())
+                }
                 _ => break,
             };
             let t = self.threads.get_mut(&tid).expect("thread exists");
             t.icount += 1;
-            if to != next || kind == itrace_format::BranchKind::Return {
+            if to != next || p.insn.flow != Flow::CondJump {
                 let b = super::step::branch(t, false, p.pc, to, kind, 0, 0);
                 self.push_branch(cpu, b);
             }
@@ -537,17 +613,21 @@ impl Session<'_> {
     }
 
     /// What itrace can carry out of the instruction at `pc` (read-only code only), cached.
-    fn emul_at(&mut self, pid: i32, pc: u64) -> Option<Emul> {
+    fn emul_at(&mut self, pid: i32, pc: u64, compat: bool) -> Option<Emul> {
         let p = self.procs.get(&pid)?;
+        if p.bps.kind_at(pc).is_some() {
+            return None; // holds our int3 (rule 9), maybe inserted after the entry below was made
+        }
         if let Some(&e) = p.emul.get(&pc) {
             return e;
         }
         if !p.code.contains_key(&pc) {
             return None; // may change unseen
         }
-        let mut buf = [0u8; 8];
+        let mut buf = [0u8; x86::MAX_INSN_LEN];
         let n = super::tables::read_mem(pid, pc, &mut buf);
-        let e = emulable(&buf[..n]);
+        let bitness = if compat { 32 } else { 64 };
+        let e = emulable(&buf[..n]).or_else(|| x86::indirect(bitness, pc, &buf[..n]).map(Emul::Indirect));
         self.procs.get_mut(&pid)?.emul.insert(pc, e);
         e
     }
@@ -565,7 +645,6 @@ impl Session<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use itrace_decoders::x86;
 
     // 0x1000: mov $3,%ecx; 0x1005: dec %ecx; 0x1007: jnz 0x1005; 0x1009: call 0x1010;
     // 0x100e: nop; nop; 0x1010: rep movsb; 0x1012: jmp 0x100e

@@ -56,18 +56,21 @@ impl PtraceRecorder {
 impl Recorder for PtraceRecorder {
     fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
         let s = &self.settings;
-        let tracing_regions = s.region || !s.start.is_empty() || !s.stop.is_empty();
         let (mut hw_step, mut hw_rf_auto) = (false, false);
-        // Block stepping only where the probe saw it stop at a branch target; the trace is the same either way.
+        // Each way is used only where its probe saw it work; the trace is the same either way.
         let block_step = match s.step {
-            StepChoice::Auto => s.emulate_block_step || probe_singleblock() == BlockStep::Works,
+            // The test hook of the branch-trap decoder keeps its own way.
+            StepChoice::Auto if s.emulate_block_step => true,
+            // Debug-register breakpoints, else the CPU's branch trap, else single steps.
+            StepChoice::Auto => match probe_hw_breakpoints() {
+                HwBreak::Works { rf_auto } => {
+                    (hw_step, hw_rf_auto) = (true, rf_auto);
+                    false
+                }
+                HwBreak::Unavailable(_) => probe_singleblock() == BlockStep::Works,
+            },
             StepChoice::Instruction => s.emulate_block_step,
             StepChoice::Block => {
-                if tracing_regions {
-                    return Err(BackendError::Settings(
-                        "--step block does not work with --region, --start or --stop yet".into(),
-                    ));
-                }
                 match probe_hw_breakpoints() {
                     HwBreak::Works { rf_auto } => (hw_step, hw_rf_auto) = (true, rf_auto),
                     HwBreak::Unavailable(why) => {
@@ -108,7 +111,7 @@ impl Recorder for PtraceRecorder {
             emulate_block_step: s.emulate_block_step && !hw_step,
             hw_step,
             hw_rf_auto,
-            hw_emulate_ret: hw_step && !hwstep::cpu_has_user_shadow_stack(),
+            hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
             triggers: if wanted.is_empty() { None } else { Some(&resolve) },
         };
         output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))

@@ -361,6 +361,8 @@ impl Session<'_> {
         let cpu = t.cpu;
         self.out.instructions += off.icount as u64;
         self.push_control(cpu, Record::TraceOff(off));
+        // It runs on untraced: no debug-register breakpoint of block stepping may stop it.
+        self.hw_clear(tid);
     }
 
     /// After `end_region` at a `--stop` breakpoint: the next resume steps over it once.

@@ -221,7 +221,13 @@ pub(super) fn branch(
     if counts_insn {
         t.icount += 1;
     }
-    let ts = if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL { t.syscall_ts } else { now_ns() };
+    let ts = if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL {
+        t.syscall_ts
+    } else if t.stop_ts != 0 {
+        t.stop_ts
+    } else {
+        now_ns()
+    };
     let icount = std::mem::take(&mut t.icount);
     Branch { icount, ..Branch::user(ts, t.tid as u32, from, to, kind, flags, aux as u16) }
 }

@@ -55,6 +55,7 @@ impl Session<'_> {
         for r in &records {
             let (Mte::Unmap { start, end, .. } | Mte::Segment { start, end, .. }) = r else { continue };
             p.code.retain(|a, _| *a < *start || *a >= *end);
+            p.emul.retain(|a, _| *a < *start || *a >= *end);
             if matches!(r, Mte::Unmap { .. }) {
                 p.ambiguous.clear();
             }
@@ -85,6 +86,17 @@ impl Session<'_> {
         }
         insn
     }
+}
+
+/// Write `bytes` into `pid`'s memory at `addr` (memory it may write itself: process_vm_writev
+/// honours page protections); returns how many were written.
+pub(super) fn write_mem(pid: i32, addr: u64, bytes: &[u8]) -> usize {
+    let local = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: `local` points into `bytes` for its length and is only read by the kernel; the
+    // remote range is checked by the kernel against the tracee's mappings.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    n.max(0) as usize
 }
 
 /// Read up to `buf.len()` bytes of `pid`'s memory at `addr`; returns how many were read.
