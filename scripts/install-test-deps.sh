@@ -96,6 +96,11 @@ else
     log "running: apt-get install -y --no-install-recommends ${rust_missing[*]}"
     "${KABI_SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${rust_missing[@]}"
 fi
+# The downloaded .debs are not needed once installed; CI machines can be short of disk (the
+# fuzz build once failed there with ENOSPC), so they go.
+if kabi_sudo; then
+    "${KABI_SUDO[@]}" apt-get clean
+fi
 
 # The kernel module builds against the headers of Debian's current kernel ABI (what
 # linux-image-amd64 depends on in the refreshed lists), at the lists' version;
