@@ -33,6 +33,7 @@ PACKAGES=(
     qemu-system-x86       # kmod-shim/test-in-guest.sh: boots Debian's kernel with the module (TCG)
     busybox-static        # the guest's initramfs
     xz-utils              # extracting vmlinux from vmlinuz
+    python3.11-minimal    # /usr/bin/python3.11: a large stripped program (tests/tests/stripped.rs)
     qemu-system-ppc       # ppc64le-guest/test-in-guest.sh: the native PowerPC64 recorder in a pseries guest (TCG)
 )
 

@@ -64,6 +64,7 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("objdump", "binutils"),
     ("nm", "binutils"),
     ("addr2line", "binutils"),
+    ("readelf", "binutils"),
     ("qemu-x86_64", "qemu-user"),
     ("valgrind", "valgrind"),
     ("strace", "strace"),
