@@ -200,10 +200,12 @@ fn attach_to_a_program_with_regions() {
     use std::io::{BufRead, BufReader, Read};
     use std::process::{Command, Stdio};
     let bin = program("region_loop");
-    let reference = run(Command::new(&bin).args(["150", "0"]));
+    // 400 regions 10 ms apart, and 1.5 s attached: --duration counts from itrace's start, so a
+    // loaded machine (start-up, the step probe) must still leave whole regions inside it.
+    let reference = run(Command::new(&bin).args(["400", "0"]));
     reference.assert_success();
     let want = reference.stdout.lines().find(|l| l.contains("result=")).expect("result line").to_string();
-    let child = Command::new(&bin).args(["150", "10000"]).stdout(Stdio::piped()).spawn().expect("start region_loop");
+    let child = Command::new(&bin).args(["400", "10000"]).stdout(Stdio::piped()).spawn().expect("start region_loop");
     let mut child = KillOnDrop(child);
     let mut out = BufReader::new(child.0.stdout.take().unwrap());
     let mut first = String::new();
@@ -212,7 +214,7 @@ fn attach_to_a_program_with_regions() {
     let dir = test_dir("region-attach");
     let trace = dir.join("t.itr");
     let pid = child.0.id().to_string();
-    let rec = itrace(["record", "--region", "-p", &pid, "--duration", "0.5", "-o", trace.to_str().unwrap()]);
+    let rec = itrace(["record", "--region", "-p", &pid, "--duration", "1.5", "-o", trace.to_str().unwrap()]);
     rec.assert_success();
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
