@@ -11,6 +11,9 @@ pub struct Config {
     pub out: PathBuf,
     /// Where to report "ok", errors and the end totals to itrace (`status=`).
     pub status: Option<PathBuf>,
+    /// A file whose appearance asks the plugin to end the trace while the program runs on
+    /// untraced (`ctl=`; itrace creates it on Ctrl-C, SIGTERM or `--duration`).
+    pub ctl: Option<PathBuf>,
     pub arch: Arch,
     pub mode: Mode,
     pub buffer_size: usize,
@@ -33,6 +36,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
     let mut c = Config {
         out: PathBuf::new(),
         status: None,
+        ctl: None,
         arch: Arch::X86_64,
         mode: Mode::Continuous,
         buffer_size: 64 << 20,
@@ -51,6 +55,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
         match k {
             "out" => c.out = PathBuf::from(v),
             "status" => c.status = Some(PathBuf::from(v)),
+            "ctl" => c.ctl = Some(PathBuf::from(v)),
             "arch" => {
                 c.arch = [Arch::X86_64, Arch::I386, Arch::Ppc64le, Arch::Ppc64, Arch::S390x]
                     .into_iter()

@@ -38,6 +38,7 @@ pub const CB_NO_REGS: c_int = 0;
 pub type TbTransCb = extern "C" fn(id: PluginId, tb: *mut Tb);
 pub type VcpuUdataCb = extern "C" fn(vcpu_index: c_uint, udata: *mut c_void);
 pub type UdataCb = extern "C" fn(id: PluginId, udata: *mut c_void);
+pub type SimpleCb = extern "C" fn(id: PluginId);
 pub type SyscallCb = extern "C" fn(
     id: PluginId,
     vcpu_index: c_uint,
@@ -59,6 +60,9 @@ extern "C" {
     pub fn qemu_plugin_register_vcpu_syscall_cb(id: PluginId, cb: SyscallCb);
     pub fn qemu_plugin_register_vcpu_syscall_ret_cb(id: PluginId, cb: SyscallRetCb);
     pub fn qemu_plugin_register_atexit_cb(id: PluginId, cb: UdataCb, udata: *mut c_void);
+    /// Unregisters all of the plugin's callbacks and calls `cb` once no vCPU runs any (from a
+    /// vCPU thread: qemu flushes its translations in an exclusive section first).
+    pub fn qemu_plugin_reset(id: PluginId, cb: SimpleCb);
     pub fn qemu_plugin_tb_n_insns(tb: *const Tb) -> usize;
     pub fn qemu_plugin_tb_vaddr(tb: *const Tb) -> u64;
     pub fn qemu_plugin_tb_get_insn(tb: *const Tb, idx: usize) -> *mut Insn;

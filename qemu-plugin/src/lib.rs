@@ -34,7 +34,7 @@ use itrace_format::{
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Mutex, OnceLock};
 use writer::{now_ns, Msg, Totals};
@@ -125,8 +125,17 @@ struct State {
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
-/// Set in a forked child (the parent owns the trace) and once the trace is finished.
-static DISABLED: AtomicBool = AtomicBool::new(false);
+/// What the callbacks do: trace, end the trace at the next block, or nothing (a forked child,
+/// whose parent owns the trace, and once the trace is finished). One load on the hot path.
+static PHASE: AtomicU8 = AtomicU8::new(TRACING);
+const TRACING: u8 = 0;
+/// itrace asked for the end (or went away): the next block asks qemu for a quiet moment.
+const STOP_ASKED: u8 = 1;
+/// qemu was asked (`qemu_plugin_reset`); `on_reset` ends the trace.
+const STOPPING: u8 = 2;
+const OFF: u8 = 3;
+/// The id qemu gave the plugin, for `qemu_plugin_reset`.
+static PLUGIN_ID: OnceLock<ffi::PluginId> = OnceLock::new();
 static VCPUS: [AtomicPtr<Vcpu>; MAX_VCPUS] = [const { AtomicPtr::new(null_mut()) }; MAX_VCPUS];
 
 /// An mmap call waiting for its result.
@@ -492,7 +501,11 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
 
 /// One execution of a block: the hot path.
 extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
-    if DISABLED.load(Relaxed) {
+    let phase = PHASE.load(Relaxed);
+    if phase != TRACING {
+        if phase == STOP_ASKED {
+            ask_for_reset();
+        }
         return;
     }
     let (Some(s), Some(v)) = (state(), vcpu(idx)) else { return };
@@ -570,7 +583,7 @@ extern "C" fn on_syscall(
     _a7: u64,
     _a8: u64,
 ) {
-    if DISABLED.load(Relaxed) {
+    if PHASE.load(Relaxed) != TRACING {
         return;
     }
     let (Some(s), Some(v)) = (state(), vcpu(idx)) else { return };
@@ -631,13 +644,13 @@ extern "C" fn on_syscall(
 
 extern "C" fn on_syscall_ret(_id: ffi::PluginId, idx: c_uint, _num: i64, ret: i64) {
     let Some(s) = state() else { return };
-    if DISABLED.load(Relaxed) {
+    if PHASE.load(Relaxed) != TRACING {
         return;
     }
     // SAFETY: getpid has no preconditions.
     if unsafe { libc::getpid() } as u32 != s.pid {
         // A forked child: the parent owns the trace file and the writer.
-        DISABLED.store(true, Relaxed);
+        PHASE.store(OFF, Relaxed);
         return;
     }
     let Some(v) = vcpu(idx) else { return };
@@ -663,7 +676,8 @@ extern "C" fn on_syscall_ret(_id: ffi::PluginId, idx: c_uint, _num: i64, ret: i6
 }
 
 extern "C" fn on_exit(_id: ffi::PluginId, _udata: *mut c_void) {
-    if DISABLED.load(Relaxed) {
+    // Before a stop asked for took effect, the program's end is the trace's end.
+    if PHASE.load(Relaxed) == OFF {
         return;
     }
     if let Some(s) = state() {
@@ -681,7 +695,7 @@ extern "C" fn on_exit(_id: ffi::PluginId, _udata: *mut c_void) {
 pub extern "C" fn kill(pid: libc::pid_t, sig: c_int) -> c_int {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
-    if sig > 0 && pid == me && !DISABLED.load(Relaxed) {
+    if sig > 0 && pid == me && PHASE.load(Relaxed) <= STOP_ASKED {
         if let Some(s) = state() {
             if s.pid == me as u32 {
                 crashed(s, sig);
@@ -722,6 +736,48 @@ fn crashed(s: &State, sig: i32) {
     finish(s, Some((StopReason::Signaled, sig)));
 }
 
+/// On a vCPU thread, in a block callback, once: ask qemu to call `on_reset` when no vCPU runs a
+/// callback (qemu_plugin_reset from any other thread would tear the callbacks down under the
+/// running vCPUs).
+#[cold]
+fn ask_for_reset() {
+    if PHASE.compare_exchange(STOP_ASKED, STOPPING, AcqRel, Relaxed).is_ok() {
+        if let Some(&id) = PLUGIN_ID.get() {
+            // SAFETY: the id qemu gave us, from a vCPU thread inside a callback, as the API wants.
+            unsafe { ffi::qemu_plugin_reset(id, on_reset) };
+        }
+    }
+}
+
+/// All vCPUs are quiet and the plugin's callbacks are gone: end the trace as a detach. The
+/// program runs on under qemu, untraced and at qemu's own speed.
+extern "C" fn on_reset(_id: ffi::PluginId) {
+    if let Some(s) = state() {
+        finish(s, Some((StopReason::Detached, 0)));
+    }
+}
+
+/// A thread that watches for the end itrace asks for: the `ctl` file appearing, or itrace
+/// going away (the parent changes), which ends the trace the same way rather than kill the
+/// program. It polls (20 times a second): qemu-user gives a plugin no event loop, and a pipe
+/// or signal would be visible to the program.
+fn watch_for_stop(ctl: PathBuf) {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let _ = std::thread::Builder::new().name("itrace-ctl".into()).spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: as above.
+        let gone = unsafe { libc::getppid() } != parent;
+        if gone || ctl.exists() {
+            let _ = PHASE.compare_exchange(TRACING, STOP_ASKED, AcqRel, Relaxed);
+            return;
+        }
+        if PHASE.load(Relaxed) == OFF {
+            return;
+        }
+    });
+}
+
 /// End every thread still traced (`signal`: the process dies of it), write the file's end,
 /// and report to itrace.
 fn finish(s: &State, signal: Option<(StopReason, i32)>) {
@@ -741,7 +797,7 @@ fn finish(s: &State, signal: Option<(StopReason, i32)>) {
         v.stop(s, reason, pc, value);
         v.flush(s);
     }
-    DISABLED.store(true, Relaxed);
+    PHASE.store(OFF, Relaxed);
     let _ = s.tx.send(Msg::Finish { ts: now_ns(), stop: signal.map(|(r, _)| r) });
     let totals = s.writer.lock().ok().and_then(|mut w| w.take()).and_then(|h| h.join().ok());
     if let Some(t) = totals {
@@ -838,8 +894,13 @@ pub unsafe extern "C" fn qemu_plugin_install(
         finished: AtomicBool::new(false),
     };
     let status = st.cfg.status.clone();
+    let ctl = st.cfg.ctl.clone();
     if STATE.set(st).is_err() {
         return -1;
+    }
+    let _ = PLUGIN_ID.set(id);
+    if let Some(ctl) = ctl {
+        watch_for_stop(ctl);
     }
     // SAFETY: registering callbacks with the id qemu gave us, as the API requires.
     unsafe {

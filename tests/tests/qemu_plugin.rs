@@ -204,3 +204,117 @@ fn arch_mismatch_is_one_line() {
     let line = o.assert_clean_error();
     assert!(line.contains("is a x86_64 program, not s390x"), "{line}");
 }
+
+/// `itrace record --backend qemu -- spinner 400 10000` with the spinner's stdout piped here:
+/// the reference result line, itrace (still running) and the spinner's output.
+fn start_spinner_under_qemu(
+    trace: &Path,
+) -> (itrace_tests::KillOnDrop, std::io::BufReader<std::process::ChildStdout>, String) {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    require_tool("qemu-x86_64");
+    let spinner = program("spinner");
+    let reference = run(Command::new(&spinner).args(["400", "0"]));
+    reference.assert_success();
+    let want = reference.stdout.lines().find(|l| l.starts_with("spinner: result=")).expect("result line").to_string();
+    let mut rec = itrace_tests::KillOnDrop(
+        Command::new(itrace_bin())
+            .args(["record", "--backend", "qemu", "-o"])
+            .arg(trace)
+            .arg("--")
+            .arg(&spinner)
+            .args(["400", "10000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start itrace"),
+    );
+    let mut out = std::io::BufReader::new(rec.0.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).expect("read the spinner's start line");
+    assert!(first.starts_with("spinner: started"), "{first}");
+    // Some rounds traced (each is about 10,000 instructions, then a 10 ms sleep).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    (rec, out, want)
+}
+
+/// The spinner, left running by itrace, ends with the right result, and the trace read
+/// back ends with the detach.
+fn spinner_runs_on(mut out: std::io::BufReader<std::process::ChildStdout>, want: &str, trace: &Path) {
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read the spinner's output");
+    assert_eq!(rest.lines().find(|l| l.starts_with("spinner: result=")), Some(want), "spinner output:\n{rest}");
+    let report = report_json(trace);
+    let own = report_self_counts(&report, &program("spinner"));
+    let rounds = own.get("spin_round").copied().unwrap_or(0);
+    // spin_round is 2,000 iterations of a few instructions: some rounds, not all 400.
+    assert!(rounds >= 2_000, "spin_round ran {rounds} traced instructions: {own:?}");
+    assert!(rounds < 400 * 2_000 * 3, "the whole run was traced ({rounds} instructions in spin_round)");
+    assert!(arc_text(trace).contains("detached"), "the arc does not say the trace ended by detaching");
+}
+
+/// SIGTERM to itrace under --backend qemu: the plugin ends the trace at the program's next
+/// block, itrace exits 0, and the program runs on under qemu, untraced, to its right result.
+#[test]
+fn sigterm_ends_the_trace_and_the_program_runs_on() {
+    let dir = test_dir("qemu-sigterm");
+    let trace = dir.join("t.itr");
+    let (mut rec, out, want) = start_spinner_under_qemu(&trace);
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(rec.0.id() as i32, libc::SIGTERM) };
+    let status = itrace_tests::wait_with_guard(&mut rec.0, "itrace");
+    let mut err = String::new();
+    std::io::Read::read_to_string(rec.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "itrace exited with {status} after SIGTERM: {err}");
+    assert!(err.contains("stopped on request"), "itrace's summary: {err}");
+    spinner_runs_on(out, &want, &trace);
+}
+
+/// itrace killed outright (SIGKILL, no handler runs): the plugin sees its parent go, ends the
+/// trace the same way, and the program runs on to its right result.
+#[test]
+fn killed_itrace_leaves_the_program_running_and_the_trace_whole() {
+    let dir = test_dir("qemu-sigkill");
+    let trace = dir.join("t.itr");
+    let (mut rec, out, want) = start_spinner_under_qemu(&trace);
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(rec.0.id() as i32, libc::SIGKILL) };
+    let _ = itrace_tests::wait_with_guard(&mut rec.0, "itrace");
+    spinner_runs_on(out, &want, &trace);
+}
+
+/// `--duration` under --backend qemu ends the trace the same way.
+#[test]
+fn duration_ends_the_trace_and_the_program_runs_on() {
+    require_tool("qemu-x86_64");
+    let spinner = program("spinner");
+    let reference = run(Command::new(&spinner).args(["200", "0"]));
+    let want = reference.stdout.lines().find(|l| l.starts_with("spinner: result=")).expect("result line").to_string();
+    let dir = test_dir("qemu-duration");
+    let trace = dir.join("t.itr");
+    let marker = dir.join("after");
+    // The spinner's output goes to a file: itrace returns before the spinner ends.
+    let out = std::fs::File::create(&marker).unwrap();
+    let status = Command::new(itrace_bin())
+        .args(["record", "--backend", "qemu", "--duration", "0.5", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&spinner)
+        .args(["200", "10000"])
+        .stdout(out)
+        .status()
+        .expect("run itrace");
+    assert!(status.success(), "itrace --duration exited with {status}");
+    // The spinner (200 rounds, 10 ms apart: 2 s or more) still runs; wait for its result line.
+    let mut text = String::new();
+    for _ in 0..600 {
+        text = std::fs::read_to_string(&marker).unwrap_or_default();
+        if text.contains("spinner: result=") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(text.lines().find(|l| l.starts_with("spinner: result=")), Some(want.as_str()), "output:\n{text}");
+    assert!(arc_text(&trace).contains("detached"), "the arc does not say the trace ended by detaching");
+}

@@ -184,10 +184,10 @@ impl QemuRecorder {
                     "--backend qemu launches the program under qemu-user: it cannot attach to a running process (-p)",
                 ),
             };
-        if s.region || s.has_triggers() || s.duration.is_some() || s.follow_forks {
+        if s.region || s.has_triggers() || s.follow_forks {
             return refuse(
-                "--backend qemu records the whole program: --region, --start, --stop, --duration and --follow-forks \
-                 are not supported with it",
+                "--backend qemu records the whole program: --region, --start, --stop and --follow-forks are not \
+                 supported with it",
             );
         }
         let Some(cmd) = command.first() else { return refuse("nothing to trace: give a command to run") };
@@ -219,13 +219,15 @@ impl Recorder for QemuRecorder {
             .map_err(|e| BackendError::io(format!("cannot create trace file {}", s.output.display()), e))?;
         let out = std::fs::canonicalize(&s.output).unwrap_or_else(|_| s.output.clone());
         let status = StatusFile::new("run");
+        let ctl = StatusFile::new("stop");
         let name: String = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let sysroot = cross_sysroot(arch);
         let mut spec = format!(
-            "{},out={},status={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
+            "{},out={},status={},ctl={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
             opt_value(&plugin.to_string_lossy()),
             opt_value(&out.to_string_lossy()),
             opt_value(&status.0.to_string_lossy()),
+            opt_value(&ctl.0.to_string_lossy()),
             s.mode,
             s.buffer_size,
             s.segment_size,
@@ -276,23 +278,45 @@ impl Recorder for QemuRecorder {
         };
         qcmd.arg("-plugin").arg(spec).arg(program).args(command.iter().skip(1));
         use std::os::unix::process::CommandExt;
-        // SAFETY: only async-signal-safe calls (signal, prctl) between fork and exec.
+        // No death signal: qemu runs the program itself, which must outlive a stop. If itrace
+        // goes away, the plugin sees its parent change and ends the trace as a detach.
+        // SAFETY: only async-signal-safe calls (signal, sigprocmask) between fork and exec.
         unsafe {
             qcmd.pre_exec(|| {
                 crate::procfs::restore_signal_defaults();
-                crate::procfs::die_with_parent();
                 Ok(())
             });
         }
         let mut child = qcmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), e))?;
         // The plugin writes the file: its size is all the status line can show. A stop request
-        // does not reach it (--duration is refused); Ctrl-C reaches qemu through the terminal.
-        let _ = stop.load(Ordering::Relaxed);
+        // (Ctrl-C, SIGTERM, --duration) creates the ctl file: the plugin ends the trace at the
+        // program's next block and leaves it running under qemu, untraced.
+        let mut asked: Option<std::time::Instant> = None;
+        let mut told = false;
         let exit = loop {
             match child.try_wait() {
-                Ok(Some(st)) => break st,
+                Ok(Some(st)) => break Some(st),
                 Ok(None) => {
                     live.bytes.store(std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0), Ordering::Relaxed);
+                    if asked.is_none() && stop.load(Ordering::Relaxed) {
+                        std::fs::File::create(&ctl.0)
+                            .map_err(|e| BackendError::io(format!("cannot create {}", ctl.0.display()), e))?;
+                        asked = Some(std::time::Instant::now());
+                    }
+                    if let Some(t) = asked {
+                        if parse_done(&status.read()).is_some() {
+                            // The trace is finished; the program runs on (or is ending now).
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            break child.try_wait().ok().flatten();
+                        }
+                        if !told && t.elapsed() > std::time::Duration::from_secs(2) {
+                            eprintln!(
+                                "itrace: stopping: the program runs no code (a blocking system call?); the trace \
+                                 ends when it runs again"
+                            );
+                            told = true;
+                        }
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
                 Err(e) => return Err(BackendError::io(format!("waiting for {}", qemu.display()), e)),
@@ -305,13 +329,14 @@ impl Recorder for QemuRecorder {
                 fail!("the itrace plugin failed: {e}");
             }
             use std::os::unix::process::ExitStatusExt;
-            if let Some(sig) = exit.signal() {
+            if let Some(sig) = exit.and_then(|e| e.signal()) {
                 fail!(
                     "qemu-user was killed by signal {sig} before the itrace plugin could finish the trace: {} holds \
                      the trace without its last second and summary",
                     s.output.display()
                 );
             }
+            let exit = exit.map(|e| e.to_string()).unwrap_or_else(|| "still running".into());
             fail!(
                 "{qemu_name} ended ({exit}) without the itrace plugin finishing the trace; {} is incomplete",
                 s.output.display()
@@ -332,6 +357,9 @@ impl Recorder for QemuRecorder {
         }
         let stop_reason = StopReason::from_code(done.stop).unwrap_or(StopReason::Exited);
         let why = match stop_reason {
+            StopReason::Detached if asked.is_some() => {
+                Some("stopped on request; the program runs on under qemu-user, untraced")
+            }
             StopReason::Detached => Some("the program called exec (qemu-user runs the new program untraced)"),
             _ => None,
         };
@@ -345,7 +373,7 @@ impl Recorder for QemuRecorder {
             step: format!("{} (qemu plugin)", StepMethod::Emulated),
             stop_reason,
             why,
-            exit_status: Some(super::exit_status(exit)),
+            exit_status: exit.map(super::exit_status),
         })
     }
 }
