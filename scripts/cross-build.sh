@@ -58,10 +58,8 @@ for target in "${targets[@]}"; do
     var=$(echo "$target" | tr 'a-z-' 'A-Z_')
     log "building $target"
     # The linker and C compiler (capstone's build script) are the cross gcc; static, so the
-    # binary runs in a bare busybox initramfs. The syscalls crate (post-arc's syscall names)
-    # needs two unstable features under rustc 1.85 on these targets: scripts/cross-rustc.sh
-    # allows them for that one crate.
-    env RUSTC="$DEBIAN_RUSTC" RUSTDOC=/usr/bin/rustdoc RUSTC_WRAPPER="$PWD/scripts/cross-rustc.sh" \
+    # binary runs in a bare busybox initramfs. Stable Rust 1.85 only: no RUSTC_BOOTSTRAP.
+    env RUSTC="$DEBIAN_RUSTC" RUSTDOC=/usr/bin/rustdoc \
         "CARGO_TARGET_${var}_LINKER=$gcc" \
         "CARGO_TARGET_${var}_RUSTFLAGS=-C target-feature=+crt-static --sysroot $SYSROOT" \
         "CC_${target//-/_}=$gcc" "AR_${target//-/_}=${gcc%-gcc}-ar" \

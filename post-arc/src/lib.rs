@@ -11,6 +11,7 @@ pub mod replay;
 pub mod report;
 pub mod resolve;
 pub mod symbols;
+mod syscall_table;
 mod threads;
 
 pub use threads::Names;
