@@ -22,7 +22,8 @@ macro_rules! fail {
 pub mod gdb;
 pub mod inproc;
 pub mod kmod;
-// The native ptrace recorder of the architecture itrace runs on (see `choose::NATIVE_ARCHES`).
+// The native ptrace recorder of the architecture itrace runs on (see `choose::NATIVE_ARCHES`);
+// its architecture's half is chosen inside it.
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;
 #[cfg(all(target_arch = "powerpc64", target_endian = "little"))]
