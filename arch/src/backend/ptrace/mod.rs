@@ -8,8 +8,8 @@
 //!   program), launching and attaching, CPU pinning, detaching, the trace-off records, the
 //!   module table (mappings, names, JIT maps) and the decoded-instruction cache
 //!   (`engine.rs`, `events.rs`, `launch.rs`, `cpus.rs`, `tables.rs`);
-//! - per architecture (`x86_64/`, chosen below by `cfg(target_arch)`; ppc64 still has its
-//!   own copy of the engine in `../ptrace_ppc64/`): registers and the pc, how a thread is resumed (single step, block
+//! - per architecture (`x86_64/`, `ppc64/`, one of them compiled, chosen below by
+//!   `cfg(target_arch)`): registers and the pc, how a thread is resumed (single step, block
 //!   step, debug-register runs on x86_64; syscall stops and atomic load-reserve/store-conditional
 //!   sequences run to temporary traps on ppc64), what the instruction just executed or the
 //!   system call was, region tracing (x86_64 `int3` breakpoints), and the recorder's choice of
@@ -24,6 +24,9 @@
 
 #[cfg(target_arch = "x86_64")]
 #[path = "x86_64/mod.rs"]
+mod arch;
+#[cfg(all(target_arch = "powerpc64", target_endian = "little"))]
+#[path = "ppc64/mod.rs"]
 mod arch;
 mod cpus;
 mod engine;
