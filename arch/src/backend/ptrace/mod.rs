@@ -13,7 +13,7 @@
 //!   step, debug-register runs on x86_64; syscall stops and atomic load-reserve/store-conditional
 //!   sequences run to temporary traps on ppc64), what the instruction just executed or the
 //!   system call was, region tracing (x86_64 `int3` breakpoints), and the recorder's choice of
-//!   step method. The engine calls it through [`engine::PtraceArch`] and keeps its state in
+//!   step method. The engine calls it through `engine::PtraceArch` and keeps its state in
 //!   `Thread::arch`, `Process::arch`, `Session::arch` and `RecordOptions::step`.
 //!
 //! CPU numbers: each traced thread is pinned to one CPU of its allowed set
