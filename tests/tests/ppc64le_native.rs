@@ -1,4 +1,4 @@
-//! The native PowerPC64 recorder (`arch/src/backend/ptrace_ppc64/`), checked on traces made in a
+//! The native PowerPC64 recorder (`arch/src/backend/ptrace/ppc64/`), checked on traces made in a
 //! booted ppc64le guest by `ppc64le-guest/test-in-guest.sh`, which runs these tests with
 //! `--ignored` and `ITRACE_PPC64LE_GUEST_OUT` naming the directory of the guest's traces
 //! (`NAME.itr`), its reports (`NAME.json`, made in the guest, where the program files are) and

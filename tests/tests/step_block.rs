@@ -1,4 +1,4 @@
-//! `--step block` (debug-register breakpoints, arch/src/backend/ptrace/hwstep.rs) against
+//! `--step block` (debug-register breakpoints, arch/src/backend/ptrace/x86_64/hwstep.rs) against
 //! `--step instruction`: the same program recorded both ways gives the same records, one by
 //! one, in `itrace dump` (timestamps, file offsets, pids and the step method aside).
 //! Skipped (with a message) where the probe finds the breakpoints do not work.

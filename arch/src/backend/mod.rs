@@ -22,11 +22,9 @@ macro_rules! fail {
 pub mod gdb;
 pub mod inproc;
 pub mod kmod;
-// The native ptrace recorder of the architecture itrace runs on (see `choose::NATIVE_ARCHES`).
-#[cfg(target_arch = "x86_64")]
-pub mod ptrace;
-#[cfg(all(target_arch = "powerpc64", target_endian = "little"))]
-#[path = "ptrace_ppc64/mod.rs"]
+// The native ptrace recorder of the architecture itrace runs on (see `choose::NATIVE_ARCHES`);
+// its architecture's half is chosen inside it.
+#[cfg(any(target_arch = "x86_64", all(target_arch = "powerpc64", target_endian = "little")))]
 pub mod ptrace;
 #[cfg(not(any(target_arch = "x86_64", all(target_arch = "powerpc64", target_endian = "little"))))]
 #[path = "ptrace_none.rs"]

@@ -1,17 +1,18 @@
-//! The stepping loop. One tracer thread waits for every traced thread and
-//! turns each stop into records.
+//! The stepping loop, shared by every architecture. One tracer thread waits for every traced
+//! thread and turns each stop into records.
 //!
-//! At each stop the thread's next instruction is decoded (from a cache for
-//! read-only code) and kept as `pending`; at the following stop, the new pc
-//! tells whether `pending` was a taken branch. Kernel transitions are
-//! recognised from the instruction itself (a system call) or from the stop
-//! (signal delivery), so no syscall-stops are needed.
+//! At each stop the thread's next instruction is decoded (from a cache for read-only code) and
+//! kept as `pending`; at the following stop, the new pc tells whether `pending` was a taken
+//! branch. Kernel transitions are recognised from the instruction itself (a system call) or
+//! from the stop (signal delivery). What differs between architectures (registers, how a thread
+//! is resumed, what a step stop means) is behind [`PtraceArch`], implemented once per
+//! architecture in `super::arch`, which also owns the per-thread and per-process state of its
+//! own (`Thread::arch`, `Process::arch`, `Session::arch`).
 
-use super::breakpoints::{Breakpoints, Trigger};
+use super::arch::{ProcessArch, SessionArch, StepOptions, ThreadArch};
 use super::cpus::*;
 use crate::backend::sink::{Sink, Stored};
 use crate::backend::RecordOutcome;
-use crate::isa::x86_64::X86;
 use crate::procfs::Mapping;
 use itrace_decoders::Insn;
 use itrace_format::{Branch, Buffers, FormatError, Mte, Record, StopReason, TraceOff};
@@ -24,9 +25,6 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// si_code of a step report from the kernel rather than the debug trap.
-pub(super) const TRAP_BRKPT: i32 = 1;
-
 /// What to trace.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -35,6 +33,30 @@ pub enum Target {
     Launch { program: PathBuf, args: Vec<OsString>, aslr: bool, env: Vec<(OsString, OsString)> },
     /// Attach to every thread of a running process.
     Attach { pid: i32 },
+}
+
+/// What reaching a region trigger means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TriggerKind {
+    /// Start stepping the thread here (`--start SYMBOL`).
+    Start,
+    /// Stop stepping the thread here (`--stop SYMBOL`).
+    Stop,
+    /// The library's `ITraceOn`: start (or nest) a region and return to the caller.
+    RegionOn,
+    /// The library's `ITraceOff`: end (or unnest) a region and return to the caller.
+    RegionOff,
+    /// The library's `ITraceEnabled`: return whether the thread is traced.
+    RegionEnabled,
+    /// The program's entry point: its libraries are loaded, resolve the triggers now.
+    Entry,
+}
+
+/// A trigger at a runtime address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    pub addr: u64,
+    pub kind: TriggerKind,
 }
 
 /// Finds the region triggers of process `pid` among its executable mappings.
@@ -49,21 +71,10 @@ pub struct RecordOptions<'a> {
     pub follow_threads: bool,
     /// Set (by a signal handler or timer) to stop tracing, detach and finish.
     pub stop: &'a AtomicBool,
-    /// Step by taken branch (PTRACE_SINGLEBLOCK) instead of by instruction: only where
-    /// [`super::probe_singleblock`] found that it works.
-    pub block_step: bool,
-    /// Test hook: single-step, but hand only the stops that follow a taken branch or a system
-    /// call to the block-step logic, as a working branch trap would. With `block_step` set, this
-    /// exercises block decoding on machines whose hypervisor ignores BTF.
-    pub emulate_block_step: bool,
-    /// Run to the next instruction the decoder cannot tell with a debug-register breakpoint,
-    /// single-step that one (`--step block`, see `hwstep.rs`).
-    pub hw_step: bool,
-    /// With `hw_step`: the kernel sets the resume flag after a breakpoint hit (the probe's finding).
-    pub hw_rf_auto: bool,
-    /// With `hw_step`: returns and indirect calls may be carried out by itrace (the CPU has no
-    /// user shadow stack).
-    pub hw_emulate_stack: bool,
+    /// How the architecture steps (block stepping and its variants on x86_64).
+    // (ppc64 has one way only: nothing to read)
+    #[allow(dead_code)]
+    pub(super) step: StepOptions,
     /// Region tracing: threads run untraced until a trigger starts them. Called with a process's
     /// executable mappings (once its program and libraries are loaded, or at attach), it returns
     /// the trigger addresses. `None` traces everything.
@@ -97,8 +108,9 @@ pub(super) type IntMap<K, V> = rustc_hash::FxHashMap<K, V>;
 pub(super) struct Pending {
     pub(super) pc: u64,
     pub(super) insn: Insn,
-    /// For a system call: its number at entry (rax), for calls that never return.
-    pub(super) entry_nr: u64,
+    /// For a system call: its number before it runs (x86_64: rax at entry, for calls that never
+    /// return; ppc64: r0, or the syscall-entry stop's).
+    pub(super) syscall_nr: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,7 +120,9 @@ pub(super) enum ThreadState {
     /// Launched program waiting for its exec.
     Launching,
     Stepping,
-    /// Region tracing: traced by ptrace but running at full speed until a trigger.
+    /// Region tracing: traced by ptrace but running at full speed until a trigger (only where
+    /// the architecture has region tracing: not on ppc64 yet).
+    #[allow(dead_code)]
     Running,
     /// Tracing ended for it (trace-off written); waiting for it to go.
     Finished,
@@ -122,10 +136,10 @@ pub(super) struct Thread {
     pub(super) pending: Option<Pending>,
     /// Instructions since this thread's last record.
     pub(super) icount: u32,
-    pub(super) arch: X86,
     /// Signal passed on the last resume; the next stop may be a handler entry.
     pub(super) injected: Option<i32>,
-    /// The pending system call returned a restart code: it will run again.
+    /// The pending system call was interrupted (a restart code): it runs again, or a signal
+    /// handler runs first.
     pub(super) syscall_interrupted: bool,
     /// Time the pending system call was entered.
     pub(super) syscall_ts: u64,
@@ -135,74 +149,26 @@ pub(super) struct Thread {
     pub(super) name: String,
     /// Stopped and not yet resumed: detach it directly.
     pub(super) stopped: bool,
-    /// Block-step emulation: pc of the instruction the last single step ran.
-    pub(super) emu_prev: u64,
     /// Seized by `-p` (not created while traced).
     pub(super) attached: bool,
-    /// Region tracing: nesting depth of ITraceOn calls.
-    pub(super) region_depth: u32,
-    /// Breakpoints were lifted for this thread's step: put them back at its next stop.
-    pub(super) lifted_bps: bool,
-    /// Running thread stepping once over a lifted breakpoint, then running on.
-    pub(super) step_once: bool,
-    /// That step was started: the SIGTRAP it ends with is ours.
-    pub(super) in_step_once: bool,
-    /// A vfork child we do not follow, sharing its parent's memory (and breakpoints): let it go
-    /// once it has its own memory (exec).
-    pub(super) release_at_exec: bool,
-    /// Block mode: this resume single-steps (the block is ambiguous for the branch trap).
-    pub(super) single_step_now: bool,
-    /// Block mode: the system call that ends the running block and the instructions before it,
-    /// known before it runs (an exec replaces the code a later walk would need).
-    pub(super) planned_syscall: Option<(u64, Insn, u32)>,
-    /// Debug-register mode: the run in progress.
-    pub(super) hw_run: Option<super::hwstep::Run>,
-    /// Debug-register mode: this thread's DR0, DR1 and DR7 as last written.
-    pub(super) dr0: u64,
-    pub(super) dr1: u64,
-    pub(super) dr7: u64,
-    /// Debug-register mode: the last resume was a single step.
-    pub(super) hw_stepped: bool,
-    /// Debug-register mode: the clock at the current stop (0: none), the timestamp of every
-    /// record written at it: the branches of a run were not seen one by one, only at its end.
+    /// The clock at the current stop (0: none), the timestamp of every record written at it
+    /// (x86_64's debug-register mode, where the branches of a run are seen only at its end).
     pub(super) stop_ts: u64,
-}
-
-impl Thread {
-    /// Debug-register mode: whether an enabled breakpoint of this thread is at `pc`.
-    pub(super) fn armed(&self, pc: u64) -> bool {
-        (self.dr7 & 1 != 0 && self.dr0 == pc) || (self.dr7 & 4 != 0 && self.dr1 == pc)
-    }
+    /// The architecture's own state of the thread.
+    pub(super) arch: ThreadArch,
 }
 
 pub(super) struct Process {
-    /// Block mode: what is known of the block starting at an address.
-    pub(super) ambiguous: IntMap<u64, super::block::BlockInfo>,
     pub(super) maps: Vec<Mapping>,
     pub(super) code: IntMap<u64, Insn>,
     pub(super) name: String,
-    /// Region tracing: our breakpoints in this process.
-    pub(super) bps: Breakpoints,
-    /// Breakpoints taken out: a thread stopped by one just before must be moved back onto it.
-    pub(super) retired: Vec<u64>,
-    /// Whether the triggers have been resolved and inserted.
-    pub(super) triggers_set: bool,
-    /// Debug-register mode: what itrace can carry out itself of the instruction at an address.
-    pub(super) emul: IntMap<u64, Option<super::hwstep::Emul>>,
+    /// The architecture's own state of the process.
+    pub(super) arch: ProcessArch,
 }
 
 impl Process {
     pub(super) fn new(maps: Vec<Mapping>, code: IntMap<u64, Insn>, name: String) -> Self {
-        Process {
-            ambiguous: IntMap::default(),
-            maps,
-            code,
-            name,
-            bps: Breakpoints::default(),
-            retired: Vec::new(),
-            triggers_set: false,
-            emul: IntMap::default(),
-        }
+        Process { maps, code, name, arch: ProcessArch::default() }
     }
 }
 
@@ -218,11 +184,12 @@ pub(super) struct Session<'a> {
     pub(super) launched: Option<i32>,
     /// Every process traced, for the JIT symbol maps read at the end.
     pub(super) seen_pids: Vec<i32>,
-    /// Debug-register mode: stops that were not on the planned path (counts unreliable).
-    pub(super) hw_lost: u64,
+    /// The architecture's own state of the session (none on ppc64).
+    #[allow(dead_code)]
+    pub(super) arch: SessionArch,
 }
 
-use itrace_format::now_ns;
+use itrace_format::{branch_flags, now_ns, BranchKind};
 
 /// Record `opts.target` into `buffers` until it exits, `opts.stop` is set, or a buffer fills (normal mode).
 pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutcome, RecordError> {
@@ -237,19 +204,14 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         detaching: None,
         launched: None,
         seen_pids: Vec::new(),
-        hw_lost: 0,
+        arch: SessionArch::default(),
     };
     match &opts.target {
         Target::Launch { program, args, aslr, env } => s.launch(program, args, *aslr, env)?,
         Target::Attach { pid } => s.attach(*pid)?,
     }
     s.run();
-    if s.hw_lost > 0 {
-        eprintln!(
-            "itrace: warning: {} stops off the decoded path in block mode; instruction counts may be off",
-            s.hw_lost
-        );
-    }
+    s.warn_at_end();
     s.save_jit_maps();
     s.out.stop_reason.get_or_insert(StopReason::Exited);
     // out counts the partial blocks of trace-off records; the sink, the branches stored.
@@ -257,10 +219,6 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
     s.out.instructions += s.sink.instructions;
     s.out.write_error = s.sink.write_error();
     Ok(s.out)
-}
-
-pub(super) fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
-    ptrace::getregs(Pid::from_raw(tid))
 }
 
 impl Session<'_> {
@@ -272,7 +230,6 @@ impl Session<'_> {
             state: ThreadState::New,
             pending: None,
             icount: 0,
-            arch: X86 { compat: false },
             injected: None,
             syscall_interrupted: false,
             syscall_ts: 0,
@@ -280,21 +237,9 @@ impl Session<'_> {
             original_affinity: None,
             name: String::new(),
             stopped: false,
-            emu_prev: 0,
             attached: false,
-            region_depth: 0,
-            lifted_bps: false,
-            step_once: false,
-            in_step_once: false,
-            release_at_exec: false,
-            single_step_now: false,
-            planned_syscall: None,
-            hw_run: None,
-            dr0: 0,
-            dr1: 0,
-            dr7: 0,
-            hw_stepped: false,
             stop_ts: 0,
+            arch: ThreadArch::default(),
         }
     }
 
@@ -372,82 +317,14 @@ impl Session<'_> {
                 WaitStatus::Signaled(pid, sig, _) => self.gone(pid.as_raw(), StopReason::Signaled, sig as i32),
                 WaitStatus::Stopped(pid, sig) => self.on_signal_stop(pid.as_raw(), sig as i32),
                 WaitStatus::PtraceEvent(pid, sig, ev) => self.on_event(pid.as_raw(), sig as i32, ev),
-                WaitStatus::PtraceSyscall(pid) => self.resume(pid.as_raw(), 0),
+                WaitStatus::PtraceSyscall(pid) => self.on_syscall_stop(pid.as_raw()),
                 WaitStatus::Continued(_) | WaitStatus::StillAlive => {}
             }
         }
     }
 
-    /// Resume a thread: one more step while tracing, or detach it once tracing is ending.
-    pub(super) fn resume(&mut self, tid: i32, sig: i32) {
-        let Some(t) = self.threads.get_mut(&tid) else { return };
-        t.stopped = false;
-        t.stop_ts = 0;
-        let pid = Pid::from_raw(tid);
-        let sig_opt = Signal::try_from(sig).ok();
-        if self.detaching.is_some() || t.state == ThreadState::Finished {
-            self.detach_thread(tid, sig);
-            return;
-        }
-        if t.state == ThreadState::Running {
-            let once = std::mem::take(&mut t.step_once);
-            t.in_step_once = once;
-            t.injected = None;
-            let r = if once { ptrace::step(pid, sig_opt) } else { ptrace::cont(pid, sig_opt) };
-            if let Err(e) = r {
-                if e != Errno::ESRCH {
-                    self.finish_thread(tid, StopReason::TracerError, e as i32);
-                }
-            }
-            return;
-        }
-        t.injected = (sig != 0).then_some(sig);
-        if self.opts.hw_step {
-            if sig == 0 && self.opts.triggers.is_some() {
-                // A run may end on a trigger (ITraceOff, --stop): handle it before going on (a
-                // second call for the same stop finds nothing to do).
-                self.before_step(tid);
-                if !matches!(self.threads.get(&tid), Some(t) if t.state == ThreadState::Stepping) {
-                    return self.resume(tid, 0);
-                }
-            }
-            if sig == 0 && self.hw_run(tid) {
-                if let Some(t) = self.threads.get_mut(&tid) {
-                    t.hw_stepped = false;
-                }
-                return;
-            }
-            self.hw_before_step(tid);
-            if let Some(t) = self.threads.get_mut(&tid) {
-                t.hw_stepped = true;
-            }
-        }
-        if self.opts.triggers.is_some() {
-            // Our breakpoint where the thread steps next: take it out for this one step.
-            self.lift_breakpoint_at_pending(tid);
-        }
-        let Some(t) = self.threads.get_mut(&tid) else { return };
-        if self.opts.block_step {
-            let info = match t.pending {
-                Some(p) => self.block_info(tid, p.pc),
-                None => super::block::BlockInfo { ambiguous: true, syscall: None },
-            };
-            let t = self.threads.get_mut(&tid).expect("thread exists");
-            t.single_step_now = info.ambiguous;
-            t.planned_syscall = info.syscall;
-        }
-        let t = &self.threads[&tid];
-        let r = if self.opts.block_step && !self.opts.emulate_block_step && !t.single_step_now {
-            // SAFETY: plain ptrace request on our stopped tracee; the data argument is a signal number.
-            let r = unsafe { libc::ptrace(super::probe::PTRACE_SINGLEBLOCK, tid, 0, sig as libc::c_long) };
-            if r == 0 {
-                Ok(())
-            } else {
-                Err(Errno::last())
-            }
-        } else {
-            ptrace::step(pid, sig_opt)
-        };
+    /// A resume request failed (other than for a thread already gone): its trace ends there.
+    pub(super) fn after_resume(&mut self, tid: i32, r: Result<(), Errno>) {
         if let Err(e) = r {
             if e != Errno::ESRCH {
                 self.finish_thread(tid, StopReason::TracerError, e as i32);
@@ -461,9 +338,8 @@ impl Session<'_> {
             let reason = self.detaching.unwrap_or(StopReason::Detached);
             self.finish_thread(tid, reason, 0);
         }
-        // Never leave an int3 of ours behind in a process we let go, nor a debug register.
-        self.remove_breakpoints_via(tid);
-        self.hw_clear(tid);
+        // Never leave a breakpoint or trap of ours behind in a process we let go.
+        self.take_out_traps(tid);
         let Some(t) = self.threads.get(&tid) else { return };
         if let Some(set) = t.original_affinity {
             set_affinity(tid, &set);
@@ -506,4 +382,68 @@ impl Session<'_> {
         }
         self.threads.remove(&tid);
     }
+}
+
+/// A branch record for thread `t` ending its current block; resets its count.
+/// `counts_insn`: the instruction at `from` executed and belongs to the block.
+pub(super) fn branch(
+    t: &mut Thread,
+    counts_insn: bool,
+    from: u64,
+    to: u64,
+    kind: BranchKind,
+    flags: u8,
+    aux: u64,
+) -> Branch {
+    if counts_insn {
+        t.icount += 1;
+    }
+    let ts = if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL {
+        t.syscall_ts
+    } else if t.stop_ts != 0 {
+        t.stop_ts
+    } else {
+        now_ns()
+    };
+    let icount = std::mem::take(&mut t.icount);
+    Branch { icount, ..Branch::user(ts, t.tid as u32, from, to, kind, flags, aux as u16) }
+}
+
+/// The architecture's half of a session: what the shared engine (this file, `events.rs`,
+/// `tables.rs`, `launch.rs`) calls where architectures differ. Implemented for [`Session`]
+/// once, in `super::arch` (x86_64 or ppc64), chosen by `cfg(target_arch)` in `super`.
+pub(super) trait PtraceArch {
+    /// Resume a stopped thread: one more step (or block, or run) while tracing, or detach it
+    /// once tracing is ending.
+    fn resume(&mut self, tid: i32, sig: i32);
+    /// A syscall stop (only where the architecture asks for them).
+    fn on_syscall_stop(&mut self, tid: i32);
+    /// A signal-delivery stop of a thread being stepped: a step trap, or a signal for the program.
+    fn on_stepping_stop(&mut self, tid: i32, sig: i32);
+    /// A signal-delivery stop of a thread running untraced (region tracing).
+    fn on_running_stop(&mut self, tid: i32, sig: i32);
+    /// Any signal or event stop, before the thread is marked stopped.
+    fn at_stop(&mut self, tid: i32);
+    /// A ptrace event stop (clone, exec, exit, interrupt), after the thread is marked stopped.
+    fn at_event(&mut self, tid: i32);
+    /// An interrupt stop (PTRACE_EVENT_STOP) of a traced thread, before it is resumed or detached.
+    fn at_interrupt(&mut self, tid: i32);
+    /// An exec replaced the thread's program: forget what was planned in the old image.
+    fn at_exec(&mut self, tid: i32);
+    /// Region tracing takes over the exec (the thread runs untraced until a trigger): whether it did.
+    fn region_exec(&mut self, tid: i32, pid: i32, launching: bool) -> bool;
+    /// Region tracing takes over a thread's first stop: whether it did.
+    fn region_start(&mut self, tid: i32, pid: i32) -> bool;
+    /// The instruction a thread runs first, from its registers, at the end of the launched
+    /// program's exec (`at_exec`) or at its first stop (attached, new thread or child); sets
+    /// the thread's own architecture state. `None`: its registers could not be read.
+    fn first_pending(&mut self, tid: i32, pid: i32, at_exec: bool) -> Option<Pending>;
+    /// The system call a thread that is exiting is in (an exit call, when it did not return).
+    fn exit_syscall_nr(&mut self, tid: i32, signaled: bool) -> u64;
+    /// A child process we do not follow: take what is ours out of its memory and let it go.
+    fn release_unfollowed(&mut self, tid: i32, pid: i32);
+    /// Before detaching a thread: take our breakpoints and traps out of its process.
+    fn take_out_traps(&mut self, tid: i32);
+    /// The recording ended: warn about what made it less exact, if anything.
+    fn warn_at_end(&self);
 }

@@ -2,7 +2,6 @@
 //! interrupts, a thread's first stop, and signals on their way to the program.
 
 use super::engine::*;
-use crate::isa::x86_64::{RESTART_CODES, X86};
 use crate::procfs::{self};
 use crate::Arch;
 use itrace_decoders::Flow;
@@ -15,12 +14,11 @@ impl Session<'_> {
         if !self.threads.contains_key(&tid) {
             self.adopt(tid);
         }
-        self.put_back_lifted(tid);
+        self.at_stop(tid);
         if let Some(t) = self.threads.get_mut(&tid) {
             t.stopped = true;
         }
-        // Stopped mid-run (our interrupt, another thread's exit): count the path so far.
-        self.hw_stopped(tid, 0);
+        self.at_event(tid);
         match ev {
             libc::PTRACE_EVENT_STOP => self.on_interrupt_stop(tid, sig),
             libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
@@ -98,9 +96,8 @@ impl Session<'_> {
             self.seen_pids.push(child_pid);
             let mut p = Process::new(maps, code, name);
             if let Some(pp) = self.procs.get(&parent_pid) {
-                // The child's memory is a copy, our int3s included.
-                p.bps = pp.bps.clone();
-                p.triggers_set = pp.triggers_set;
+                // The child's memory is a copy, our breakpoints and traps included.
+                p.arch = pp.arch.copy_for_child();
             }
             self.procs.insert(child_pid, p);
         }
@@ -117,23 +114,7 @@ impl Session<'_> {
                 self.threads.insert(tid, t);
             }
         }
-        if let Some(t) = self.threads.get_mut(&tid) {
-            // exec flushes ptrace breakpoints.
-            (t.hw_run, t.dr0, t.dr1, t.dr7) = (None, 0, 0, 0);
-        }
-        if self.opts.block_step {
-            // The old image is gone: account for the block up to execve from the plan made before it ran.
-            if let Some(t) = self.threads.get_mut(&tid) {
-                if let (Some((pc, insn, before)), Some(p)) = (t.planned_syscall.take(), t.pending) {
-                    if p.pc != pc || !t.single_step_now {
-                        t.icount += before;
-                    }
-                    t.pending = Some(Pending { pc, insn, entry_nr: p.entry_nr });
-                }
-                // The next stop is the end of execve: classify it as one step of the system call.
-                t.single_step_now = true;
-            }
-        }
+        self.at_exec(tid);
         let Some(t) = self.threads.get(&tid) else { return };
         let pid = t.pid;
         let launching = t.state == ThreadState::Launching;
@@ -146,25 +127,20 @@ impl Session<'_> {
             t.name.clear();
         }
         self.name_thread(pid, tid, ts);
-        if self.opts.triggers.is_some() {
-            self.region_exec(tid, pid, launching);
+        if self.region_exec(tid, pid, launching) {
             return;
         }
         if launching {
             // The launched program's first instruction: start stepping here.
             self.pin_thread(tid);
             self.pin_tracer(tid);
-            let Ok(regs) = getregs(tid) else { return };
-            let arch = X86::from_cs(regs.cs);
-            let insn = self.decode(pid, arch, regs.rip);
+            let Some(pending) = self.first_pending(tid, pid, true) else { return };
             let t = self.threads.get_mut(&tid).expect("thread exists");
-            t.arch = arch;
             t.state = ThreadState::Stepping;
-            t.pending = Some(Pending { pc: regs.rip, insn, entry_nr: regs.rax });
-            t.emu_prev = regs.rip;
+            t.pending = Some(pending);
             // Resuming with a step makes the kernel report the end of execve before the first instruction.
-            t.skip_report_at = Some(regs.rip);
-            let (cpu, pc) = (t.cpu, regs.rip);
+            t.skip_report_at = Some(pending.pc);
+            let (cpu, pc) = (t.cpu, pending.pc);
             self.out.threads += 1;
             let on = TraceOn { ts, reason: TraceOnReason::Start, pid: pid as u32, tid: tid as u32, pc };
             self.push_control(cpu, Record::TraceOn(on));
@@ -179,25 +155,10 @@ impl Session<'_> {
         let (pid, cpu) = (t.pid, t.cpu);
         self.name_thread(pid, tid, now_ns());
         let signaled = libc::WIFSIGNALED(status);
-        // Inside the exit system call orig_rax holds its number (in block mode nothing else does).
-        let nr = getregs(tid).map(|r| r.orig_rax).unwrap_or(u64::MAX);
+        let nr = self.exit_syscall_nr(tid, signaled);
         let t = self.threads.get_mut(&tid).expect("thread exists");
         if let Some(p) = t.pending {
-            if self.opts.block_step && !signaled && t.arch.is_exit_syscall(nr) {
-                let (pid, arch) = (t.pid, t.arch);
-                // The block ran up to the system call instruction, which the walk finds.
-                let rip = getregs(tid).map(|r| r.rip).unwrap_or(0);
-                let w = super::block::walk_block(|pc| self.decode(pid, arch, pc), p.pc, rip, true, 1 << 24);
-                let t = self.threads.get_mut(&tid).expect("thread exists");
-                if let super::block::WalkEnd::Branch { pc, insn } = w.end {
-                    t.icount += w.before;
-                    t.pending = Some(Pending { pc, insn, entry_nr: nr });
-                }
-            }
-        }
-        let t = self.threads.get_mut(&tid).expect("thread exists");
-        if let Some(p) = t.pending {
-            if p.insn.flow == Flow::Syscall && !signaled && t.arch.is_exit_syscall(nr) {
+            if p.insn.flow == Flow::Syscall && !signaled && t.arch.isa().is_exit_syscall(nr) {
                 // The exit system call ran and never returns.
                 let b = Branch {
                     ts: t.syscall_ts,
@@ -239,6 +200,7 @@ impl Session<'_> {
                 let _ = ptrace::cont(Pid::from_raw(tid), None);
                 return;
             }
+            self.at_interrupt(tid);
             self.detach_thread(tid, 0);
             return;
         }
@@ -259,7 +221,10 @@ impl Session<'_> {
                     t.stopped = false;
                 }
             }
-            _ => self.resume(tid, 0),
+            _ => {
+                self.at_interrupt(tid);
+                self.resume(tid, 0)
+            }
         }
     }
 
@@ -280,31 +245,19 @@ impl Session<'_> {
             return;
         }
         self.pin_thread(tid);
-        if self.opts.triggers.is_some() {
-            // Region tracing: run at full speed until a trigger.
-            self.start_running(tid, pid);
+        if self.region_start(tid, pid) {
             return;
         }
-        let Ok(regs) = getregs(tid) else {
+        let Some(pending) = self.first_pending(tid, pid, false) else {
             self.threads.remove(&tid);
             return;
         };
-        let arch = X86::from_cs(regs.cs);
-        // Stopped inside a system call that will be restarted: the kernel moves the pc back
-        // onto the system call instruction when it resumes, so that is what runs next.
-        let in_syscall = regs.orig_rax as i64 >= 0;
-        let mut pc = regs.rip;
-        if in_syscall && RESTART_CODES.contains(&(regs.rax as i64)) {
-            pc -= 2;
-        }
-        let insn = self.decode(pid, arch, pc);
+        let pc = pending.pc;
         let ts = now_ns();
         self.name_thread(pid, tid, ts);
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.arch = arch;
         t.state = ThreadState::Stepping;
-        t.pending = Some(Pending { pc, insn, entry_nr: regs.orig_rax });
-        t.emu_prev = pc;
+        t.pending = Some(pending);
         t.syscall_ts = ts;
         let cpu = t.cpu;
         if self.out.threads == 0 {
@@ -323,83 +276,21 @@ impl Session<'_> {
         }
     }
 
-    /// A signal-delivery stop (or a step trap, which is SIGTRAP).
+    /// A signal-delivery stop (a step trap or one of our breakpoints is SIGTRAP).
     pub(super) fn on_signal_stop(&mut self, tid: i32, sig: i32) {
         if !self.threads.contains_key(&tid) {
             self.adopt(tid);
         }
-        self.put_back_lifted(tid);
+        self.at_stop(tid);
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = true;
-        if t.state == ThreadState::Running {
-            self.on_running_stop(tid, sig);
-            return;
-        }
-        let Some(t) = self.threads.get_mut(&tid) else { return };
-        if t.state != ThreadState::Stepping {
+        match t.state {
+            ThreadState::Stepping => self.on_stepping_stop(tid, sig),
+            ThreadState::Running => self.on_running_stop(tid, sig),
+            // A new child's initial stop when not seized (older kernels): start it.
+            ThreadState::New if sig == libc::SIGSTOP => self.start_thread(tid),
             // Not stepping yet (or finished): pass the signal on.
-            let state = t.state;
-            if state == ThreadState::New && sig == libc::SIGSTOP {
-                // A new child's initial stop when not seized (older kernels): start it.
-                self.start_thread(tid);
-                return;
-            }
-            self.resume(tid, sig);
-            return;
+            _ => self.resume(tid, sig),
         }
-        if self.opts.hw_step {
-            if self.threads[&tid].hw_run.is_some() {
-                if self.hw_stopped(tid, sig) {
-                    // The breakpoint: the thread is on the stop point.
-                    self.resume(tid, 0);
-                } else {
-                    // Stopped mid-path by a signal (a SIGTRAP away from the breakpoint is not
-                    // ours): deliver it with a step, as single-stepping does.
-                    self.resume(tid, sig);
-                }
-                return;
-            }
-            if sig == libc::SIGTRAP && !self.threads[&tid].hw_stepped {
-                // A breakpoint hit queued behind our interrupt, already counted.
-                self.resume(tid, 0);
-                return;
-            }
-        }
-        if sig != libc::SIGTRAP {
-            // The program gets a signal: deliver it on the next step; the stop after shows the handler.
-            if self.opts.block_step {
-                if let Ok(regs) = getregs(tid) {
-                    self.fast_forward(tid, regs.rip, false);
-                }
-            }
-            self.resume(tid, sig);
-            return;
-        }
-        let Ok(regs) = getregs(tid) else {
-            self.resume(tid, 0);
-            return;
-        };
-        if self.opts.hw_step && self.hw_rehit(tid, &regs) {
-            // The step stopped on the breakpoint again: step once more without it.
-            self.resume(tid, 0);
-            return;
-        }
-        if self.opts.emulate_block_step && !self.emulated_block_ended(tid, &regs) {
-            self.resume(tid, 0);
-            return;
-        }
-        let mut inject = 0;
-        self.on_step(tid, &regs, &mut inject);
-        if self.opts.hw_step && inject == 0 {
-            self.hw_emulate(tid, &regs);
-        }
-        if let Some(t) = self.threads.get_mut(&tid) {
-            t.emu_prev = regs.rip;
-        }
-        if self.opts.triggers.is_some() && inject == 0 {
-            // A region trigger where the thread goes next (ITraceOff, --stop, ...)?
-            self.before_step(tid);
-        }
-        self.resume(tid, inject);
     }
 }

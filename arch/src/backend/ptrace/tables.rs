@@ -1,9 +1,9 @@
 //! Module-table upkeep: process and thread names, executable mappings (re-read when a system
-//! call may have changed them), JIT symbol maps, and the decoded-instruction cache those
-//! mappings make safe.
+//! call may have changed them; the vDSO's image comes with them), JIT symbol maps, and the
+//! decoded-instruction cache those mappings make safe.
 
+use super::arch::{Isa, INSN_READ_LEN};
 use super::engine::*;
-use crate::isa::x86_64::X86;
 use crate::procfs::{self};
 use crate::Arch;
 use itrace_decoders::Insn;
@@ -55,10 +55,7 @@ impl Session<'_> {
         for r in &records {
             let (Mte::Unmap { start, end, .. } | Mte::Segment { start, end, .. }) = r else { continue };
             p.code.retain(|a, _| *a < *start || *a >= *end);
-            p.emul.retain(|a, _| *a < *start || *a >= *end);
-            if matches!(r, Mte::Unmap { .. }) {
-                p.ambiguous.clear();
-            }
+            p.arch.forget(*start, *end, matches!(r, Mte::Unmap { .. }));
         }
         p.maps = new;
         for r in records {
@@ -66,37 +63,28 @@ impl Session<'_> {
         }
     }
 
-    /// Decode the instruction at `pc` in `pid`, from the cache when the code cannot change unseen.
-    pub(super) fn decode(&mut self, pid: i32, arch: X86, pc: u64) -> Insn {
+    /// Decode the instruction at `pc` in `pid` (as it is without our breakpoints and traps),
+    /// from the cache when the code cannot change unseen.
+    pub(super) fn decode(&mut self, pid: i32, isa: Isa, pc: u64) -> Insn {
         if let Some(i) = self.procs.get(&pid).and_then(|p| p.code.get(&pc)) {
             return *i;
         }
-        let mut buf = [0u8; 16];
-        let n = read_mem(pid, pc, &mut buf[..arch.max_insn_len()]);
+        let mut buf = [0u8; INSN_READ_LEN];
+        let n = read_mem(pid, pc, &mut buf);
         if let Some(p) = self.procs.get(&pid) {
-            p.bps.unpatch(pc, &mut buf[..n]);
+            p.arch.unpatch(pc, &mut buf[..n]);
         }
-        let insn = arch.decode(pc, &buf[..n]);
+        let insn = isa.decode(pc, &buf[..n]);
         if let Some(p) = self.procs.get_mut(&pid) {
             let i = p.maps.partition_point(|m| m.end <= pc);
             let cacheable = p.maps.get(i).is_some_and(|m| m.start <= pc && !m.writable());
             if cacheable {
                 p.code.insert(pc, insn);
+                p.arch.cached(pc, &buf[..n]);
             }
         }
         insn
     }
-}
-
-/// Write `bytes` into `pid`'s memory at `addr` (memory it may write itself: process_vm_writev
-/// honours page protections); returns how many were written.
-pub(super) fn write_mem(pid: i32, addr: u64, bytes: &[u8]) -> usize {
-    let local = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: bytes.len() };
-    // SAFETY: `local` points into `bytes` for its length and is only read by the kernel; the
-    // remote range is checked by the kernel against the tracee's mappings.
-    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
-    n.max(0) as usize
 }
 
 /// Read up to `buf.len()` bytes of `pid`'s memory at `addr`; returns how many were read.

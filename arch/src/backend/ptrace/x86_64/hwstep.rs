@@ -84,6 +84,7 @@
 //! traps (breakpoint, step) each.
 
 use super::engine::*;
+use super::getregs;
 use super::probe::wait_no_eintr;
 use itrace_decoders::{x86, Flow, Insn};
 use nix::errno::Errno;
@@ -367,9 +368,9 @@ impl Session<'_> {
         if !known(&p.insn) {
             return false;
         }
-        let (pid, arch) = (t.pid, t.arch);
+        let (pid, arch) = (t.pid, t.arch.isa);
         // Rule 9: an int3 of region tracing is a stop point; on one, single-step (it is lifted).
-        let trigger_at = |s: &Self, pc: u64| s.procs.get(&pid).is_some_and(|p| p.bps.kind_at(pc).is_some());
+        let trigger_at = |s: &Self, pc: u64| s.procs.get(&pid).is_some_and(|p| p.arch.bps.kind_at(pc).is_some());
         if trigger_at(self, p.pc) {
             return false;
         }
@@ -400,7 +401,7 @@ impl Session<'_> {
             None => (stop, None, DR7_DR0_EXEC),
         };
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        let (dr0, dr1) = (t.dr0, t.dr1);
+        let (dr0, dr1) = (t.arch.dr0, t.arch.dr1);
         let writes = [(0, want0, dr0 != want0), (1, want1.unwrap_or(dr1), want1.is_some_and(|w| w != dr1))];
         for (n, value, needed) in writes {
             if needed {
@@ -410,46 +411,42 @@ impl Session<'_> {
                 }
                 let t = self.threads.get_mut(&tid).expect("thread exists");
                 if n == 0 {
-                    t.dr0 = value;
+                    t.arch.dr0 = value;
                 } else {
-                    t.dr1 = value;
+                    t.arch.dr1 = value;
                 }
             }
         }
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        if t.dr7 != want7 {
+        if t.arch.dr7 != want7 {
             if let Err(e) = set_dr(tid, 7, want7) {
                 self.hw_failed(tid, e);
                 return true;
             }
-            self.threads.get_mut(&tid).expect("thread exists").dr7 = want7;
+            self.threads.get_mut(&tid).expect("thread exists").arch.dr7 = want7;
         }
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.hw_run = Some(Run { start: p.pc, stop, cond });
+        t.arch.hw_run = Some(Run { start: p.pc, stop, cond });
         t.injected = None;
         if let Err(e) = ptrace::cont(Pid::from_raw(tid), None) {
-            t.hw_run = None;
-            if e != Errno::ESRCH {
-                self.finish_thread(tid, itrace_format::StopReason::TracerError, e as i32);
-            }
+            t.arch.hw_run = None;
+            self.hw_failed(tid, e);
         }
         true
     }
 
     fn hw_failed(&mut self, tid: i32, e: Errno) {
-        if e != Errno::ESRCH {
-            self.finish_thread(tid, itrace_format::StopReason::TracerError, e as i32);
-        }
+        self.after_resume(tid, Err(e));
     }
 
     /// Before single-stepping `tid` (rule 5): a breakpoint on the instruction it is on would
     /// stop the step before it executes, unless the kernel set the resume flag.
     pub(super) fn hw_before_step(&mut self, tid: i32) {
-        let rf_auto = self.opts.hw_rf_auto;
+        let rf_auto = self.opts.step.hw_rf_auto;
         let Some(t) = self.threads.get_mut(&tid) else { return };
-        let on_it = t.pending.is_some_and(|p| t.armed(p.pc));
+        let on_it = t.pending.is_some_and(|p| t.arch.armed(p.pc));
         if on_it && !rf_auto && set_dr(tid, 7, 0).is_ok() {
-            t.dr7 = 0;
+            t.arch.dr7 = 0;
         }
     }
 
@@ -458,13 +455,13 @@ impl Session<'_> {
     /// probe found `rf_auto`). DR7 is cleared so the next step executes the instruction.
     pub(super) fn hw_rehit(&mut self, tid: i32, regs: &libc::user_regs_struct) -> bool {
         let Some(t) = self.threads.get(&tid) else { return false };
-        let suspect = t.hw_stepped && t.armed(regs.rip) && t.pending.is_some_and(|p| p.pc == regs.rip);
+        let suspect = t.arch.hw_stepped && t.arch.armed(regs.rip) && t.pending.is_some_and(|p| p.pc == regs.rip);
         // A conditional jump to itself lands here too, by a real step (TRAP_TRACE).
         if !suspect || ptrace::getsiginfo(Pid::from_raw(tid)).map(|si| si.si_code != TRAP_HWBKPT).unwrap_or(true) {
             return false;
         }
         if set_dr(tid, 7, 0).is_ok() {
-            self.threads.get_mut(&tid).expect("thread exists").dr7 = 0;
+            self.threads.get_mut(&tid).expect("thread exists").arch.dr7 = 0;
         }
         true
     }
@@ -473,7 +470,7 @@ impl Session<'_> {
     /// decode what it runs next. Returns whether the stop is the run's breakpoint.
     pub(super) fn hw_stopped(&mut self, tid: i32, sig: i32) -> bool {
         let Some(t) = self.threads.get_mut(&tid) else { return false };
-        let Some(run) = t.hw_run.take() else { return false };
+        let Some(run) = t.arch.hw_run.take() else { return false };
         let Ok(regs) = getregs(tid) else { return false };
         // One clock read for what this stop writes (the run's branches and what itrace carries
         // out next); `hw_run` or a step ends it.
@@ -497,24 +494,16 @@ impl Session<'_> {
                         t.icount += 1;
                         if went_taken {
                             let cpu = t.cpu;
-                            let b = super::step::branch(
-                                t,
-                                false,
-                                run.stop,
-                                c.target,
-                                itrace_format::BranchKind::CondJump,
-                                0,
-                                0,
-                            );
+                            let b = branch(t, false, run.stop, c.target, itrace_format::BranchKind::CondJump, 0, 0);
                             self.push_branch(cpu, b);
                         }
                         self.hw_account(tid, after);
                         hit = sig == libc::SIGTRAP && (rip == c.taken_stop || rip == c.fall_stop);
                     }
-                    _ => self.hw_lost += 1,
+                    _ => self.arch.hw_lost += 1,
                 }
             }
-            (None, None) => self.hw_lost += 1,
+            (None, None) => self.arch.hw_lost += 1,
         }
         self.update_pending_after(tid, rip, &regs, false);
         if hit {
@@ -527,7 +516,7 @@ impl Session<'_> {
     /// branches and the instructions after the last one. `None`: `until` is not on it.
     fn hw_path(&mut self, tid: i32, start: u64, until: u64) -> Option<(Vec<PathBranch>, u32)> {
         let t = &self.threads[&tid];
-        let (pid, arch) = (t.pid, t.arch);
+        let (pid, arch) = (t.pid, t.arch.isa);
         let mut branches = Vec::new();
         let tail = follow(|pc| self.decode(pid, arch, pc), start, until, PLAN_LIMIT, |b| branches.push(b))?;
         Some((branches, tail))
@@ -539,7 +528,7 @@ impl Session<'_> {
         for b in branches {
             let t = self.threads.get_mut(&tid).expect("thread exists");
             t.icount += b.icount - 1;
-            let rec = super::step::branch(t, true, b.from, b.to, b.flow.branch_kind(), 0, 0);
+            let rec = branch(t, true, b.from, b.to, b.flow.branch_kind(), 0, 0);
             self.push_branch(cpu, rec);
         }
         self.threads.get_mut(&tid).expect("thread exists").icount += tail;
@@ -561,14 +550,14 @@ impl Session<'_> {
             {
                 break;
             }
-            let (pid, cpu, compat) = (t.pid, t.cpu, t.arch.compat);
+            let (pid, cpu, compat) = (t.pid, t.cpu, t.arch.isa.compat);
             let next = p.pc.wrapping_add(p.insn.len as u64);
             let (to, kind) = match self.emul_at(pid, p.pc, compat) {
                 Some(Emul::Jcc(cc)) => {
                     let Some(target) = p.insn.target else { break };
                     (if jcc_taken(cc, regs.eflags) { target } else { next }, itrace_format::BranchKind::CondJump)
                 }
-                Some(Emul::Ret(imm)) if self.opts.hw_emulate_stack => {
+                Some(Emul::Ret(imm)) if self.opts.step.hw_emulate_stack => {
                     // 32-bit code pops 4 bytes (esp wraps at 4 GiB).
                     let width = if compat { 4 } else { 8 };
                     let mut buf = [0u8; 8];
@@ -579,14 +568,14 @@ impl Session<'_> {
                     regs.rsp = if compat { sp & 0xffff_ffff } else { sp };
                     (u64::from_le_bytes(buf), itrace_format::BranchKind::Return)
                 }
-                Some(Emul::Indirect(ind)) if !ind.call || self.opts.hw_emulate_stack => {
+                Some(Emul::Indirect(ind)) if !ind.call || self.opts.step.hw_emulate_stack => {
                     let Some(to) = indirect_target(&ind, &regs, compat, pid) else { break };
                     if ind.call {
                         // Push the return address as the call would; where the stack cannot be
                         // written (a guard page to grow into), the call is left to a step.
                         let width = if compat { 4 } else { 8 };
                         let sp = regs.rsp.wrapping_sub(width as u64) & if compat { 0xffff_ffff } else { u64::MAX };
-                        if super::tables::write_mem(pid, sp, &next.to_le_bytes()[..width]) != width {
+                        if write_mem(pid, sp, &next.to_le_bytes()[..width]) != width {
                             break;
                         }
                         regs.rsp = sp;
@@ -598,7 +587,7 @@ impl Session<'_> {
             let t = self.threads.get_mut(&tid).expect("thread exists");
             t.icount += 1;
             if to != next || p.insn.flow != Flow::CondJump {
-                let b = super::step::branch(t, false, p.pc, to, kind, 0, 0);
+                let b = branch(t, false, p.pc, to, kind, 0, 0);
                 self.push_branch(cpu, b);
             }
             regs.rip = to;
@@ -615,10 +604,10 @@ impl Session<'_> {
     /// What itrace can carry out of the instruction at `pc` (read-only code only), cached.
     fn emul_at(&mut self, pid: i32, pc: u64, compat: bool) -> Option<Emul> {
         let p = self.procs.get(&pid)?;
-        if p.bps.kind_at(pc).is_some() {
+        if p.arch.bps.kind_at(pc).is_some() {
             return None; // holds our int3 (rule 9), maybe inserted after the entry below was made
         }
-        if let Some(&e) = p.emul.get(&pc) {
+        if let Some(&e) = p.arch.emul.get(&pc) {
             return e;
         }
         if !p.code.contains_key(&pc) {
@@ -628,18 +617,29 @@ impl Session<'_> {
         let n = super::tables::read_mem(pid, pc, &mut buf);
         let bitness = if compat { 32 } else { 64 };
         let e = emulable(&buf[..n]).or_else(|| x86::indirect(bitness, pc, &buf[..n]).map(Emul::Indirect));
-        self.procs.get_mut(&pid)?.emul.insert(pc, e);
+        self.procs.get_mut(&pid)?.arch.emul.insert(pc, e);
         e
     }
 
     /// Detach: leave no breakpoint behind (rule 6).
     pub(super) fn hw_clear(&mut self, tid: i32) {
         if let Some(t) = self.threads.get_mut(&tid) {
-            if t.dr7 != 0 && set_dr(tid, 7, 0).is_ok() {
-                t.dr7 = 0;
+            if t.arch.dr7 != 0 && set_dr(tid, 7, 0).is_ok() {
+                t.arch.dr7 = 0;
             }
         }
     }
+}
+
+/// Write `bytes` into `pid`'s memory at `addr` (memory it may write itself: process_vm_writev
+/// honours page protections); returns how many were written.
+fn write_mem(pid: i32, addr: u64, bytes: &[u8]) -> usize {
+    let local = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: `local` points into `bytes` for its length and is only read by the kernel; the
+    // remote range is checked by the kernel against the tracee's mappings.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    n.max(0) as usize
 }
 
 #[cfg(test)]

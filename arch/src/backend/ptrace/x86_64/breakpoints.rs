@@ -6,6 +6,7 @@
 //! so every breakpoint can be taken out before detaching (a breakpoint left
 //! behind would kill the program with SIGTRAP).
 
+use super::engine::{Trigger, TriggerKind};
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
@@ -13,30 +14,6 @@ use std::collections::HashMap;
 
 /// The x86 breakpoint instruction.
 pub const INT3: u8 = 0xcc;
-
-/// What reaching a breakpoint means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TriggerKind {
-    /// Start stepping the thread here (`--start SYMBOL`).
-    Start,
-    /// Stop stepping the thread here (`--stop SYMBOL`).
-    Stop,
-    /// The library's `ITraceOn`: start (or nest) a region and return to the caller.
-    RegionOn,
-    /// The library's `ITraceOff`: end (or unnest) a region and return to the caller.
-    RegionOff,
-    /// The library's `ITraceEnabled`: return whether the thread is traced.
-    RegionEnabled,
-    /// The program's entry point: its libraries are loaded, resolve the triggers now.
-    Entry,
-}
-
-/// A trigger at a runtime address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Trigger {
-    pub addr: u64,
-    pub kind: TriggerKind,
-}
 
 /// The breakpoints of one process.
 #[derive(Clone, Debug, Default)]

@@ -9,13 +9,16 @@ use itrace_format::{branch_flags, now_ns, Branch, BranchKind};
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
+/// si_code of a step report from the kernel rather than the debug trap.
+const TRAP_BRKPT: i32 = 1;
+
 impl Session<'_> {
     /// The core: a thread stopped after a step. Classify what ran, write records, decode what runs next.
     pub(super) fn on_step(&mut self, tid: i32, regs: &libc::user_regs_struct, inject: &mut i32) {
         let rip = regs.rip;
-        if self.opts.block_step {
+        if self.opts.step.block_step {
             let t = &self.threads[&tid];
-            let report = t.single_step_now || t.skip_report_at == Some(rip) || t.injected.is_some();
+            let report = t.arch.single_step_now || t.skip_report_at == Some(rip) || t.injected.is_some();
             if !report && !self.fast_forward(tid, rip, true) {
                 self.update_pending_after(tid, rip, regs, false);
                 return;
@@ -63,7 +66,7 @@ impl Session<'_> {
                             return;
                         }
                         t.syscall_interrupted = false;
-                        if t.arch.sends_signal(regs.orig_rax) {
+                        if t.arch.isa.sends_signal(regs.orig_rax) {
                             // A SIGTRAP the program sent itself merges with the kernel's step report
                             // (one pending SIGTRAP): tell them apart by who sent it, and deliver it.
                             let own = ptrace::getsiginfo(Pid::from_raw(tid)).map(|si| si.si_code <= 0).unwrap_or(false);
@@ -74,8 +77,8 @@ impl Session<'_> {
                         // rt_sigreturn sets orig_rax to -1 (no restart). (i386's old sigreturn, 119, also
                         // does; it is told apart only when single-stepping saw eax at the call.)
                         let nr = match regs.orig_rax as i64 {
-                            -1 if p.entry_nr == 119 && t.arch.compat && !self.opts.block_step => 119,
-                            -1 => t.arch.rt_sigreturn_nr(),
+                            -1 if p.syscall_nr == 119 && t.arch.isa.compat && !self.opts.step.block_step => 119,
+                            -1 => t.arch.isa.rt_sigreturn_nr(),
                             _ => regs.orig_rax,
                         };
                         out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, nr));
@@ -118,7 +121,7 @@ impl Session<'_> {
             self.push_branch(cpu, b);
         }
         if let Some(nr) = syscall_done {
-            let arch = self.threads[&tid].arch;
+            let arch = self.threads[&tid].arch.isa;
             if arch.changes_mappings(nr) {
                 self.refresh_maps(pid, now_ns());
             }
@@ -132,13 +135,13 @@ impl Session<'_> {
     /// Block mode: what the block starting at `pc` holds (cached per address).
     pub(super) fn block_info(&mut self, tid: i32, pc: u64) -> super::block::BlockInfo {
         let t = &self.threads[&tid];
-        let (pid, arch) = (t.pid, t.arch);
-        if let Some(&a) = self.procs.get(&pid).and_then(|p| p.ambiguous.get(&pc)) {
+        let (pid, arch) = (t.pid, t.arch.isa);
+        if let Some(&a) = self.procs.get(&pid).and_then(|p| p.arch.ambiguous.get(&pc)) {
             return a;
         }
         let a = super::block::block_info(|a| self.decode(pid, arch, a), pc, 4096);
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.ambiguous.insert(pc, a);
+            p.arch.ambiguous.insert(pc, a);
         }
         a
     }
@@ -147,10 +150,11 @@ impl Session<'_> {
     /// system call or interrupt, and for the kernel's own reports.)
     pub(super) fn emulated_block_ended(&mut self, tid: i32, regs: &libc::user_regs_struct) -> bool {
         let t = &self.threads[&tid];
-        if t.single_step_now || t.injected.is_some() || t.skip_report_at == Some(regs.rip) || t.emu_prev == 0 {
+        if t.arch.single_step_now || t.injected.is_some() || t.skip_report_at == Some(regs.rip) || t.arch.emu_prev == 0
+        {
             return true;
         }
-        let (pid, arch, prev) = (t.pid, t.arch, t.emu_prev);
+        let (pid, arch, prev) = (t.pid, t.arch.isa, t.arch.emu_prev);
         let insn = self.decode(pid, arch, prev);
         let ended = match insn.flow {
             Flow::Syscall | Flow::Interrupt | Flow::Invalid => true,
@@ -158,7 +162,7 @@ impl Session<'_> {
             f => f.always_branches(),
         };
         if !ended {
-            self.threads.get_mut(&tid).expect("thread exists").emu_prev = regs.rip;
+            self.threads.get_mut(&tid).expect("thread exists").arch.emu_prev = regs.rip;
         }
         ended
     }
@@ -169,19 +173,19 @@ impl Session<'_> {
     pub(super) fn fast_forward(&mut self, tid: i32, rip: u64, branch_stop: bool) -> bool {
         let Some(t) = self.threads.get(&tid) else { return false };
         let Some(p) = t.pending else { return false };
-        let (pid, arch) = (t.pid, t.arch);
+        let (pid, arch) = (t.pid, t.arch.isa);
         let w = super::block::walk_block(|pc| self.decode(pid, arch, pc), p.pc, rip, branch_stop, 1 << 24);
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.icount += w.before;
         match w.end {
             super::block::WalkEnd::Branch { pc, insn } => {
-                t.pending = Some(Pending { pc, insn, entry_nr: p.entry_nr });
+                t.pending = Some(Pending { pc, insn, syscall_nr: p.syscall_nr });
                 true
             }
             super::block::WalkEnd::Reached | super::block::WalkEnd::Lost => {
                 let insn = self.decode(pid, arch, rip);
                 let t = self.threads.get_mut(&tid).expect("thread exists");
-                t.pending = Some(Pending { pc: rip, insn, entry_nr: p.entry_nr });
+                t.pending = Some(Pending { pc: rip, insn, syscall_nr: p.syscall_nr });
                 false
             }
         }
@@ -193,41 +197,16 @@ impl Session<'_> {
             return;
         }
         let t = &self.threads[&tid];
-        let (pid, mut arch) = (t.pid, t.arch);
+        let (pid, mut arch) = (t.pid, t.arch.isa);
         if regs.cs != 0 {
             arch = X86::from_cs(regs.cs);
         }
         let insn = self.decode(pid, arch, rip);
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.arch = arch;
-        t.pending = Some(Pending { pc: rip, insn, entry_nr: regs.rax });
+        t.arch.isa = arch;
+        t.pending = Some(Pending { pc: rip, insn, syscall_nr: regs.rax });
         if insn.flow == Flow::Syscall {
             t.syscall_ts = now_ns();
         }
     }
-}
-
-/// A branch record for thread `t` ending its current block; resets its count.
-/// `counts_insn`: the instruction at `from` executed and belongs to the block.
-pub(super) fn branch(
-    t: &mut Thread,
-    counts_insn: bool,
-    from: u64,
-    to: u64,
-    kind: BranchKind,
-    flags: u8,
-    aux: u64,
-) -> Branch {
-    if counts_insn {
-        t.icount += 1;
-    }
-    let ts = if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL {
-        t.syscall_ts
-    } else if t.stop_ts != 0 {
-        t.stop_ts
-    } else {
-        now_ns()
-    };
-    let icount = std::mem::take(&mut t.icount);
-    Branch { icount, ..Branch::user(ts, t.tid as u32, from, to, kind, flags, aux as u16) }
 }

@@ -3,8 +3,9 @@
 //! breakpoint instead of being stepped.
 
 use super::engine::*;
-use super::regs::{poke_insn, Regs, TRAP};
-use super::tables::PPC64LE;
+use super::regs::{getregs, poke_insn, Regs, TRAP};
+use super::tables::read_mem;
+use super::PPC64LE;
 use crate::{Arch, Reservation};
 use itrace_decoders::Flow;
 use itrace_format::{branch_flags, now_ns, Branch, BranchKind};
@@ -13,6 +14,18 @@ use nix::unistd::Pid;
 
 /// The longest load-reserve ... store-conditional sequence run to a breakpoint (gdb's limit).
 const MAX_ATOMIC_SEQUENCE: usize = 16;
+
+/// An atomic sequence running to its temporary breakpoints.
+#[derive(Clone, Debug)]
+pub(super) struct AtomicRun {
+    /// The load-reserve and the store-conditional.
+    pub(super) start: u64,
+    pub(super) end: u64,
+    /// Branches leaving the sequence: (from, to, flow).
+    pub(super) exits: Vec<(u64, u64, itrace_decoders::Flow)>,
+    /// Where the traps are, and the instructions they replaced.
+    pub(super) traps: Vec<(u64, u32)>,
+}
 
 impl Session<'_> {
     /// The core: a thread stopped after a step at `rip`. Classify what ran, write records,
@@ -23,7 +36,9 @@ impl Session<'_> {
         let mut out: [Option<Branch>; 2] = [None, None];
         let mut syscall_done: Option<u64> = None;
         if let Some(p) = t.pending {
-            if rip == p.pc && t.injected.is_none() && self.procs.get(&pid).is_some_and(|pr| pr.traps.contains_key(&rip))
+            if rip == p.pc
+                && t.injected.is_none()
+                && self.procs.get(&pid).is_some_and(|pr| pr.arch.traps.contains_key(&rip))
             {
                 // Another thread's atomic run has a trap here: wait (step again) until it is out.
                 return;
@@ -43,7 +58,7 @@ impl Session<'_> {
                 let now = now_ns();
                 if std::mem::take(&mut t.syscall_interrupted) && p.insn.flow == Flow::Syscall {
                     // The system call ran and was interrupted by this signal.
-                    out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, p.nr));
+                    out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, p.syscall_nr));
                 } else {
                     out[0] = Some(branch(t, false, p.pc, 0, BranchKind::Intrpt, branch_flags::SIGNAL, signo));
                 }
@@ -63,7 +78,7 @@ impl Session<'_> {
                         // Stepped with a signal that was not handled (system calls otherwise run
                         // between syscall stops): the step ran past the next instruction too.
                         t.syscall_interrupted = false;
-                        let nr = p.nr;
+                        let nr = p.syscall_nr;
                         out[0] = Some(branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, nr));
                         let mut k = branch(t, false, 0, rip, BranchKind::Iret, branch_flags::SYSCALL, nr);
                         k.kernel = true;
@@ -111,7 +126,7 @@ impl Session<'_> {
     /// system call's end there), so it runs from a syscall-entry stop to its syscall-exit stop,
     /// where the pc is where it returns (for rt_sigreturn, the interrupted code), and a single
     /// step goes on from there.
-    pub(super) fn on_syscall_stop(&mut self, tid: i32) {
+    pub(super) fn syscall_stop(&mut self, tid: i32) {
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = true;
         if t.state != ThreadState::Stepping {
@@ -123,16 +138,16 @@ impl Session<'_> {
             return;
         };
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        if !t.in_syscall {
-            t.in_syscall = true;
+        if !t.arch.in_syscall {
+            t.arch.in_syscall = true;
             t.syscall_ts = now_ns();
             if let Some(p) = t.pending.as_mut() {
-                p.nr = regs.syscall_nr();
+                p.syscall_nr = regs.syscall_nr();
             }
             self.resume(tid, 0);
             return;
         }
-        t.in_syscall = false;
+        t.arch.in_syscall = false;
         let (cpu, pid) = (t.cpu, t.pid);
         let Some(p) = t.pending.filter(|p| p.insn.flow == Flow::Syscall) else {
             self.set_pending(tid, regs.nip);
@@ -143,17 +158,17 @@ impl Session<'_> {
             // Interrupted: a signal is delivered next (its handler runs, and the call maybe again
             // after it), or the call restarts at once (the kernel moves the pc back onto `sc`).
             t.syscall_interrupted = true;
-            t.restart_via_syscall = true;
+            t.arch.restart_via_syscall = true;
             self.resume(tid, 0);
             return;
         }
         t.syscall_interrupted = false;
-        let out = branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, p.nr);
-        let mut k = branch(t, false, 0, regs.nip, BranchKind::Iret, branch_flags::SYSCALL, p.nr);
+        let out = branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, p.syscall_nr);
+        let mut k = branch(t, false, 0, regs.nip, BranchKind::Iret, branch_flags::SYSCALL, p.syscall_nr);
         k.kernel = true;
         self.push_branch(cpu, out);
         self.push_branch(cpu, k);
-        self.after_syscall(tid, pid, p.nr);
+        self.after_syscall(tid, pid, p.syscall_nr);
         self.set_pending(tid, regs.nip);
         self.resume(tid, 0);
     }
@@ -161,9 +176,9 @@ impl Session<'_> {
     /// Decode the thread's next instruction, at `pc`.
     pub(super) fn set_pending(&mut self, tid: i32, pc: u64) {
         let pid = self.threads[&tid].pid;
-        let insn = self.decode(pid, pc);
+        let insn = self.decode(pid, PPC64LE, pc);
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.pending = Some(Pending { pc, insn, nr: 0 });
+        t.pending = Some(Pending { pc, insn, syscall_nr: 0 });
     }
 
     /// Where a thread's single step ends when that can be told without its registers: after an
@@ -172,7 +187,7 @@ impl Session<'_> {
     pub(super) fn predicted_stop(&self, tid: i32) -> Option<u64> {
         let t = self.threads.get(&tid)?;
         let p = t.pending?;
-        if t.injected.is_some() || t.skip_report_at.is_some() || !self.procs.get(&t.pid)?.traps.is_empty() {
+        if t.injected.is_some() || t.skip_report_at.is_some() || !self.procs.get(&t.pid)?.arch.traps.is_empty() {
             return None;
         }
         match (p.insn.flow, p.insn.target) {
@@ -196,7 +211,7 @@ impl Session<'_> {
         let mut end = None;
         let mut a = start;
         for _ in 0..MAX_ATOMIC_SEQUENCE {
-            let insn = self.decode(pid, a);
+            let insn = self.decode(pid, PPC64LE, a);
             if a != start && PPC64LE.reservation(&self.insn_bytes(pid, a)) == Reservation::Store {
                 end = Some(a);
                 break;
@@ -219,7 +234,7 @@ impl Session<'_> {
             }
         }
         let Some(proc_) = self.procs.get(&pid) else { return false };
-        if stops.iter().any(|s| proc_.traps.contains_key(s)) {
+        if stops.iter().any(|s| proc_.arch.traps.contains_key(s)) {
             // Another thread's run is on the same path: step (it retries until that run ends).
             return false;
         }
@@ -236,9 +251,9 @@ impl Session<'_> {
             }
         }
         let proc_ = self.procs.get_mut(&pid).expect("process exists");
-        proc_.traps.extend(traps.iter().copied());
+        proc_.arch.traps.extend(traps.iter().copied());
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.atomic = Some(AtomicRun { start, end, exits, traps });
+        t.arch.atomic = Some(AtomicRun { start, end, exits, traps });
         true
     }
 
@@ -273,7 +288,7 @@ impl Session<'_> {
 
     /// A thread interrupted (PTRACE_EVENT_STOP) in the middle of an atomic run: account for it.
     pub(super) fn stopped_in_atomic(&mut self, tid: i32) {
-        if self.threads.get(&tid).is_some_and(|t| t.atomic.is_some()) {
+        if self.threads.get(&tid).is_some_and(|t| t.arch.atomic.is_some()) {
             if let Ok(regs) = getregs(tid) {
                 self.atomic_done(tid, &regs, 0);
             } else {
@@ -285,33 +300,32 @@ impl Session<'_> {
     /// Take the traps of thread `tid`'s atomic run (if any) out of its process's memory.
     pub(super) fn end_atomic(&mut self, tid: i32) -> Option<AtomicRun> {
         let t = self.threads.get_mut(&tid)?;
-        let run = t.atomic.take()?;
+        let run = t.arch.atomic.take()?;
         let pid = t.pid;
         for &(a, old) in &run.traps {
             let _ = poke_insn(tid, a, old);
             if let Some(p) = self.procs.get_mut(&pid) {
-                p.traps.remove(&a);
+                p.arch.traps.remove(&a);
             }
         }
         Some(run)
     }
-}
 
-/// A branch record for thread `t` ending its current block; resets its count.
-/// `counts_insn`: the instruction at `from` executed and belongs to the block.
-pub(super) fn branch(
-    t: &mut Thread,
-    counts_insn: bool,
-    from: u64,
-    to: u64,
-    kind: BranchKind,
-    flags: u8,
-    aux: u64,
-) -> Branch {
-    if counts_insn {
-        t.icount += 1;
+    /// Whether the instruction at `pc` starts a load-reserve/store-conditional sequence.
+    pub(super) fn is_load_reserve(&self, pid: i32, pc: u64) -> bool {
+        match self.procs.get(&pid).and_then(|p| p.arch.load_reserve.get(&pc)) {
+            Some(&known) => known,
+            None => PPC64LE.reservation(&self.insn_bytes(pid, pc)) == Reservation::Load,
+        }
     }
-    let ts = if kind == BranchKind::Intrpt && flags == branch_flags::SYSCALL { t.syscall_ts } else { now_ns() };
-    let icount = std::mem::take(&mut t.icount);
-    Branch { icount, ..Branch::user(ts, t.tid as u32, from, to, kind, flags, aux as u16) }
+
+    /// The 4 bytes at `pc` (our traps taken out), for the atomic-sequence check.
+    pub(super) fn insn_bytes(&self, pid: i32, pc: u64) -> [u8; 4] {
+        if let Some(old) = self.procs.get(&pid).and_then(|p| p.arch.traps.get(&pc)) {
+            return old.to_le_bytes();
+        }
+        let mut buf = [0u8; 4];
+        read_mem(pid, pc, &mut buf);
+        buf
+    }
 }

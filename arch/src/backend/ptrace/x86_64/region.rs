@@ -8,8 +8,8 @@
 //! instruction; another thread running through that address during that
 //! step is not stopped (a window of one step).
 
-use super::breakpoints::{Trigger, TriggerKind};
-use super::engine::{getregs, Pending, Session, ThreadState};
+use super::engine::{Pending, PtraceArch, Session, ThreadState, Trigger, TriggerKind};
+use super::getregs;
 use crate::isa::x86_64::X86;
 use crate::procfs;
 use itrace_format::now_ns;
@@ -39,7 +39,7 @@ impl Session<'_> {
         if let Some(t) = self.threads.get_mut(&tid) {
             t.state = ThreadState::Running;
         }
-        let set = self.procs.get(&pid).is_some_and(|p| p.triggers_set);
+        let set = self.procs.get(&pid).is_some_and(|p| p.arch.triggers_set);
         if !set {
             self.resolve_triggers(tid, pid);
         }
@@ -59,18 +59,18 @@ impl Session<'_> {
             }
         };
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.triggers_set = true;
+            p.arch.triggers_set = true;
             for t in triggers {
-                let _ = p.bps.insert(tid, t);
+                let _ = p.arch.bps.insert(tid, t);
             }
         }
     }
 
     /// exec under region tracing: the old breakpoints went with the old image. Put one on the
     /// new program's entry, where its libraries are loaded and the triggers can be resolved.
-    pub(super) fn region_exec(&mut self, tid: i32, pid: i32, launching: bool) {
+    pub(super) fn exec_in_region_mode(&mut self, tid: i32, pid: i32, launching: bool) {
         let Some(t) = self.threads.get_mut(&tid) else { return };
-        if t.release_at_exec {
+        if t.arch.release_at_exec {
             // An unfollowed vfork child now has memory of its own: let it go.
             t.state = ThreadState::Finished;
             return;
@@ -93,27 +93,27 @@ impl Session<'_> {
         }
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.state = ThreadState::Running;
-        t.region_depth = 0;
+        t.arch.region_depth = 0;
         t.pending = None;
         if launching {
             self.pin_thread(tid);
             self.pin_tracer(tid);
         }
         if let (Some(entry), Some(p)) = (entry_point(pid), self.procs.get_mut(&pid)) {
-            let _ = p.bps.insert(tid, Trigger { addr: entry, kind: TriggerKind::Entry });
+            let _ = p.arch.bps.insert(tid, Trigger { addr: entry, kind: TriggerKind::Entry });
         }
     }
 
     /// A child process we do not follow: take our breakpoints out of its memory copy and let it
     /// go; a vfork child shares its parent's memory, so it runs under us until it execs.
-    pub(super) fn release_unfollowed(&mut self, tid: i32, pid: i32) {
+    pub(super) fn release_child(&mut self, tid: i32, pid: i32) {
         let parent = procfs::ppid(pid).unwrap_or(0);
-        let parent_bps = self.procs.get(&parent).map(|p| p.bps.clone());
+        let parent_bps = self.procs.get(&parent).map(|p| p.arch.bps.clone());
         match parent_bps {
             Some(bps) if !bps.is_empty() && share_memory(parent, pid) => {
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.state = ThreadState::Running;
-                    t.release_at_exec = true;
+                    t.arch.release_at_exec = true;
                     t.pid = parent;
                 }
                 self.resume(tid, 0);
@@ -134,10 +134,10 @@ impl Session<'_> {
     pub(super) fn remove_breakpoints_via(&mut self, tid: i32) {
         let Some(pid) = self.threads.get(&tid).map(|t| t.pid) else { return };
         if let Some(p) = self.procs.get_mut(&pid) {
-            if !p.bps.is_empty() {
-                let addrs: Vec<u64> = p.bps.addresses();
-                if p.bps.remove_all(tid).is_ok() {
-                    p.retired.extend(addrs);
+            if !p.arch.bps.is_empty() {
+                let addrs: Vec<u64> = p.arch.bps.addresses();
+                if p.arch.bps.remove_all(tid).is_ok() {
+                    p.arch.retired.extend(addrs);
                 }
             }
         }
@@ -149,8 +149,8 @@ impl Session<'_> {
         let (pid, pc) = (t.pid, t.pending.map(|p| p.pc));
         let Some(pc) = pc else { return };
         if let Some(p) = self.procs.get_mut(&pid) {
-            if p.bps.is_inserted(pc) && p.bps.lift(tid, pc).is_ok() {
-                self.threads.get_mut(&tid).expect("thread exists").lifted_bps = true;
+            if p.arch.bps.is_inserted(pc) && p.arch.bps.lift(tid, pc).is_ok() {
+                self.threads.get_mut(&tid).expect("thread exists").arch.lifted_bps = true;
             }
         }
     }
@@ -158,12 +158,12 @@ impl Session<'_> {
     /// At any stop: put back what was lifted for this thread's last step.
     pub(super) fn put_back_lifted(&mut self, tid: i32) {
         let Some(t) = self.threads.get_mut(&tid) else { return };
-        if !std::mem::take(&mut t.lifted_bps) {
+        if !std::mem::take(&mut t.arch.lifted_bps) {
             return;
         }
         let pid = t.pid;
         if let Some(p) = self.procs.get_mut(&pid) {
-            let _ = p.bps.reinsert_lifted(tid);
+            let _ = p.arch.bps.reinsert_lifted(tid);
         }
     }
 
@@ -181,13 +181,13 @@ impl Session<'_> {
     }
 
     /// A running (untraced) thread stopped: our breakpoint, or a signal for the program.
-    pub(super) fn on_running_stop(&mut self, tid: i32, sig: i32) {
+    pub(super) fn running_stop(&mut self, tid: i32, sig: i32) {
         if sig != libc::SIGTRAP {
             self.resume(tid, sig);
             return;
         }
         let Some(t) = self.threads.get_mut(&tid) else { return };
-        if std::mem::take(&mut t.in_step_once) {
+        if std::mem::take(&mut t.arch.in_step_once) {
             // The end of our step over a lifted breakpoint: run on.
             self.resume(tid, 0);
             return;
@@ -199,7 +199,9 @@ impl Session<'_> {
         };
         let addr = regs.rip.wrapping_sub(1);
         let (kind, retired) = match self.procs.get(&pid) {
-            Some(p) => (p.bps.kind_at(addr).filter(|_| p.bps.is_inserted(addr)), p.retired.contains(&addr)),
+            Some(p) => {
+                (p.arch.bps.kind_at(addr).filter(|_| p.arch.bps.is_inserted(addr)), p.arch.retired.contains(&addr))
+            }
             None => (None, false),
         };
         let Some(kind) = kind else {
@@ -220,7 +222,7 @@ impl Session<'_> {
         match kind {
             TriggerKind::Entry => {
                 if let Some(p) = self.procs.get_mut(&pid) {
-                    let _ = p.bps.remove(tid, addr);
+                    let _ = p.arch.bps.remove(tid, addr);
                 }
                 self.resolve_triggers(tid, pid);
                 self.resume(tid, 0);
@@ -228,8 +230,8 @@ impl Session<'_> {
             TriggerKind::RegionOn => {
                 let depth = {
                     let t = self.threads.get_mut(&tid).expect("thread exists");
-                    t.region_depth += 1;
-                    t.region_depth
+                    t.arch.region_depth += 1;
+                    t.arch.region_depth
                 };
                 match Self::emulate_return(tid, Some(0)) {
                     Some(ret) if depth == 1 => self.begin_stepping(tid, ret, TraceOnReason::Start),
@@ -238,7 +240,7 @@ impl Session<'_> {
             }
             TriggerKind::RegionOff => {
                 let t = self.threads.get_mut(&tid).expect("thread exists");
-                t.region_depth = t.region_depth.saturating_sub(1);
+                t.arch.region_depth = t.arch.region_depth.saturating_sub(1);
                 Self::emulate_return(tid, None);
                 self.resume(tid, 0);
             }
@@ -261,9 +263,9 @@ impl Session<'_> {
         let arch = X86::from_cs(cs);
         let insn = self.decode(pid, arch, pc);
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.arch = arch;
+        t.arch.isa = arch;
         t.state = ThreadState::Stepping;
-        t.pending = Some(Pending { pc, insn, entry_nr: u64::MAX });
+        t.pending = Some(Pending { pc, insn, syscall_nr: u64::MAX });
         t.icount = 0;
         let cpu = t.cpu;
         if self.out.threads == 0 {
@@ -281,11 +283,11 @@ impl Session<'_> {
         let Some(t) = self.threads.get(&tid) else { return };
         let pid = t.pid;
         if let Some(p) = self.procs.get_mut(&pid) {
-            let _ = p.bps.lift(tid, addr);
+            let _ = p.arch.bps.lift(tid, addr);
         }
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.lifted_bps = true;
-        t.step_once = true;
+        t.arch.lifted_bps = true;
+        t.arch.step_once = true;
         self.resume(tid, 0);
     }
 
@@ -296,13 +298,13 @@ impl Session<'_> {
             return;
         }
         let (pid, Some(p)) = (t.pid, t.pending) else { return };
-        let Some(kind) = self.procs.get(&pid).and_then(|pr| pr.bps.kind_at(p.pc)) else { return };
+        let Some(kind) = self.procs.get(&pid).and_then(|pr| pr.arch.bps.kind_at(p.pc)) else { return };
         match kind {
             TriggerKind::RegionOn | TriggerKind::RegionEnabled => {
                 // Nested ITraceOn, or ITraceEnabled inside a region: the tracer answers and returns.
                 let t = self.threads.get_mut(&tid).expect("thread exists");
                 let rax = if kind == TriggerKind::RegionOn {
-                    t.region_depth += 1;
+                    t.arch.region_depth += 1;
                     0
                 } else {
                     1
@@ -313,8 +315,8 @@ impl Session<'_> {
             }
             TriggerKind::RegionOff => {
                 let t = self.threads.get_mut(&tid).expect("thread exists");
-                t.region_depth = t.region_depth.saturating_sub(1);
-                if t.region_depth > 0 {
+                t.arch.region_depth = t.arch.region_depth.saturating_sub(1);
+                if t.arch.region_depth > 0 {
                     if let Some(ret) = Self::emulate_return(tid, None) {
                         self.continue_at(tid, pid, ret);
                     }
@@ -333,10 +335,10 @@ impl Session<'_> {
 
     /// The thread goes on at `pc` without a branch to get there (the tracer returned for it).
     fn continue_at(&mut self, tid: i32, pid: i32, pc: u64) {
-        let arch = self.threads[&tid].arch;
+        let arch = self.threads[&tid].arch.isa;
         let insn = self.decode(pid, arch, pc);
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.pending = Some(Pending { pc, insn, entry_nr: u64::MAX });
+        t.pending = Some(Pending { pc, insn, syscall_nr: u64::MAX });
         let cpu = t.cpu;
         let on = TraceOn { ts: now_ns(), reason: TraceOnReason::Resume, pid: pid as u32, tid: tid as u32, pc };
         self.push_control(cpu, Record::TraceOn(on));
@@ -356,7 +358,7 @@ impl Session<'_> {
         };
         t.icount = 0;
         t.state = ThreadState::Running;
-        t.region_depth = 0;
+        t.arch.region_depth = 0;
         t.pending = None;
         let cpu = t.cpu;
         self.out.instructions += off.icount as u64;
@@ -370,11 +372,11 @@ impl Session<'_> {
         let Some(t) = self.threads.get(&tid) else { return };
         let pid = t.pid;
         if let Some(p) = self.procs.get_mut(&pid) {
-            if p.bps.is_inserted(addr) {
-                let _ = p.bps.lift(tid, addr);
+            if p.arch.bps.is_inserted(addr) {
+                let _ = p.arch.bps.lift(tid, addr);
                 let t = self.threads.get_mut(&tid).expect("thread exists");
-                t.lifted_bps = true;
-                t.step_once = true;
+                t.arch.lifted_bps = true;
+                t.arch.step_once = true;
             }
         }
     }

@@ -1,0 +1,522 @@
+//! The x86_64 half of the ptrace recorder (the engine it plugs into is `super`): registers
+//! through `PTRACE_GETREGS` (`user_regs_struct`, 32-bit code told by `cs`); single steps, block
+//! steps (`PTRACE_SINGLEBLOCK`, the CPU's branch trap, and its emulation as a test hook) and
+//! debug-register runs (`hwstep.rs`); what a step ran (`step.rs`: branches, `syscall` and
+//! `int 0x80` with restart codes in rax, signal deliveries); region tracing by `int3`
+//! breakpoints (`region.rs`, `breakpoints.rs`); the choice of step method from what the probes
+//! (`probe.rs`, `hwstep.rs`) saw work.
+
+mod block;
+mod breakpoints;
+mod hwstep;
+mod probe;
+mod region;
+mod step;
+
+// The shared engine, under the names the files of this module use (`super::engine`, ...).
+use super::{engine, tables};
+
+use super::PtraceRecorder;
+use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice, TriggerResolver};
+use crate::isa::x86_64::{RESTART_CODES, X86};
+use crate::procfs::Mapping;
+use crate::Arch as _;
+use breakpoints::Breakpoints;
+use engine::{record, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState, Trigger, TriggerKind};
+use hwstep::{probe_hw_breakpoints, HwBreak};
+use itrace_decoders::Insn;
+use itrace_format::{LiveCounts, StepMethod};
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use probe::{probe_singleblock, BlockStep};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// The instruction set a thread runs (64-bit, or 32-bit compat code).
+pub(super) type Isa = X86;
+
+/// Bytes read to decode one instruction.
+pub(super) const INSN_READ_LEN: usize = itrace_decoders::x86::MAX_INSN_LEN;
+
+/// How threads are stepped.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StepOptions {
+    /// Step by taken branch (PTRACE_SINGLEBLOCK) instead of by instruction: only where
+    /// [`probe_singleblock`] found that it works.
+    pub(super) block_step: bool,
+    /// Test hook: single-step, but hand only the stops that follow a taken branch or a system
+    /// call to the block-step logic, as a working branch trap would. With `block_step` set, this
+    /// exercises block decoding on machines whose hypervisor ignores BTF.
+    pub(super) emulate_block_step: bool,
+    /// Run to the next instruction the decoder cannot tell with a debug-register breakpoint,
+    /// single-step that one (`--step block`, see `hwstep.rs`).
+    pub(super) hw_step: bool,
+    /// With `hw_step`: the kernel sets the resume flag after a breakpoint hit (the probe's finding).
+    pub(super) hw_rf_auto: bool,
+    /// With `hw_step`: returns and indirect calls may be carried out by itrace (the CPU has no
+    /// user shadow stack).
+    pub(super) hw_emulate_stack: bool,
+}
+
+/// A thread's x86_64 state.
+#[derive(Debug)]
+pub(super) struct ThreadArch {
+    isa: X86,
+    /// Block-step emulation: pc of the instruction the last single step ran.
+    emu_prev: u64,
+    /// Region tracing: nesting depth of ITraceOn calls.
+    region_depth: u32,
+    /// Breakpoints were lifted for this thread's step: put them back at its next stop.
+    lifted_bps: bool,
+    /// Running thread stepping once over a lifted breakpoint, then running on.
+    step_once: bool,
+    /// That step was started: the SIGTRAP it ends with is ours.
+    in_step_once: bool,
+    /// A vfork child we do not follow, sharing its parent's memory (and breakpoints): let it go
+    /// once it has its own memory (exec).
+    release_at_exec: bool,
+    /// Block mode: this resume single-steps (the block is ambiguous for the branch trap).
+    single_step_now: bool,
+    /// Block mode: the system call that ends the running block and the instructions before it,
+    /// known before it runs (an exec replaces the code a later walk would need).
+    planned_syscall: Option<(u64, Insn, u32)>,
+    /// Debug-register mode: the run in progress.
+    hw_run: Option<hwstep::Run>,
+    /// Debug-register mode: this thread's DR0, DR1 and DR7 as last written.
+    dr0: u64,
+    dr1: u64,
+    dr7: u64,
+    /// Debug-register mode: the last resume was a single step.
+    hw_stepped: bool,
+}
+
+impl Default for ThreadArch {
+    fn default() -> Self {
+        ThreadArch {
+            isa: X86 { compat: false },
+            emu_prev: 0,
+            region_depth: 0,
+            lifted_bps: false,
+            step_once: false,
+            in_step_once: false,
+            release_at_exec: false,
+            single_step_now: false,
+            planned_syscall: None,
+            hw_run: None,
+            dr0: 0,
+            dr1: 0,
+            dr7: 0,
+            hw_stepped: false,
+        }
+    }
+}
+
+impl ThreadArch {
+    /// The instruction set the thread runs now.
+    pub(super) fn isa(&self) -> X86 {
+        self.isa
+    }
+
+    /// Debug-register mode: whether an enabled breakpoint of this thread is at `pc`.
+    pub(super) fn armed(&self, pc: u64) -> bool {
+        (self.dr7 & 1 != 0 && self.dr0 == pc) || (self.dr7 & 4 != 0 && self.dr1 == pc)
+    }
+}
+
+/// A process's x86_64 state.
+#[derive(Default)]
+pub(super) struct ProcessArch {
+    /// Block mode: what is known of the block starting at an address.
+    ambiguous: engine::IntMap<u64, block::BlockInfo>,
+    /// Region tracing: our breakpoints in this process.
+    bps: Breakpoints,
+    /// Breakpoints taken out: a thread stopped by one just before must be moved back onto it.
+    retired: Vec<u64>,
+    /// Whether the triggers have been resolved and inserted.
+    triggers_set: bool,
+    /// Debug-register mode: what itrace can carry out itself of the instruction at an address.
+    emul: engine::IntMap<u64, Option<hwstep::Emul>>,
+}
+
+impl ProcessArch {
+    /// The state of a forked child, whose memory is a copy of this process's (our int3s included).
+    pub(super) fn copy_for_child(&self) -> Self {
+        ProcessArch { bps: self.bps.clone(), triggers_set: self.triggers_set, ..ProcessArch::default() }
+    }
+
+    /// Code in `start..end` changed (`unmapped`: some was unmapped): forget what was learnt of it.
+    pub(super) fn forget(&mut self, start: u64, end: u64, unmapped: bool) {
+        self.emul.retain(|a, _| *a < start || *a >= end);
+        if unmapped {
+            self.ambiguous.clear();
+        }
+    }
+
+    /// The bytes read at `pc` as the program has them (our int3s taken out).
+    pub(super) fn unpatch(&self, pc: u64, bytes: &mut [u8]) {
+        self.bps.unpatch(pc, bytes);
+    }
+
+    /// The instruction at `pc` (`bytes`) was cached as read-only code.
+    pub(super) fn cached(&mut self, _pc: u64, _bytes: &[u8]) {}
+}
+
+/// The session's x86_64 state.
+#[derive(Default)]
+pub(super) struct SessionArch {
+    /// Debug-register mode: stops that were not on the planned path (counts unreliable).
+    hw_lost: u64,
+}
+
+fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
+    ptrace::getregs(Pid::from_raw(tid))
+}
+
+impl PtraceArch for Session<'_> {
+    /// Resume a thread: one more step while tracing, or detach it once tracing is ending.
+    fn resume(&mut self, tid: i32, sig: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.stopped = false;
+        t.stop_ts = 0;
+        let pid = Pid::from_raw(tid);
+        let sig_opt = Signal::try_from(sig).ok();
+        if self.detaching.is_some() || t.state == ThreadState::Finished {
+            self.detach_thread(tid, sig);
+            return;
+        }
+        if t.state == ThreadState::Running {
+            let once = std::mem::take(&mut t.arch.step_once);
+            t.arch.in_step_once = once;
+            t.injected = None;
+            let r = if once { ptrace::step(pid, sig_opt) } else { ptrace::cont(pid, sig_opt) };
+            self.after_resume(tid, r);
+            return;
+        }
+        t.injected = (sig != 0).then_some(sig);
+        if self.opts.step.hw_step {
+            if sig == 0 && self.opts.triggers.is_some() {
+                // A run may end on a trigger (ITraceOff, --stop): handle it before going on (a
+                // second call for the same stop finds nothing to do).
+                self.before_step(tid);
+                if !matches!(self.threads.get(&tid), Some(t) if t.state == ThreadState::Stepping) {
+                    return self.resume(tid, 0);
+                }
+            }
+            if sig == 0 && self.hw_run(tid) {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.arch.hw_stepped = false;
+                }
+                return;
+            }
+            self.hw_before_step(tid);
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.arch.hw_stepped = true;
+            }
+        }
+        if self.opts.triggers.is_some() {
+            // Our breakpoint where the thread steps next: take it out for this one step.
+            self.lift_breakpoint_at_pending(tid);
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if self.opts.step.block_step {
+            let info = match t.pending {
+                Some(p) => self.block_info(tid, p.pc),
+                None => block::BlockInfo { ambiguous: true, syscall: None },
+            };
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.arch.single_step_now = info.ambiguous;
+            t.arch.planned_syscall = info.syscall;
+        }
+        let t = &self.threads[&tid];
+        let r = if self.opts.step.block_step && !self.opts.step.emulate_block_step && !t.arch.single_step_now {
+            // SAFETY: plain ptrace request on our stopped tracee; the data argument is a signal number.
+            let r = unsafe { libc::ptrace(probe::PTRACE_SINGLEBLOCK, tid, 0, sig as libc::c_long) };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(Errno::last())
+            }
+        } else {
+            ptrace::step(pid, sig_opt)
+        };
+        self.after_resume(tid, r);
+    }
+
+    fn on_syscall_stop(&mut self, tid: i32) {
+        // Not asked for (no PTRACE_O_TRACESYSGOOD): go on.
+        self.resume(tid, 0);
+    }
+
+    fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        if self.opts.step.hw_step {
+            if self.threads[&tid].arch.hw_run.is_some() {
+                if self.hw_stopped(tid, sig) {
+                    // The breakpoint: the thread is on the stop point.
+                    self.resume(tid, 0);
+                } else {
+                    // Stopped mid-path by a signal (a SIGTRAP away from the breakpoint is not
+                    // ours): deliver it with a step, as single-stepping does.
+                    self.resume(tid, sig);
+                }
+                return;
+            }
+            if sig == libc::SIGTRAP && !self.threads[&tid].arch.hw_stepped {
+                // A breakpoint hit queued behind our interrupt, already counted.
+                self.resume(tid, 0);
+                return;
+            }
+        }
+        if sig != libc::SIGTRAP {
+            // The program gets a signal: deliver it on the next step; the stop after shows the handler.
+            if self.opts.step.block_step {
+                if let Ok(regs) = getregs(tid) {
+                    self.fast_forward(tid, regs.rip, false);
+                }
+            }
+            self.resume(tid, sig);
+            return;
+        }
+        let Ok(regs) = getregs(tid) else {
+            self.resume(tid, 0);
+            return;
+        };
+        if self.opts.step.hw_step && self.hw_rehit(tid, &regs) {
+            // The step stopped on the breakpoint again: step once more without it.
+            self.resume(tid, 0);
+            return;
+        }
+        if self.opts.step.emulate_block_step && !self.emulated_block_ended(tid, &regs) {
+            self.resume(tid, 0);
+            return;
+        }
+        let mut inject = 0;
+        self.on_step(tid, &regs, &mut inject);
+        if self.opts.step.hw_step && inject == 0 {
+            self.hw_emulate(tid, &regs);
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.arch.emu_prev = regs.rip;
+        }
+        if self.opts.triggers.is_some() && inject == 0 {
+            // A region trigger where the thread goes next (ITraceOff, --stop, ...)?
+            self.before_step(tid);
+        }
+        self.resume(tid, inject);
+    }
+
+    fn on_running_stop(&mut self, tid: i32, sig: i32) {
+        self.running_stop(tid, sig);
+    }
+
+    fn at_stop(&mut self, tid: i32) {
+        self.put_back_lifted(tid);
+    }
+
+    fn at_event(&mut self, tid: i32) {
+        // Stopped mid-run (our interrupt, another thread's exit): count the path so far.
+        self.hw_stopped(tid, 0);
+    }
+
+    fn at_interrupt(&mut self, _tid: i32) {}
+
+    fn at_exec(&mut self, tid: i32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            // exec flushes ptrace breakpoints.
+            (t.arch.hw_run, t.arch.dr0, t.arch.dr1, t.arch.dr7) = (None, 0, 0, 0);
+        }
+        if self.opts.step.block_step {
+            // The old image is gone: account for the block up to execve from the plan made before it ran.
+            if let Some(t) = self.threads.get_mut(&tid) {
+                if let (Some((pc, insn, before)), Some(p)) = (t.arch.planned_syscall.take(), t.pending) {
+                    if p.pc != pc || !t.arch.single_step_now {
+                        t.icount += before;
+                    }
+                    t.pending = Some(Pending { pc, insn, syscall_nr: p.syscall_nr });
+                }
+                // The next stop is the end of execve: classify it as one step of the system call.
+                t.arch.single_step_now = true;
+            }
+        }
+    }
+
+    fn region_exec(&mut self, tid: i32, pid: i32, launching: bool) -> bool {
+        if self.opts.triggers.is_none() {
+            return false;
+        }
+        self.exec_in_region_mode(tid, pid, launching);
+        true
+    }
+
+    fn region_start(&mut self, tid: i32, pid: i32) -> bool {
+        if self.opts.triggers.is_none() {
+            return false;
+        }
+        // Region tracing: run at full speed until a trigger.
+        self.start_running(tid, pid);
+        true
+    }
+
+    fn first_pending(&mut self, tid: i32, pid: i32, at_exec: bool) -> Option<Pending> {
+        let regs = getregs(tid).ok()?;
+        let isa = X86::from_cs(regs.cs);
+        let (pc, syscall_nr) = if at_exec {
+            (regs.rip, regs.rax)
+        } else {
+            // Stopped inside a system call that will be restarted: the kernel moves the pc back
+            // onto the system call instruction when it resumes, so that is what runs next.
+            let in_syscall = regs.orig_rax as i64 >= 0;
+            let mut pc = regs.rip;
+            if in_syscall && RESTART_CODES.contains(&(regs.rax as i64)) {
+                pc -= 2;
+            }
+            (pc, regs.orig_rax)
+        };
+        let insn = self.decode(pid, isa, pc);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.arch.isa = isa;
+        t.arch.emu_prev = pc;
+        Some(Pending { pc, insn, syscall_nr })
+    }
+
+    fn exit_syscall_nr(&mut self, tid: i32, signaled: bool) -> u64 {
+        // Inside the exit system call orig_rax holds its number (in block mode nothing else does).
+        let nr = getregs(tid).map(|r| r.orig_rax).unwrap_or(u64::MAX);
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        if let Some(p) = t.pending {
+            if self.opts.step.block_step && !signaled && t.arch.isa.is_exit_syscall(nr) {
+                let (pid, isa) = (t.pid, t.arch.isa);
+                // The block ran up to the system call instruction, which the walk finds.
+                let rip = getregs(tid).map(|r| r.rip).unwrap_or(0);
+                let w = block::walk_block(|pc| self.decode(pid, isa, pc), p.pc, rip, true, 1 << 24);
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                if let block::WalkEnd::Branch { pc, insn } = w.end {
+                    t.icount += w.before;
+                    t.pending = Some(Pending { pc, insn, syscall_nr: nr });
+                }
+            }
+        }
+        nr
+    }
+
+    fn release_unfollowed(&mut self, tid: i32, pid: i32) {
+        self.release_child(tid, pid);
+    }
+
+    fn take_out_traps(&mut self, tid: i32) {
+        // No int3 of ours, nor a debug register.
+        self.remove_breakpoints_via(tid);
+        self.hw_clear(tid);
+    }
+
+    fn warn_at_end(&self) {
+        if self.arch.hw_lost > 0 {
+            eprintln!(
+                "itrace: warning: {} stops off the decoded path in block mode; instruction counts may be off",
+                self.arch.hw_lost
+            );
+        }
+    }
+}
+
+impl Recorder for PtraceRecorder {
+    fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
+        let s = &self.settings;
+        let (mut hw_step, mut hw_rf_auto) = (false, false);
+        // Each way is used only where its probe saw it work; the trace is the same either way.
+        let block_step = match s.step {
+            // The test hook of the branch-trap decoder keeps its own way.
+            StepChoice::Auto if s.emulate_block_step => true,
+            // Debug-register breakpoints, else the CPU's branch trap, else single steps.
+            StepChoice::Auto => match probe_hw_breakpoints() {
+                HwBreak::Works { rf_auto } => {
+                    (hw_step, hw_rf_auto) = (true, rf_auto);
+                    false
+                }
+                HwBreak::Unavailable(_) => probe_singleblock() == BlockStep::Works,
+            },
+            StepChoice::Instruction => s.emulate_block_step,
+            StepChoice::Block => {
+                match probe_hw_breakpoints() {
+                    HwBreak::Works { rf_auto } => (hw_step, hw_rf_auto) = (true, rf_auto),
+                    HwBreak::Unavailable(why) => {
+                        return Err(BackendError::Settings(format!(
+                            "--step block: debug-register breakpoints do not work here ({why}); use --step auto"
+                        )))
+                    }
+                }
+                false
+            }
+        };
+        let step = if hw_step {
+            StepMethod::PtraceHwBreak
+        } else if block_step && !s.emulate_block_step {
+            StepMethod::PtraceSingleBlock
+        } else {
+            StepMethod::PtraceSingleStep
+        };
+        let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
+        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
+        if s.region {
+            wanted.push(("ITraceOn".into(), TriggerKind::RegionOn));
+            wanted.push(("ITraceOff".into(), TriggerKind::RegionOff));
+            wanted.push(("ITraceEnabled".into(), TriggerKind::RegionEnabled));
+        }
+        wanted.extend(s.start.iter().map(|n| (n.clone(), TriggerKind::Start)));
+        wanted.extend(s.stop.iter().map(|n| (n.clone(), TriggerKind::Stop)));
+        let resolver = self.resolver.as_ref();
+        let resolve = |pid: i32, maps: &[Mapping]| resolve_triggers(resolver, pid, maps, &wanted, s.region);
+        let opts = RecordOptions {
+            target: self.target.clone(),
+            follow_forks: s.follow_forks,
+            follow_threads: s.follow_threads,
+            stop,
+            step: StepOptions {
+                block_step,
+                // (a test hook of the branch-trap mode, which --step block does not use)
+                emulate_block_step: s.emulate_block_step && !hw_step,
+                hw_step,
+                hw_rf_auto,
+                hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
+            },
+            triggers: if wanted.is_empty() { None } else { Some(&resolve) },
+        };
+        output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
+    }
+}
+
+/// Where the wanted functions are in process `pid`, given its executable mappings.
+fn resolve_triggers(
+    resolver: &dyn TriggerResolver,
+    pid: i32,
+    maps: &[Mapping],
+    wanted: &[(String, TriggerKind)],
+    region: bool,
+) -> Result<Vec<Trigger>, String> {
+    let mut found: Vec<Trigger> = Vec::new();
+    let mut resolved = vec![false; wanted.len()];
+    for m in maps.iter().filter(|m| !m.path.is_empty() && !m.path.starts_with('[')) {
+        for (i, (name, kind)) in wanted.iter().enumerate() {
+            if let Some(addr) = resolver.address(m, name) {
+                resolved[i] = true;
+                if !found.iter().any(|t| t.addr == addr) {
+                    found.push(Trigger { addr, kind: *kind });
+                }
+            }
+        }
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
+    if region && !found.iter().any(|t| t.kind == TriggerKind::RegionOn) {
+        return Err(crate::backend::choose::not_using_libitrace(std::path::Path::new(&exe)).to_string());
+    }
+    if let Some(((name, _), _)) = wanted
+        .iter()
+        .zip(&resolved)
+        .find(|((_, k), r)| !**r && *k != TriggerKind::RegionEnabled && *k != TriggerKind::RegionOff)
+    {
+        return Err(format!("no function named {name} in {exe} or its libraries"));
+    }
+    Ok(found)
+}
