@@ -8,6 +8,7 @@ use crate::threads::Names;
 use crate::{PostError, Trace};
 use itrace_format::{BranchKind, Lost, StopReason, TraceOff};
 use std::io::Write;
+use std::sync::Arc;
 
 /// Counts of what was written.
 #[derive(Clone, Debug, Default)]
@@ -39,6 +40,12 @@ struct ArcSink<W: Write> {
     /// The line being built: formatting by hand is a third faster than `write!` here, and arcs
     /// run to millions of lines.
     buf: Vec<u8>,
+    /// Field 7 (`symbol:module`, printable) of each interned function id, made at its first
+    /// line: a function's names do not change, and most lines repeat a few functions.
+    func_text: Vec<Vec<u8>>,
+    /// The last source file written in field 10 and its escaped form (consecutive blocks are
+    /// mostly in the same file).
+    file_text: Option<(Arc<str>, Vec<u8>)>,
 }
 
 /// Append `v` in decimal, right-aligned to `width`.
@@ -93,50 +100,95 @@ fn push_hex(buf: &mut Vec<u8>, v: u64, width: usize) {
     buf.extend_from_slice(&tmp[i..]);
 }
 
+/// Append fields 1 to 6 of an arc line and the space after them.
+fn push_head(buf: &mut Vec<u8>, cpu: u16, ku: u8, kind: BranchKind, count: u32, offset: u64) {
+    buf.push(b' ');
+    push_dec(buf, cpu as u64, 2);
+    buf.extend_from_slice(&[b' ', ku, b' ', b'0' + kind.arc_code(), b' ', b' ']);
+    push_dec(buf, count as u64, 5);
+    buf.extend_from_slice(b" @ ");
+    push_hex(buf, offset, 4);
+    buf.push(b' ');
+}
+
+/// Append `symbol:module` (field 7), each printable.
+fn push_symbol_module(buf: &mut Vec<u8>, symbol: &str, module: &str) {
+    buf.extend_from_slice(printable(symbol).as_bytes());
+    buf.push(b':');
+    buf.extend_from_slice(printable(module).as_bytes());
+}
+
+/// Append fields 8 and 9 and the spaces before and after them.
+fn push_label_kind(buf: &mut Vec<u8>, label: &str, kind: BranchKind) {
+    buf.extend_from_slice(b"   ");
+    buf.extend_from_slice(label.as_bytes());
+    buf.push(b' ');
+    buf.extend_from_slice(kind.arc_name().as_bytes());
+    buf.push(b' ');
+}
+
 impl<W: Write> ArcSink<W> {
-    /// One arc line: `" %2d %s %d  %5d @ %4x %s:%s   %s %s %s:%d"` (or `0` for the last field).
-    #[allow(clippy::too_many_arguments)]
-    fn line(
+    /// One arc line of a user block at `l`: `" %2d %s %d  %5d @ %4x %s:%s   %s %s %s:%d"` (or
+    /// `0` for the last field).
+    fn user_line(
         &mut self,
         cpu: u16,
-        ku: u8,
         kind: BranchKind,
         count: u32,
-        offset: u64,
-        sym: &str,
-        module: &str,
+        l: &Location,
         label: &str,
-        file: Option<&str>,
-        line: u32,
     ) -> Result<(), PostError> {
         self.stats.lines += 1;
         self.stats.instructions += count as u64;
         let b = &mut self.buf;
         b.clear();
-        b.push(b' ');
-        push_dec(b, cpu as u64, 2);
-        b.extend_from_slice(&[b' ', ku, b' ', b'0' + kind.arc_code(), b' ', b' ']);
-        push_dec(b, count as u64, 5);
-        b.extend_from_slice(b" @ ");
-        push_hex(b, offset, 4);
-        b.push(b' ');
-        b.extend_from_slice(printable(sym).as_bytes());
-        b.push(b':');
-        b.extend_from_slice(printable(module).as_bytes());
-        b.extend_from_slice(b"   ");
-        b.extend_from_slice(label.as_bytes());
-        b.push(b' ');
-        b.extend_from_slice(kind.arc_name().as_bytes());
-        b.push(b' ');
-        match file {
-            Some(f) if line != 0 => {
-                push_source_file(b, f);
+        push_head(b, cpu, b'U', kind, count, l.offset);
+        let i = l.func as usize;
+        if i >= self.func_text.len() {
+            self.func_text.resize(i + 1, Vec::new());
+        }
+        let text = &mut self.func_text[i];
+        if text.is_empty() {
+            push_symbol_module(text, &l.symbol, &l.module);
+        }
+        b.extend_from_slice(text);
+        push_label_kind(b, label, kind);
+        match &l.file {
+            Some(f) if l.line != 0 => {
+                let cached = self.file_text.as_ref().is_some_and(|(name, _)| Arc::ptr_eq(name, f));
+                if !cached {
+                    let mut text = Vec::new();
+                    push_source_file(&mut text, f);
+                    self.file_text = Some((f.clone(), text));
+                }
+                b.extend_from_slice(&self.file_text.as_ref().expect("set above").1);
                 b.push(b':');
-                push_dec(b, line as u64, 0);
+                push_dec(b, l.line as u64, 0);
             }
             _ => b.push(b'0'),
         }
         b.push(b'\n');
+        self.out.write_all(b)?;
+        Ok(())
+    }
+
+    /// One arc line of a kernel block named `name`.
+    fn kernel_line(
+        &mut self,
+        cpu: u16,
+        kind: BranchKind,
+        count: u32,
+        name: &str,
+        label: &str,
+    ) -> Result<(), PostError> {
+        self.stats.lines += 1;
+        self.stats.instructions += count as u64;
+        let b = &mut self.buf;
+        b.clear();
+        push_head(b, cpu, b'K', kind, count, 0);
+        push_symbol_module(b, name, "[kernel]");
+        push_label_kind(b, label, kind);
+        b.extend_from_slice(b"0\n");
         self.out.write_all(b)?;
         Ok(())
     }
@@ -146,21 +198,8 @@ impl<W: Write> Sink for ArcSink<W> {
     fn block(&mut self, b: &Block, names: &mut Names, _res: &mut Resolver) -> Result<(), PostError> {
         let label = names.label(b.branch.tid);
         match &b.loc {
-            Where::User(l) => self.line(
-                b.cpu,
-                b'U',
-                b.branch.kind,
-                b.branch.icount,
-                l.offset,
-                &l.symbol,
-                &l.module,
-                label,
-                l.file.as_deref(),
-                l.line,
-            ),
-            Where::Kernel(name) => {
-                self.line(b.cpu, b'K', b.branch.kind, b.branch.icount, 0, name, "[kernel]", label, None, 0)
-            }
+            Where::User(l) => self.user_line(b.cpu, b.branch.kind, b.branch.icount, l, label),
+            Where::Kernel(name) => self.kernel_line(b.cpu, b.branch.kind, b.branch.icount, name, label),
         }
     }
 
@@ -175,18 +214,7 @@ impl<W: Write> Sink for ArcSink<W> {
         let label = names.label(off.tid).to_string();
         if let Some(l) = partial {
             // The last block never reached a branch.
-            self.line(
-                0,
-                b'U',
-                BranchKind::Other,
-                off.icount,
-                l.offset,
-                &l.symbol,
-                &l.module,
-                &label,
-                l.file.as_deref(),
-                l.line,
-            )?;
+            self.user_line(0, BranchKind::Other, off.icount, l, &label)?;
         }
         let why = match off.reason {
             StopReason::Exited => format!("exited with status {}", off.value),
@@ -214,7 +242,13 @@ fn signal_name(sig: i32) -> String {
 
 /// Write the arc of `trace` to `out`.
 pub fn write_arc<W: Write>(trace: &Trace, out: W, progress: &mut dyn FnMut(u64)) -> Result<ArcStats, PostError> {
-    let mut sink = ArcSink { out, stats: ArcStats::default(), buf: Vec::with_capacity(256) };
+    let mut sink = ArcSink {
+        out,
+        stats: ArcStats::default(),
+        buf: Vec::with_capacity(256),
+        func_text: Vec::new(),
+        file_text: None,
+    };
     let h = trace.header();
     sink.out.write_all(HEADER.as_bytes())?;
     writeln!(

@@ -8,7 +8,8 @@ use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
 use crate::{PostError, Trace, PROGRESS_EVERY};
 use itrace_format::{branch_flags, Branch, BranchKind, Lost, Record, TraceOff};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 /// One block of a thread.
 pub struct Block<'a> {
@@ -23,7 +24,7 @@ pub struct Block<'a> {
 
 /// Location of a block.
 pub enum Where {
-    User(Location),
+    User(Arc<Location>),
     Kernel(String),
 }
 
@@ -64,7 +65,7 @@ pub fn replay(
         }
     }
     // Start of each thread's current block.
-    let mut block_start: HashMap<u32, u64> = HashMap::new();
+    let mut block_start: FxHashMap<u32, u64> = FxHashMap::default();
     let mut n = 0u64;
     for ev in trace.merged() {
         let ev = ev?;
@@ -119,7 +120,7 @@ pub fn replay(
                     None
                 };
                 let at = res.resolve(off.pid, off.pc);
-                sink.trace_off(off, partial.as_ref(), &at, &mut names)?;
+                sink.trace_off(off, partial.as_deref(), &at, &mut names)?;
                 block_start.remove(&off.tid);
             }
             Record::Lost(l) => {
