@@ -9,7 +9,7 @@ use crate::threads::Names;
 use crate::{PostError, Trace, PROGRESS_EVERY};
 use itrace_format::{branch_flags, Branch, BranchKind, Lost, Record, TraceOff};
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
+use std::rc::Rc;
 
 /// One block of a thread.
 pub struct Block<'a> {
@@ -24,7 +24,7 @@ pub struct Block<'a> {
 
 /// Location of a block.
 pub enum Where {
-    User(Arc<Location>),
+    User(Rc<Location>),
     Kernel(String),
 }
 
@@ -67,13 +67,14 @@ pub fn replay(
     // Start of each thread's current block.
     let mut block_start: FxHashMap<u32, u64> = FxHashMap::default();
     let mut n = 0u64;
-    for ev in trace.merged() {
+    let mut merged = trace.merged();
+    while let Some(ev) = merged.next_ref() {
         let ev = ev?;
         n += 1;
         if n % PROGRESS_EVERY == 0 {
             progress(ev.offset);
         }
-        match &ev.record {
+        match ev.record {
             Record::Branch(b) => {
                 let pid = names.pid_of(b.tid);
                 let (start, loc) = if b.kernel {
