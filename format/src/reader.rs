@@ -648,8 +648,9 @@ impl MergedRecords<'_> {
     }
 
     /// The index of the stream whose head is the next record, after reading ahead the one
-    /// handed out before.
-    fn advance(&mut self) -> Option<Result<usize, FormatError>> {
+    /// handed out before; None at the end or when an error is waiting (see `take_error`).
+    /// Not a `Result`: that made every record's index pass through a copy that stalled.
+    fn advance(&mut self) -> Option<usize> {
         if !self.started {
             self.started = true;
             for i in 0..self.streams.len() {
@@ -661,25 +662,32 @@ impl MergedRecords<'_> {
         if let Some(i) = self.served.take() {
             self.read_ahead(i);
         }
-        if let Some(e) = self.error.take() {
-            // Nothing after an error: the stream it came from cannot go on in order.
-            self.streams.clear();
-            self.order.clear();
-            return Some(Err(e));
+        if self.error.is_some() {
+            return None;
         }
         let Reverse((_, i)) = self.order.pop()?;
         self.served = Some(i);
-        Some(Ok(i))
+        Some(i)
+    }
+
+    /// The error met reading ahead, if any: nothing comes after it, as the stream it came
+    /// from cannot go on in order.
+    fn take_error(&mut self) -> Option<FormatError> {
+        let e = self.error.take()?;
+        self.streams.clear();
+        self.order.clear();
+        Some(e)
     }
 
     /// The next record, borrowed until the next call: [`Iterator::next`] without moving
     /// records (for readers of millions of them).
     pub fn next_ref(&mut self) -> Option<Result<EventRef<'_>, FormatError>> {
-        Some(self.advance()?.map(|i| EventRef {
-            stream: self.streams[i].0,
-            offset: self.heads[i].0,
-            record: &self.heads[i].1,
-        }))
+        match self.advance() {
+            Some(i) => {
+                Some(Ok(EventRef { stream: self.streams[i].0, offset: self.heads[i].0, record: &self.heads[i].1 }))
+            }
+            None => self.take_error().map(Err),
+        }
     }
 }
 
@@ -687,10 +695,9 @@ impl Iterator for MergedRecords<'_> {
     type Item = Result<Event, FormatError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        Some(self.advance()?.map(|i| {
-            let (offset, record) =
-                std::mem::replace(&mut self.heads[i], (0, Record::Unknown { ts: 0, major: 0, minor: 0 }));
-            Event { stream: self.streams[i].0, offset, record }
-        }))
+        let Some(i) = self.advance() else { return self.take_error().map(Err) };
+        let (offset, record) =
+            std::mem::replace(&mut self.heads[i], (0, Record::Unknown { ts: 0, major: 0, minor: 0 }));
+        Some(Ok(Event { stream: self.streams[i].0, offset, record }))
     }
 }
