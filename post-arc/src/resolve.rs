@@ -81,9 +81,28 @@ impl Space {
     }
 }
 
+/// Entries of the resolver's direct-mapped cache (a power of two).
+const RECENT_SLOTS: usize = 4096;
+
+/// An entry of the direct-mapped cache in front of the per-process maps.
+#[derive(Clone, Default)]
+struct Recent {
+    /// Valid only while equal to [`Resolver::recent_gen`].
+    gen: u64,
+    pid: u32,
+    addr: u64,
+    loc: Option<Rc<Location>>,
+}
+
 /// Resolves addresses of every traced process.
 pub struct Resolver {
     spaces: HashMap<u32, Space>,
+    /// The locations resolved last, by (pid, address) hashed to a slot: asked for once or
+    /// more per record, they cost an index and two compares here, not two hash lookups.
+    recent: Vec<Recent>,
+    /// Bumped by every module-table record (any may change what an address is), which
+    /// empties `recent` at once.
+    recent_gen: u64,
     symbols: SymbolCache,
     lines: bool,
     funcs: HashMap<(Arc<str>, Arc<str>), u32>,
@@ -115,6 +134,8 @@ impl Resolver {
     pub fn new(lines: bool) -> Self {
         Resolver {
             spaces: HashMap::default(),
+            recent: vec![Recent::default(); RECENT_SLOTS],
+            recent_gen: 1,
             symbols: SymbolCache::new(),
             lines,
             funcs: HashMap::default(),
@@ -237,6 +258,7 @@ impl Resolver {
 
     /// Apply a module-table record.
     pub fn apply(&mut self, m: &Mte) {
+        self.recent_gen += 1;
         match m {
             Mte::Segment { pid, start, end, offset, path, .. } => {
                 let s = self.spaces.entry(*pid).or_default();
@@ -322,19 +344,35 @@ impl Resolver {
 
     /// Resolve `addr` in process `pid`.
     pub fn resolve(&mut self, pid: u32, addr: u64) -> Rc<Location> {
-        // Called once or more per record: one hash lookup when the address was seen before.
+        let slot = ((addr ^ (pid as u64) << 48).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize % RECENT_SLOTS;
+        let r = &self.recent[slot];
+        if r.gen == self.recent_gen && r.addr == addr && r.pid == pid {
+            if let Some(loc) = &r.loc {
+                return loc.clone();
+            }
+        }
+        let (loc, keep) = self.resolve_in_space(pid, addr);
+        if keep {
+            self.recent[slot] = Recent { gen: self.recent_gen, pid, addr, loc: Some(loc.clone()) };
+        }
+        loc
+    }
+
+    /// [`Self::resolve`] by the process's map, and whether the location may be kept.
+    fn resolve_in_space(&mut self, pid: u32, addr: u64) -> (Rc<Location>, bool) {
         if let Some(loc) = self.spaces.get(&pid).and_then(|s| s.cache.get(&addr)) {
-            return loc.clone();
+            return (loc.clone(), true);
         }
         let (symbol, offset, module, (file, line), plt) = self.lookup(pid, addr);
         let func = self.intern(&module, &symbol);
         let loc = Rc::new(Location { symbol, offset, module, line, file, func, plt });
         // Code of a file that no symbol covers may be named by a function start learned
         // later (`learn_function_start`): not kept, so that learning never has to forget.
-        if !(&*loc.symbol == "<unknown>" && loc.module.starts_with('/')) {
+        let keep = !(&*loc.symbol == "<unknown>" && loc.module.starts_with('/'));
+        if keep {
             self.spaces.entry(pid).or_default().cache.insert(addr, loc.clone());
         }
-        loc
+        (loc, keep)
     }
 
     fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, SourceLine, Option<PltPart>) {
