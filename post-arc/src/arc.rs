@@ -135,6 +135,13 @@ fn push_label_kind(buf: &mut Vec<u8>, label: &str, kind: BranchKind) {
 }
 
 impl<W: Write> ArcSink<W> {
+    /// Count a line and append its fields 1 to 6.
+    fn start_line(&mut self, cpu: u16, ku: u8, kind: BranchKind, count: u32, offset: u64) {
+        self.stats.lines += 1;
+        self.stats.instructions += count as u64;
+        push_head(&mut self.buf, cpu, ku, kind, count, offset);
+    }
+
     /// One arc line of a user block at `l`: `" %2d %s %d  %5d @ %4x %s:%s   %s %s %s:%d"` (or
     /// `0` for the last field).
     fn user_line(
@@ -145,10 +152,8 @@ impl<W: Write> ArcSink<W> {
         l: &Location,
         label: &str,
     ) -> Result<(), PostError> {
-        self.stats.lines += 1;
-        self.stats.instructions += count as u64;
+        self.start_line(cpu, b'U', kind, count, l.offset);
         let b = &mut self.buf;
-        push_head(b, cpu, b'U', kind, count, l.offset);
         let i = l.func as usize;
         if i >= self.func_text.len() {
             self.func_text.resize(i + 1, Vec::new());
@@ -201,10 +206,8 @@ impl<W: Write> ArcSink<W> {
         name: &str,
         label: &str,
     ) -> Result<(), PostError> {
-        self.stats.lines += 1;
-        self.stats.instructions += count as u64;
+        self.start_line(cpu, b'K', kind, count, 0);
         let b = &mut self.buf;
-        push_head(b, cpu, b'K', kind, count, 0);
         push_symbol_module(b, name, "[kernel]");
         push_label_kind(b, label, kind);
         b.extend_from_slice(b"0\n");
