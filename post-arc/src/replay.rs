@@ -77,6 +77,8 @@ pub fn replay(
         match ev.record {
             Record::Branch(b) => {
                 let pid = names.pid_of(b.tid);
+                // The thread's block start: looked up once, and updated in place after the block.
+                let known_start = block_start.get_mut(&b.tid);
                 let (start, loc) = if b.kernel {
                     let name = if b.flags & branch_flags::SIGNAL != 0 {
                         names::signal(b.aux)
@@ -88,7 +90,7 @@ pub fn replay(
                     (0, Where::Kernel(name))
                 } else {
                     // Without a known start (wrap mode cut it off), the block is placed at its branch.
-                    let start = block_start.get(&b.tid).copied().unwrap_or(b.from);
+                    let start = known_start.as_deref().copied().unwrap_or(b.from);
                     let loc = res.resolve(pid, start);
                     // A call, or a jump out of a function, into code no symbol covers starts a
                     // function there (stripped code without call-frame information).
@@ -100,10 +102,14 @@ pub fn replay(
                     (start, Where::User(loc))
                 };
                 sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
-                if b.to != 0 {
-                    block_start.insert(b.tid, b.to);
-                } else {
-                    block_start.remove(&b.tid);
+                match known_start {
+                    Some(s) if b.to != 0 => *s = b.to,
+                    None if b.to != 0 => {
+                        block_start.insert(b.tid, b.to);
+                    }
+                    _ => {
+                        block_start.remove(&b.tid);
+                    }
                 }
             }
             Record::TraceOn(on) => {
