@@ -11,7 +11,10 @@
 #    --compress when the itrace has it.
 # 2. `itrace arc TRACE > /dev/null` and `itrace report --json TRACE > /dev/null` on one trace of
 #    workload branchy under --backend qemu (BENCH_BIG_N iterations, about 3 taken branches
-#    each), median of BENCH_REPS runs: records/s/core = branches / max(wall, user + sys).
+#    each; each itrace reads the trace it recorded), BENCH_REPS runs each, the itraces
+#    alternating: records/s/core = branches / max(wall, user + sys), median and best, the
+#    ratios of this tree's to the base's, and branches / CPU time alone (wall time counts
+#    waiting for a CPU, which a loaded machine adds).
 # Knobs: BENCH_PTRACE_N (300), BENCH_QEMU_N (200000), BENCH_BIG_N (1000000), BENCH_REPS (3),
 #   ITRACE (default target/release/itrace), ITRACE_BASE (none), BENCH_NO_CARGO=1, BENCH_OUT.
 set -u -o pipefail
@@ -80,25 +83,49 @@ for i in "${!BINS[@]}"; do
 done
 
 echo
-echo "post-processing: workload $BN branchy under --backend qemu; median of $REPS runs; rate = branches / max(wall, cpu)"
+echo "post-processing: workload $BN branchy under --backend qemu; $REPS runs each, the itraces alternating;"
+echo "rate = branches / max(wall, cpu) (median and best of the runs); cpu-only = branches / cpu (median)"
+rate_of() { awk -v b="$1" '{ c = $2 + $3; w = ($1 > c) ? $1 : c; if (w <= 0) w = 0.01; printf "%.0f\n", b / w }' "$2"; }
+cpu_rate_of() { awk -v b="$1" '{ c = $2 + $3; if (c <= 0) c = 0.01; printf "%.0f\n", b / c }' "$2"; }
+best() { sort -g | tail -1; }
+TRACES=()
+BRANCHES=()
 for i in "${!BINS[@]}"; do
-    bin=${BINS[$i]}
-    t=$SCRATCH/big.itr
-    "$bin" record --backend qemu -o "$t" -- "$W" "$BN" branchy >/dev/null 2>"$SCRATCH/err" || die "record: $(tail -1 "$SCRATCH/err")"
-    branches=$(branches_of "$bin" "$t") || die "report"
-    for cmd in arc report; do
-        rates=()
-        for r in $(seq "$REPS"); do
+    t=$SCRATCH/big$i.itr
+    "${BINS[$i]}" record --backend qemu -o "$t" -- "$W" "$BN" branchy >/dev/null 2>"$SCRATCH/err" || die "record: $(tail -1 "$SCRATCH/err")"
+    TRACES+=("$t")
+    BRANCHES+=("$(branches_of "${BINS[$i]}" "$t")") || die "report"
+done
+for cmd in arc report; do
+    declare -A RATES=() CPU_RATES=()
+    for r in $(seq "$REPS"); do
+        for i in "${!BINS[@]}"; do
+            bin=${BINS[$i]}
+            t=${TRACES[$i]}
             if [ $cmd = arc ]; then
                 /usr/bin/time -f '%e %U %S' -o "$SCRATCH/time" "$bin" arc "$t" >/dev/null || die "arc"
             else
                 /usr/bin/time -f '%e %U %S' -o "$SCRATCH/time" "$bin" report --json "$t" >/dev/null || die "report"
             fi
-            rates+=("$(awk -v b="$branches" '{ c = $2 + $3; w = ($1 > c) ? $1 : c; if (w <= 0) w = 0.01; printf "%.0f\n", b / w }' "$SCRATCH/time")")
+            RATES[$i]+="$(rate_of "${BRANCHES[$i]}" "$SCRATCH/time") "
+            CPU_RATES[$i]+="$(cpu_rate_of "${BRANCHES[$i]}" "$SCRATCH/time") "
         done
-        rate=$(printf '%s\n' "${rates[@]}" | median)
-        printf '  %-12s itrace %-6s %10s branches, %12.0f records/s/core (%s bytes of trace)\n' \
-            "${NAMES[$i]%% *}" "$cmd" "$branches" "$rate" "$(stat -c %s "$t")"
     done
-    rm -f "$t"
+    MEDIANS=()
+    BESTS=()
+    for i in "${!BINS[@]}"; do
+        med=$(printf '%s\n' ${RATES[$i]} | median)
+        top=$(printf '%s\n' ${RATES[$i]} | best)
+        cpu=$(printf '%s\n' ${CPU_RATES[$i]} | median)
+        MEDIANS+=("$med")
+        BESTS+=("$top")
+        printf '  %-12s itrace %-6s %10s branches: median %12.0f, best %12.0f records/s/core; cpu-only %12.0f (%s bytes of trace)\n' \
+            "${NAMES[$i]%% *}" "$cmd" "${BRANCHES[$i]}" "$med" "$top" "$cpu" "$(stat -c %s "${TRACES[$i]}")"
+    done
+    if [ -n "$BASE" ]; then
+        printf '  this tree / base, itrace %s: median %sx, best %sx\n' "$cmd" \
+            "$(calc "${MEDIANS[1]} / ${MEDIANS[0]}")" "$(calc "${BESTS[1]} / ${BESTS[0]}")"
+    fi
+    unset RATES CPU_RATES
 done
+rm -f "${TRACES[@]}"

@@ -44,7 +44,9 @@ pub fn human_size(n: u64) -> String {
 pub use error::FormatError;
 pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};
-pub use reader::{ChunkInfo, Event, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats, TraceFile};
+pub use reader::{
+    ChunkInfo, Event, EventRef, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats, TraceFile,
+};
 pub use record::{
     branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord,
     RawRecords, Record, StopReason, Summary, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN, RECORD_HEADER_LEN,

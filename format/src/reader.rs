@@ -314,7 +314,8 @@ impl TraceFile {
         let streams: Vec<(StreamId, StreamRecords<'_>)> =
             by_stream.into_iter().map(|((_, id), chunks)| (id, StreamRecords::new(self, chunks))).collect();
         let n = streams.len();
-        MergedRecords { streams, heads: vec![None; n], order: BinaryHeap::new(), started: false, error: None }
+        let heads = (0..n).map(|_| (0, Record::Unknown { ts: 0, major: 0, minor: 0 })).collect();
+        MergedRecords { streams, heads, order: BinaryHeap::new(), served: None, started: false, error: None }
     }
 }
 
@@ -473,7 +474,7 @@ impl<'a> StreamRecords<'a> {
         StreamRecords { file, chunks: chunks.into_iter(), cur: None, dec: None, failed: false }
     }
 
-    fn fail(&mut self, offset: usize, what: String) -> Option<<Self as Iterator>::Item> {
+    fn fail<T>(&mut self, offset: usize, what: String) -> Option<Result<T, FormatError>> {
         self.failed = true;
         Some(Err(corrupt(offset, what)))
     }
@@ -515,6 +516,15 @@ impl Iterator for StreamRecords<'_> {
     type Item = Result<(u64, Record), FormatError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        let mut r = Record::Unknown { ts: 0, major: 0, minor: 0 };
+        Some(self.read_into(&mut r)?.map(|offset| (offset, r)))
+    }
+}
+
+impl StreamRecords<'_> {
+    /// The next record into `out` (left as it was at the end of the stream or on an error),
+    /// and its file offset: [`Iterator::next`] without moving the record.
+    fn read_into(&mut self, out: &mut Record) -> Option<Result<u64, FormatError>> {
         if self.failed {
             return None;
         }
@@ -538,9 +548,9 @@ impl Iterator for StreamRecords<'_> {
             let offset = if cur.owned.is_some() { cur.chunk_offset } else { cur.base + at };
             if cur.compact {
                 let dec = self.dec.as_mut().expect("a compact chunk has its decoder");
-                match dec.next(e, payload, &mut cur.pos) {
-                    Ok(Some(r)) => return Some(Ok((offset as u64, r))),
-                    Ok(None) => {
+                match dec.next_into(e, payload, &mut cur.pos, out) {
+                    Ok(true) => return Some(Ok(offset as u64)),
+                    Ok(false) => {
                         cur.pos = cur.len;
                         continue;
                     }
@@ -570,7 +580,10 @@ impl Iterator for StreamRecords<'_> {
             }
             cur.pos += len;
             return Some(match Record::decode(e, &rest[..len], offset as u64) {
-                Ok(r) => Ok((offset as u64, r)),
+                Ok(r) => {
+                    *out = r;
+                    Ok(offset as u64)
+                }
                 Err(err) => {
                     self.failed = true;
                     Err(err)
@@ -590,14 +603,27 @@ pub struct Event {
     pub record: Record,
 }
 
+/// One record of a merged read, borrowed from the reader ([`MergedRecords::next_ref`]).
+#[derive(Clone, Copy, Debug)]
+pub struct EventRef<'r> {
+    /// The stream it came from: its CPU, or [`STREAM_MTE`].
+    pub stream: StreamId,
+    /// File offset of the record.
+    pub offset: u64,
+    pub record: &'r Record,
+}
+
 /// Records of all streams in time order: a heap of each stream's next record, so a read
 /// costs O(records x log streams).
 pub struct MergedRecords<'a> {
     streams: Vec<(StreamId, StreamRecords<'a>)>,
-    /// Each stream's next record (offset, record), read ahead.
-    heads: Vec<Option<(u64, Record)>>,
+    /// Each stream's next record (offset, record), read ahead in place; valid while the stream
+    /// is in `order` or is `served`.
+    heads: Vec<(u64, Record)>,
     /// (timestamp, stream index) of every stream with a head; the index breaks ties, MTE first.
     order: BinaryHeap<Reverse<(u64, usize)>>,
+    /// The stream whose head was handed out last: it reads ahead at the next call.
+    served: Option<usize>,
     started: bool,
     /// An error met reading ahead, returned after the record before it.
     error: Option<FormatError>,
@@ -606,25 +632,25 @@ pub struct MergedRecords<'a> {
 impl MergedRecords<'_> {
     /// Read stream `i`'s next record into its head; false on an error (kept for later).
     fn read_ahead(&mut self, i: usize) -> bool {
-        match self.streams[i].1.next() {
+        let head = &mut self.heads[i];
+        match self.streams[i].1.read_into(&mut head.1) {
             None => true,
             Some(Err(e)) => {
                 self.error = Some(e);
                 false
             }
-            Some(Ok((offset, r))) => {
-                self.order.push(Reverse((r.ts(), i)));
-                self.heads[i] = Some((offset, r));
+            Some(Ok(offset)) => {
+                head.0 = offset;
+                self.order.push(Reverse((head.1.ts(), i)));
                 true
             }
         }
     }
-}
 
-impl Iterator for MergedRecords<'_> {
-    type Item = Result<Event, FormatError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+    /// The index of the stream whose head is the next record, after reading ahead the one
+    /// handed out before; None at the end or when an error is waiting (see `take_error`).
+    /// Not a `Result`: that made every record's index pass through a copy that stalled.
+    fn advance(&mut self) -> Option<usize> {
         if !self.started {
             self.started = true;
             for i in 0..self.streams.len() {
@@ -633,16 +659,45 @@ impl Iterator for MergedRecords<'_> {
                 }
             }
         }
-        if let Some(e) = self.error.take() {
-            // Nothing after an error: the stream it came from cannot go on in order.
-            self.streams.clear();
-            self.order.clear();
-            return Some(Err(e));
+        if let Some(i) = self.served.take() {
+            self.read_ahead(i);
+        }
+        if self.error.is_some() {
+            return None;
         }
         let Reverse((_, i)) = self.order.pop()?;
-        let (offset, record) = self.heads[i].take().expect("a stream in the heap has a head");
-        let stream = self.streams[i].0;
-        self.read_ahead(i);
-        Some(Ok(Event { stream, offset, record }))
+        self.served = Some(i);
+        Some(i)
+    }
+
+    /// The error met reading ahead, if any: nothing comes after it, as the stream it came
+    /// from cannot go on in order.
+    fn take_error(&mut self) -> Option<FormatError> {
+        let e = self.error.take()?;
+        self.streams.clear();
+        self.order.clear();
+        Some(e)
+    }
+
+    /// The next record, borrowed until the next call: [`Iterator::next`] without moving
+    /// records (for readers of millions of them).
+    pub fn next_ref(&mut self) -> Option<Result<EventRef<'_>, FormatError>> {
+        match self.advance() {
+            Some(i) => {
+                Some(Ok(EventRef { stream: self.streams[i].0, offset: self.heads[i].0, record: &self.heads[i].1 }))
+            }
+            None => self.take_error().map(Err),
+        }
+    }
+}
+
+impl Iterator for MergedRecords<'_> {
+    type Item = Result<Event, FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let Some(i) = self.advance() else { return self.take_error().map(Err) };
+        let (offset, record) =
+            std::mem::replace(&mut self.heads[i], (0, Record::Unknown { ts: 0, major: 0, minor: 0 }));
+        Some(Ok(Event { stream: self.streams[i].0, offset, record }))
     }
 }

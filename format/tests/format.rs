@@ -211,6 +211,39 @@ fn continuous_mode_loses_nothing_with_small_segments() {
     assert_eq!(t.summary().unwrap().lost, vec![0, 0]);
 }
 
+/// The borrowing merged read (`next_ref`, which post-processing uses) gives the records
+/// pushed, in time order, with the MTE records between them where their timestamps put them.
+#[test]
+fn the_borrowing_merged_read_gives_every_record_in_time_order() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.itr");
+    let (pushed, _) = record(&p, Mode::Continuous, 3, 0, 1024, 10_000);
+    let t = TraceFile::open(&p).unwrap();
+    let mut merged = t.merged();
+    let (mut got, mut segments, mut last_ts) = (Vec::new(), Vec::new(), 0);
+    while let Some(ev) = merged.next_ref() {
+        let ev = ev.unwrap();
+        assert!(ev.record.ts() >= last_ts, "records in time order");
+        last_ts = ev.record.ts();
+        match ev.record {
+            Record::Branch(b) => {
+                assert_eq!(ev.stream as u32, b.tid - 100, "a branch comes from its CPU's stream");
+                got.push(*b);
+            }
+            Record::Mte(Mte::Segment { start, .. }) => {
+                assert_eq!(ev.stream, STREAM_MTE);
+                // Pushed after branch `start`, with its timestamp (1000 + start): MTE records
+                // come first on equal timestamps, so just before it.
+                assert_eq!(got.len() as u64, *start, "segment {start} just before branch {start}");
+                segments.push(*start);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(got, pushed);
+    assert_eq!(segments, (0..10).map(|i| i * 1000).collect::<Vec<u64>>());
+}
+
 #[test]
 fn a_file_cut_anywhere_reads_up_to_its_last_whole_record() {
     let d = fast_tempdir();

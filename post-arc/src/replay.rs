@@ -8,7 +8,8 @@ use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
 use crate::{PostError, Trace, PROGRESS_EVERY};
 use itrace_format::{branch_flags, Branch, BranchKind, Lost, Record, TraceOff};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
+use std::rc::Rc;
 
 /// One block of a thread.
 pub struct Block<'a> {
@@ -23,7 +24,7 @@ pub struct Block<'a> {
 
 /// Location of a block.
 pub enum Where {
-    User(Location),
+    User(Rc<Location>),
     Kernel(String),
 }
 
@@ -64,17 +65,20 @@ pub fn replay(
         }
     }
     // Start of each thread's current block.
-    let mut block_start: HashMap<u32, u64> = HashMap::new();
+    let mut block_start: FxHashMap<u32, u64> = FxHashMap::default();
     let mut n = 0u64;
-    for ev in trace.merged() {
+    let mut merged = trace.merged();
+    while let Some(ev) = merged.next_ref() {
         let ev = ev?;
         n += 1;
         if n % PROGRESS_EVERY == 0 {
             progress(ev.offset);
         }
-        match &ev.record {
+        match ev.record {
             Record::Branch(b) => {
                 let pid = names.pid_of(b.tid);
+                // The thread's block start: looked up once, and updated in place after the block.
+                let known_start = block_start.get_mut(&b.tid);
                 let (start, loc) = if b.kernel {
                     let name = if b.flags & branch_flags::SIGNAL != 0 {
                         names::signal(b.aux)
@@ -86,7 +90,7 @@ pub fn replay(
                     (0, Where::Kernel(name))
                 } else {
                     // Without a known start (wrap mode cut it off), the block is placed at its branch.
-                    let start = block_start.get(&b.tid).copied().unwrap_or(b.from);
+                    let start = known_start.as_deref().copied().unwrap_or(b.from);
                     let loc = res.resolve(pid, start);
                     // A call, or a jump out of a function, into code no symbol covers starts a
                     // function there (stripped code without call-frame information).
@@ -98,10 +102,14 @@ pub fn replay(
                     (start, Where::User(loc))
                 };
                 sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
-                if b.to != 0 {
-                    block_start.insert(b.tid, b.to);
-                } else {
-                    block_start.remove(&b.tid);
+                match known_start {
+                    Some(s) if b.to != 0 => *s = b.to,
+                    None if b.to != 0 => {
+                        block_start.insert(b.tid, b.to);
+                    }
+                    _ => {
+                        block_start.remove(&b.tid);
+                    }
                 }
             }
             Record::TraceOn(on) => {
@@ -119,7 +127,7 @@ pub fn replay(
                     None
                 };
                 let at = res.resolve(off.pid, off.pc);
-                sink.trace_off(off, partial.as_ref(), &at, &mut names)?;
+                sink.trace_off(off, partial.as_deref(), &at, &mut names)?;
                 block_start.remove(&off.tid);
             }
             Record::Lost(l) => {

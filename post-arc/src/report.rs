@@ -22,8 +22,9 @@ use crate::symbols::PltPart;
 use crate::threads::Names;
 use crate::{PostError, Trace};
 use itrace_format::{branch_flags, BranchKind, Lost, TraceOff};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
 
 /// A return lands at most this far after its call (longest x86 call is 7 bytes; other architectures less).
@@ -107,38 +108,40 @@ struct ThreadStats {
     signal_from: u64,
 }
 
+/// Every function's totals, by interned function id.
+#[derive(Default)]
+struct FuncTable(Vec<FuncStats>);
+
+impl FuncTable {
+    fn get(&mut self, id: u32) -> &mut FuncStats {
+        let i = id as usize;
+        if i >= self.0.len() {
+            self.0.resize(i + 1, FuncStats::default());
+        }
+        &mut self.0[i]
+    }
+}
+
 #[derive(Default)]
 struct ReportSink {
-    funcs: Vec<FuncStats>,
-    threads: BTreeMap<u32, ThreadStats>,
+    funcs: FuncTable,
+    /// By thread id: looked up once per record, so Fx-hashed; sorted by id at the end.
+    threads: FxHashMap<u32, ThreadStats>,
     total_branches: u64,
     lost: u64,
 }
 
-impl ReportSink {
-    fn func(&mut self, id: u32) -> &mut FuncStats {
-        let i = id as usize;
-        if i >= self.funcs.len() {
-            self.funcs.resize(i + 1, FuncStats::default());
-        }
-        &mut self.funcs[i]
+impl ThreadStats {
+    fn push(&mut self, funcs: &mut FuncTable, func: u32, call_from: u64, resume_pc: u64, plt_pending: bool) {
+        funcs.get(func).active += 1;
+        self.stack.push(Frame { func, root: false, call_from, resume_pc, entry_total: self.instructions, plt_pending });
     }
 
-    fn push(&mut self, tid: u32, func: u32, call_from: u64, resume_pc: u64, plt_pending: bool) {
-        let f = self.func(func);
-        f.active += 1;
-        let th = self.threads.entry(tid).or_default();
-        th.stack.push(Frame { func, root: false, call_from, resume_pc, entry_total: th.instructions, plt_pending });
-    }
-
-    /// A jump by `tid` from a block at `from` to `to`: if the thread's newest frame is a call
-    /// to a PLT stub still waiting for its target, and this jump leaves the PLT for the
+    /// A jump in process `pid` from a block at `from` to `to`: if the thread's newest frame is
+    /// a call to a PLT stub still waiting for its target, and this jump leaves the PLT for the
     /// target, the frame becomes a call to the target.
-    fn follow_plt(&mut self, tid: u32, pid: u32, from: &Location, to: u64, res: &mut Resolver) {
-        let Some(th) = self.threads.get(&tid) else { return };
-        if !th.stack.last().is_some_and(|f| f.plt_pending) {
-            return;
-        }
+    fn follow_plt(&mut self, funcs: &mut FuncTable, pid: u32, from: &Location, to: u64, res: &mut Resolver) {
+        let Some(frame) = self.stack.last_mut().filter(|f| f.plt_pending) else { return };
         let target = res.resolve(pid, to);
         let waiting = match (target.plt, from.plt) {
             // From stub to stub (`.plt.sec` to `.plt` on a lazy first call), or to the header.
@@ -152,39 +155,36 @@ impl ReportSink {
         if waiting {
             return;
         }
-        let Some(frame) = self.threads.get_mut(&tid).and_then(|th| th.stack.last_mut()) else { return };
         let stub = std::mem::replace(&mut frame.func, target.func);
         frame.plt_pending = false;
-        self.func(stub).active -= 1;
-        let f = self.func(target.func);
+        funcs.get(stub).active -= 1;
+        let f = funcs.get(target.func);
         f.active += 1;
         f.calls += 1;
     }
 
     /// A thread with nothing on its stack is in a function it was not seen to call: the
     /// start of its trace, or after that function returned. Open a root frame for it.
-    fn ensure_root(&mut self, tid: u32, func: u32) {
-        let th = self.threads.entry(tid).or_default();
-        if th.stack.is_empty() {
-            th.stack.push(Frame {
+    fn ensure_root(&mut self, funcs: &mut FuncTable, func: u32) {
+        if self.stack.is_empty() {
+            self.stack.push(Frame {
                 func,
                 root: true,
                 call_from: 0,
                 resume_pc: 0,
-                entry_total: th.instructions,
+                entry_total: self.instructions,
                 plt_pending: false,
             });
-            self.func(func).active += 1;
+            funcs.get(func).active += 1;
         }
     }
 
-    /// Close the frames of `tid` from index `i` up.
-    fn pop_to(&mut self, tid: u32, i: usize) {
-        let th = self.threads.entry(tid).or_default();
-        let total = th.instructions;
-        let frames: Vec<Frame> = th.stack.drain(i..).collect();
-        for fr in frames.into_iter().rev() {
-            let f = self.func(fr.func);
+    /// Close the frames from index `i` up, newest first.
+    fn pop_to(&mut self, funcs: &mut FuncTable, i: usize) {
+        let total = self.instructions;
+        while self.stack.len() > i {
+            let fr = self.stack.pop().expect("the stack is longer than i");
+            let f = funcs.get(fr.func);
             if fr.plt_pending {
                 // The stub's target was never seen: the call stays with the stub.
                 f.calls += 1;
@@ -196,11 +196,10 @@ impl ReportSink {
         }
     }
 
-    fn add_self(&mut self, tid: u32, pid: u32, func: u32, n: u32) {
-        self.func(func).self_ += n as u64;
-        let th = self.threads.entry(tid).or_default();
-        th.pid = pid;
-        th.instructions += n as u64;
+    fn add_self(&mut self, funcs: &mut FuncTable, pid: u32, func: u32, n: u32) {
+        funcs.get(func).self_ += n as u64;
+        self.pid = pid;
+        self.instructions += n as u64;
     }
 }
 
@@ -208,11 +207,13 @@ impl Sink for ReportSink {
     fn block(&mut self, b: &Block, _names: &mut Names, res: &mut Resolver) -> Result<(), PostError> {
         let br = b.branch;
         self.total_branches += 1;
-        self.threads.entry(br.tid).or_default().branches += 1;
+        let funcs = &mut self.funcs;
+        let th = self.threads.entry(br.tid).or_default();
+        th.branches += 1;
         match &b.loc {
             Where::User(l) => {
-                self.ensure_root(br.tid, l.func);
-                self.add_self(br.tid, b.pid, l.func, br.icount);
+                th.ensure_root(funcs, l.func);
+                th.add_self(funcs, b.pid, l.func, br.icount);
                 match br.kind {
                     // A call from PLT code to PLT code is ppc64 glink's `bcl` that reads its
                     // own address, not a call.
@@ -221,13 +222,12 @@ impl Sink for ReportSink {
                         let callee = res.resolve(b.pid, br.to);
                         let via_plt = callee.plt.is_some();
                         if !via_plt {
-                            self.func(callee.func).calls += 1;
+                            funcs.get(callee.func).calls += 1;
                         }
-                        self.push(br.tid, callee.func, br.from, 0, via_plt);
+                        th.push(funcs, callee.func, br.from, 0, via_plt);
                     }
-                    BranchKind::Jump => self.follow_plt(br.tid, b.pid, l, br.to, res),
+                    BranchKind::Jump => th.follow_plt(funcs, b.pid, l, br.to, res),
                     BranchKind::Return => {
-                        let th = self.threads.entry(br.tid).or_default();
                         let hit = th.stack.iter().rposition(|f| {
                             !f.root
                                 && f.call_from != u64::MAX
@@ -235,29 +235,28 @@ impl Sink for ReportSink {
                                 && br.to - f.call_from <= MAX_CALL_LEN
                         });
                         if let Some(i) = hit {
-                            self.pop_to(br.tid, i);
+                            th.pop_to(funcs, i);
                         } else if th.stack.len() == 1 && th.stack[0].root {
                             // The root function returns to a caller the trace never saw call it.
-                            self.pop_to(br.tid, 0);
+                            th.pop_to(funcs, 0);
                         }
                     }
                     BranchKind::Intrpt if br.flags & branch_flags::SIGNAL != 0 => {
-                        self.threads.entry(br.tid).or_default().signal_from = br.from;
+                        th.signal_from = br.from;
                     }
                     _ => {}
                 }
             }
             Where::Kernel(_) => {
-                let th = self.threads.entry(br.tid).or_default();
                 // Back from the kernel to where a signal interrupted: its handler frames end.
                 if let Some(i) = th.stack.iter().rposition(|f| f.call_from == u64::MAX && f.resume_pc == br.to) {
-                    self.pop_to(br.tid, i);
+                    th.pop_to(funcs, i);
                 }
                 if br.flags & branch_flags::SIGNAL != 0 {
-                    let resume = self.threads.entry(br.tid).or_default().signal_from;
+                    let resume = th.signal_from;
                     let handler = res.resolve(b.pid, br.to).func;
-                    self.func(handler).calls += 1;
-                    self.push(br.tid, handler, u64::MAX, resume, false);
+                    funcs.get(handler).calls += 1;
+                    th.push(funcs, handler, u64::MAX, resume, false);
                 }
             }
         }
@@ -271,11 +270,12 @@ impl Sink for ReportSink {
         _at: &Location,
         _names: &mut Names,
     ) -> Result<(), PostError> {
+        let th = self.threads.entry(off.tid).or_default();
         if let Some(l) = partial {
-            self.ensure_root(off.tid, l.func);
-            self.add_self(off.tid, off.pid, l.func, off.icount);
+            th.ensure_root(&mut self.funcs, l.func);
+            th.add_self(&mut self.funcs, off.pid, l.func, off.icount);
         }
-        self.pop_to(off.tid, 0);
+        th.pop_to(&mut self.funcs, 0);
         Ok(())
     }
 
@@ -289,12 +289,16 @@ impl Sink for ReportSink {
 pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, PostError> {
     let mut sink = ReportSink::default();
     let (names, res) = replay(trace, false, &mut sink, progress)?;
-    let tids: Vec<u32> = sink.threads.keys().copied().collect();
-    for tid in tids {
-        sink.pop_to(tid, 0);
+    // In thread id order: a function active in several threads gets its inclusive count
+    // when the last of them closes it.
+    let mut threads: Vec<(u32, ThreadStats)> = sink.threads.into_iter().collect();
+    threads.sort_unstable_by_key(|&(tid, _)| tid);
+    for (_, th) in &mut threads {
+        th.pop_to(&mut sink.funcs, 0);
     }
     let mut functions: Vec<FunctionRow> = sink
         .funcs
+        .0
         .iter()
         .enumerate()
         .filter(|(_, f)| f.self_ > 0 || f.calls > 0 || f.inclusive > 0)
@@ -318,8 +322,7 @@ pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, Pos
     let mut modules: Vec<ModuleRow> =
         modules.into_iter().map(|(m, n)| ModuleRow { module: m.to_string(), self_instructions: n }).collect();
     modules.sort_by(|a, b| b.self_instructions.cmp(&a.self_instructions).then(a.module.cmp(&b.module)));
-    let threads: Vec<ThreadRow> = sink
-        .threads
+    let threads: Vec<ThreadRow> = threads
         .iter()
         .map(|(tid, t)| ThreadRow {
             pid: if t.pid != 0 { t.pid } else { names.pid_of(*tid) },

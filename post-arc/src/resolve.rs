@@ -4,7 +4,8 @@
 
 use crate::symbols::{JitSymbols, ModuleSymbols, PltPart, SymbolCache};
 use itrace_format::Mte;
-use std::collections::HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// Where an address is.
@@ -52,7 +53,9 @@ type AddrMap<V> = rustc_hash::FxHashMap<u64, V>;
 struct Space {
     segs: Vec<Segment>,
     vdso: Option<Arc<ModuleSymbols>>,
-    cache: AddrMap<Location>,
+    /// Resolved locations, shared with the blocks that use them (a clone is one count, not
+    /// atomic: an `Arc`'s locked increment and decrement cost a tenth of an arc's time).
+    cache: AddrMap<Rc<Location>>,
 }
 
 impl Space {
@@ -78,9 +81,28 @@ impl Space {
     }
 }
 
+/// Entries of the resolver's direct-mapped cache (a power of two).
+const RECENT_SLOTS: usize = 4096;
+
+/// An entry of the direct-mapped cache in front of the per-process maps.
+#[derive(Clone, Default)]
+struct Recent {
+    /// Valid only while equal to [`Resolver::recent_gen`].
+    gen: u64,
+    pid: u32,
+    addr: u64,
+    loc: Option<Rc<Location>>,
+}
+
 /// Resolves addresses of every traced process.
 pub struct Resolver {
     spaces: HashMap<u32, Space>,
+    /// The locations resolved last, by (pid, address) hashed to a slot: asked for once or
+    /// more per record, they cost an index and two compares here, not two hash lookups.
+    recent: Vec<Recent>,
+    /// Bumped by every module-table record (any may change what an address is), which
+    /// empties `recent` at once.
+    recent_gen: u64,
     symbols: SymbolCache,
     lines: bool,
     funcs: HashMap<(Arc<str>, Arc<str>), u32>,
@@ -92,14 +114,12 @@ pub struct Resolver {
     /// Warnings and hints for the user, one per module at most.
     notes: Vec<String>,
     /// Modules already looked at for notes.
-    noted: std::collections::HashSet<Arc<str>>,
+    noted: HashSet<Arc<str>>,
     /// What each mapped file was when recorded (module-identity records), by path.
     recorded: HashMap<Arc<str>, RecordedFile>,
     /// Modules whose file is missing or no longer the one recorded: their addresses are shown
     /// as `module+0xOFFSET` (file offsets), never with the names of the file there now.
-    stale: std::collections::HashSet<Arc<str>>,
-    /// The last resolved location that is not cached (see `resolve_ref`).
-    uncached: Location,
+    stale: HashSet<Arc<str>>,
     /// The trace's archive directory (`itrace archive`), when it has one.
     archive: Option<std::path::PathBuf>,
     /// Files read from the archive instead of their recorded path: recorded path -> copy.
@@ -113,30 +133,23 @@ impl Resolver {
     /// A resolver; `lines` looks up DWARF source lines too (slower on first use of each module).
     pub fn new(lines: bool) -> Self {
         Resolver {
-            spaces: HashMap::new(),
+            spaces: HashMap::default(),
+            recent: vec![Recent::default(); RECENT_SLOTS],
+            recent_gen: 1,
             symbols: SymbolCache::new(),
             lines,
-            funcs: HashMap::new(),
+            funcs: HashMap::default(),
             func_names: Vec::new(),
             unknown: Arc::from("<unknown>"),
             jitcode: Arc::from("JITCODE"),
-            jit: HashMap::new(),
+            jit: HashMap::default(),
             notes: Vec::new(),
             noted: Default::default(),
-            learned: HashMap::new(),
-            recorded: HashMap::new(),
+            learned: HashMap::default(),
+            recorded: HashMap::default(),
             stale: Default::default(),
             archive: None,
-            archived: HashMap::new(),
-            uncached: Location {
-                symbol: Arc::from("<unknown>"),
-                offset: 0,
-                module: Arc::from(""),
-                line: 0,
-                file: None,
-                func: 0,
-                plt: None,
-            },
+            archived: HashMap::default(),
         }
     }
 
@@ -162,7 +175,7 @@ impl Resolver {
     /// a function starts there (named `module+0xOFFSET` like those from call-frame
     /// information).
     pub fn learn_function_start(&mut self, pid: u32, from_func: Option<u32>, to: u64) {
-        let target = self.resolve_ref(pid, to);
+        let target = self.resolve(pid, to);
         if &*target.symbol != "<unknown>" || from_func == Some(target.func) {
             return;
         }
@@ -245,6 +258,7 @@ impl Resolver {
 
     /// Apply a module-table record.
     pub fn apply(&mut self, m: &Mte) {
+        self.recent_gen += 1;
         match m {
             Mte::Segment { pid, start, end, offset, path, .. } => {
                 let s = self.spaces.entry(*pid).or_default();
@@ -329,26 +343,36 @@ impl Resolver {
     }
 
     /// Resolve `addr` in process `pid`.
-    pub fn resolve(&mut self, pid: u32, addr: u64) -> Location {
-        self.resolve_ref(pid, addr).clone()
+    pub fn resolve(&mut self, pid: u32, addr: u64) -> Rc<Location> {
+        let slot = ((addr ^ (pid as u64) << 48).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize % RECENT_SLOTS;
+        let r = &self.recent[slot];
+        if r.gen == self.recent_gen && r.addr == addr && r.pid == pid {
+            if let Some(loc) = &r.loc {
+                return loc.clone();
+            }
+        }
+        let (loc, keep) = self.resolve_in_space(pid, addr);
+        if keep {
+            self.recent[slot] = Recent { gen: self.recent_gen, pid, addr, loc: Some(loc.clone()) };
+        }
+        loc
     }
 
-    /// [`Self::resolve`] without the copy, for looks that keep nothing.
-    fn resolve_ref(&mut self, pid: u32, addr: u64) -> &Location {
-        let cached = self.spaces.get(&pid).is_some_and(|s| s.cache.contains_key(&addr));
-        if !cached {
-            let (symbol, offset, module, (file, line), plt) = self.lookup(pid, addr);
-            let func = self.intern(&module, &symbol);
-            let loc = Location { symbol, offset, module, line, file, func, plt };
-            // Code of a file that no symbol covers may be named by a function start learned
-            // later (`learn_function_start`): not kept, so that learning never has to forget.
-            if &*loc.symbol == "<unknown>" && loc.module.starts_with('/') {
-                self.uncached = loc;
-                return &self.uncached;
-            }
-            self.spaces.entry(pid).or_default().cache.insert(addr, loc);
+    /// [`Self::resolve`] by the process's map, and whether the location may be kept.
+    fn resolve_in_space(&mut self, pid: u32, addr: u64) -> (Rc<Location>, bool) {
+        if let Some(loc) = self.spaces.get(&pid).and_then(|s| s.cache.get(&addr)) {
+            return (loc.clone(), true);
         }
-        &self.spaces[&pid].cache[&addr]
+        let (symbol, offset, module, (file, line), plt) = self.lookup(pid, addr);
+        let func = self.intern(&module, &symbol);
+        let loc = Rc::new(Location { symbol, offset, module, line, file, func, plt });
+        // Code of a file that no symbol covers may be named by a function start learned
+        // later (`learn_function_start`): not kept, so that learning never has to forget.
+        let keep = !(&*loc.symbol == "<unknown>" && loc.module.starts_with('/'));
+        if keep {
+            self.spaces.entry(pid).or_default().cache.insert(addr, loc.clone());
+        }
+        (loc, keep)
     }
 
     fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, SourceLine, Option<PltPart>) {

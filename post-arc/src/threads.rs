@@ -2,7 +2,7 @@
 //! module-table and trace-on records.
 
 use itrace_format::Mte;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 #[derive(Default)]
 struct ThreadInfo {
@@ -88,6 +88,11 @@ impl Names {
 
     /// `pid_tid_pidname_threadname`, pid and tid in hex.
     pub fn label(&mut self, tid: u32) -> &str {
+        // Asked for every arc line: the label is built once per thread (and again after a
+        // name or process change clears it).
+        if self.threads.get(&tid).is_some_and(|t| t.label.is_some()) {
+            return self.threads[&tid].label.as_deref().expect("checked above");
+        }
         let pid = self.pid_of(tid);
         let pname = field(self.process_name(pid));
         let t = self.threads.entry(tid).or_default();
