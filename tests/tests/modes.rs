@@ -8,7 +8,7 @@ use itrace_tests::{
 };
 use std::sync::OnceLock;
 
-const SMALL_BUFFER: &str = "64K";
+const SMALL_BUFFER: &str = "4K";
 const SMALL_SEGMENT: &str = "16K";
 
 fn oracle() -> &'static Oracle {
