@@ -5,6 +5,7 @@
 
 pub mod arc;
 pub mod archive;
+pub mod diff;
 mod names;
 mod notes;
 pub mod replay;

@@ -453,12 +453,12 @@ impl Default for TextOptions {
 }
 
 /// A module's file name (the Modules table and the JSON keep the path).
-fn basename(path: &str) -> &str {
+pub(crate) fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
 /// `s` cut to `width` characters, ending in `…` when cut.
-fn fit(s: &str, width: usize) -> std::borrow::Cow<'_, str> {
+pub(crate) fn fit(s: &str, width: usize) -> std::borrow::Cow<'_, str> {
     if s.chars().count() <= width {
         return s.into();
     }
