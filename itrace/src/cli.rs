@@ -35,6 +35,8 @@ pub enum Command {
     Arc(ArcArgs),
     /// Summarise a trace: instructions and calls per function, module and thread.
     Report(ReportArgs),
+    /// Compare two traces per function: self, inclusive and calls before, after and change.
+    Diff(DiffArgs),
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
     /// Say what a trace holds and costs: header, streams, records, bytes per taken branch by kind, time span.
@@ -246,6 +248,13 @@ pub struct ArchiveArgs {
 pub struct ReportArgs {
     #[command(flatten)]
     pub input: TraceInput,
+    #[command(flatten)]
+    pub output: TableOutput,
+}
+
+/// How a reading command prints its tables (`report`, `diff`).
+#[derive(Args)]
+pub struct TableOutput {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -255,6 +264,18 @@ pub struct ReportArgs {
     /// Width the text tables fit to (default: the terminal's, else $COLUMNS, else 120).
     #[arg(long, value_name = "COLUMNS")]
     pub width: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct DiffArgs {
+    /// The trace to compare against.
+    #[arg(value_name = "BASE")]
+    pub base: PathBuf,
+    /// The trace compared with it.
+    #[arg(value_name = "NEW")]
+    pub new: PathBuf,
+    #[command(flatten)]
+    pub output: TableOutput,
 }
 
 #[derive(Args)]

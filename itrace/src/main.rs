@@ -3,6 +3,7 @@
 
 mod calib;
 mod cli;
+mod diff;
 mod dump;
 mod info;
 mod read;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         }
         cli::Command::Arc(args) => read::arc(args),
         cli::Command::Report(args) => read::report(args),
+        cli::Command::Diff(args) => diff::run(&diff::settings(args)),
         cli::Command::Dump(args) => dump::run(args),
         cli::Command::Info(args) => info::run(args),
         cli::Command::Archive(args) => read::archive(args),

@@ -68,24 +68,29 @@ pub fn archive(args: ArchiveArgs) -> Result<ExitCode> {
 }
 
 pub fn report(args: ReportArgs) -> Result<ExitCode> {
-    let path = args.input.path();
-    let trace = open_trace(&path)?;
+    let report = build_report(&args.input.path())?;
+    let stdout = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(stdout);
+    if args.output.json {
+        report.write_json(&mut out)?;
+    } else {
+        let width = args.output.width.unwrap_or_else(terminal_width);
+        report.write_text(&mut out, &itrace_post::report::TextOptions { top: args.output.top, width })?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The report of the trace at `path`, its warnings and notes said on stderr.
+pub fn build_report(path: &Path) -> Result<itrace_post::report::Report> {
+    let trace = open_trace(path)?;
     let pb = progress(trace.trace_bytes());
     let report = itrace_post::report::build(&trace, &mut |done| pb.set_position(done))
         .with_context(|| format!("cannot read {}", path.display()))?;
     pb.finish_and_clear();
     warn_truncated(&trace);
     print_notes(&report.notes);
-    let stdout = std::io::stdout().lock();
-    let mut out = std::io::BufWriter::new(stdout);
-    if args.json {
-        report.write_json(&mut out)?;
-    } else {
-        let width = args.width.unwrap_or_else(terminal_width);
-        report.write_text(&mut out, &itrace_post::report::TextOptions { top: args.top, width })?;
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    Ok(report)
 }
 
 /// Open a trace for reading; a missing default file gets a hint.
@@ -107,7 +112,7 @@ pub fn naming<E: std::error::Error + Send + Sync + 'static>(e: E, path: &Path) -
 }
 
 /// The width text tables fit to: the terminal's, else $COLUMNS, else 120.
-fn terminal_width() -> usize {
+pub fn terminal_width() -> usize {
     let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
     // SAFETY: TIOCGWINSZ writes a winsize into ws, a valid and exclusively borrowed struct.
     let on_tty = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0;
