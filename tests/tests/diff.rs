@@ -177,4 +177,11 @@ fn missing_trace_is_a_one_line_error() {
     assert!(line.contains(&*missing.to_string_lossy()), "the error names the file: {line}");
     let out = itrace([OsStr::new("diff"), missing.as_os_str()]);
     out.assert_clean_error();
+
+    // A file that is not a trace: the same, naming it.
+    let text = dir.join("not-a-trace.itr");
+    std::fs::write(&text, "just text\n").unwrap();
+    let out = itrace([OsStr::new("diff"), text.as_os_str(), text.as_os_str()]);
+    let line = out.assert_clean_error();
+    assert!(line.contains(&*text.to_string_lossy()), "the error names the file: {line}");
 }
