@@ -1,33 +1,14 @@
 //! `itrace report`: instructions (self and inclusive) and calls per
 //! function, instructions per module and per thread.
 //!
-//! Inclusive counts come from a shadow call stack per thread: a CALL pushes
-//! a frame, a RETURN pops to the frame whose call it returns after (so
-//! longjmp and unmatched returns resynchronise), a signal handler is a frame
-//! that ends when the kernel returns to the interrupted pc. The function a
-//! thread is in when its trace starts (or after that one returns) is a root
-//! frame, as if called there. A function already on the stack (recursion)
-//! is counted once.
-//!
-//! A call to a PLT stub is a call to the function the stub jumps to: the
-//! frame opens at the call (so the stub's instructions, and on a lazily bound
-//! first call the dynamic linker's resolver, count in the callee's inclusive
-//! cost) and takes the callee's identity at the first jump out of the PLT
-//! (not the header's jump to the resolver, nor the resolver's own jumps).
+//! Inclusive counts come from the call stacks of [`crate::stacks`].
 
 use crate::names::printable;
-use crate::replay::{replay, Block, Sink, Where};
-use crate::resolve::{Location, Resolver};
-use crate::symbols::PltPart;
-use crate::threads::Names;
+use crate::stacks::{self, Collect};
 use crate::{PostError, Trace};
-use itrace_format::{branch_flags, BranchKind, Lost, TraceOff};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
-
-/// A return lands at most this far after its call (longest x86 call is 7 bytes; other architectures less).
-const MAX_CALL_LEN: u64 = 16;
 
 /// One function's totals.
 #[derive(Clone, Debug, Serialize)]
@@ -75,237 +56,21 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-#[derive(Default, Clone)]
-struct FuncStats {
-    self_: u64,
-    inclusive: u64,
-    calls: u64,
-    active: u32,
-}
-
-struct Frame {
-    func: u32,
-    /// The function a thread was in when its tracing started (no call seen): it stays on the
-    /// stack until it returns, so its inclusive count covers what it called.
-    root: bool,
-    /// Address of the call instruction (u64::MAX for a signal handler frame).
-    call_from: u64,
-    /// For a signal handler: where the interrupted code resumes.
-    resume_pc: u64,
-    entry_total: u64,
-    /// A call to a PLT stub whose target is not known yet: `func` is the stub.
-    plt_pending: bool,
-}
-
-#[derive(Default)]
-struct ThreadStats {
-    pid: u32,
-    instructions: u64,
-    branches: u64,
-    stack: Vec<Frame>,
-    /// Where the last signal interrupted this thread.
-    signal_from: u64,
-}
-
-#[derive(Default)]
-struct ReportSink {
-    funcs: Vec<FuncStats>,
-    threads: BTreeMap<u32, ThreadStats>,
-    total_branches: u64,
-    lost: u64,
-}
-
-impl ReportSink {
-    fn func(&mut self, id: u32) -> &mut FuncStats {
-        let i = id as usize;
-        if i >= self.funcs.len() {
-            self.funcs.resize(i + 1, FuncStats::default());
-        }
-        &mut self.funcs[i]
-    }
-
-    fn push(&mut self, tid: u32, func: u32, call_from: u64, resume_pc: u64, plt_pending: bool) {
-        let f = self.func(func);
-        f.active += 1;
-        let th = self.threads.entry(tid).or_default();
-        th.stack.push(Frame { func, root: false, call_from, resume_pc, entry_total: th.instructions, plt_pending });
-    }
-
-    /// A jump by `tid` from a block at `from` to `to`: if the thread's newest frame is a call
-    /// to a PLT stub still waiting for its target, and this jump leaves the PLT for the
-    /// target, the frame becomes a call to the target.
-    fn follow_plt(&mut self, tid: u32, pid: u32, from: &Location, to: u64, res: &mut Resolver) {
-        let Some(th) = self.threads.get(&tid) else { return };
-        if !th.stack.last().is_some_and(|f| f.plt_pending) {
-            return;
-        }
-        let target = res.resolve(pid, to);
-        let waiting = match (target.plt, from.plt) {
-            // From stub to stub (`.plt.sec` to `.plt` on a lazy first call), or to the header.
-            (Some(_), _) => true,
-            // The header jumps to the dynamic linker's resolver.
-            (None, Some(PltPart::Header)) => true,
-            (None, Some(PltPart::Stub)) => false,
-            // In the resolver: its own jumps, until it jumps to the function it looked up.
-            (None, None) => target.func == from.func,
-        };
-        if waiting {
-            return;
-        }
-        let Some(frame) = self.threads.get_mut(&tid).and_then(|th| th.stack.last_mut()) else { return };
-        let stub = std::mem::replace(&mut frame.func, target.func);
-        frame.plt_pending = false;
-        self.func(stub).active -= 1;
-        let f = self.func(target.func);
-        f.active += 1;
-        f.calls += 1;
-    }
-
-    /// A thread with nothing on its stack is in a function it was not seen to call: the
-    /// start of its trace, or after that function returned. Open a root frame for it.
-    fn ensure_root(&mut self, tid: u32, func: u32) {
-        let th = self.threads.entry(tid).or_default();
-        if th.stack.is_empty() {
-            th.stack.push(Frame {
-                func,
-                root: true,
-                call_from: 0,
-                resume_pc: 0,
-                entry_total: th.instructions,
-                plt_pending: false,
-            });
-            self.func(func).active += 1;
-        }
-    }
-
-    /// Close the frames of `tid` from index `i` up.
-    fn pop_to(&mut self, tid: u32, i: usize) {
-        let th = self.threads.entry(tid).or_default();
-        let total = th.instructions;
-        let frames: Vec<Frame> = th.stack.drain(i..).collect();
-        for fr in frames.into_iter().rev() {
-            let f = self.func(fr.func);
-            if fr.plt_pending {
-                // The stub's target was never seen: the call stays with the stub.
-                f.calls += 1;
-            }
-            f.active -= 1;
-            if f.active == 0 {
-                f.inclusive += total - fr.entry_total;
-            }
-        }
-    }
-
-    fn add_self(&mut self, tid: u32, pid: u32, func: u32, n: u32) {
-        self.func(func).self_ += n as u64;
-        let th = self.threads.entry(tid).or_default();
-        th.pid = pid;
-        th.instructions += n as u64;
-    }
-}
-
-impl Sink for ReportSink {
-    fn block(&mut self, b: &Block, _names: &mut Names, res: &mut Resolver) -> Result<(), PostError> {
-        let br = b.branch;
-        self.total_branches += 1;
-        self.threads.entry(br.tid).or_default().branches += 1;
-        match &b.loc {
-            Where::User(l) => {
-                self.ensure_root(br.tid, l.func);
-                self.add_self(br.tid, b.pid, l.func, br.icount);
-                match br.kind {
-                    // A call from PLT code to PLT code is ppc64 glink's `bcl` that reads its
-                    // own address, not a call.
-                    BranchKind::Call if l.plt.is_some() && res.resolve(b.pid, br.to).plt.is_some() => {}
-                    BranchKind::Call => {
-                        let callee = res.resolve(b.pid, br.to);
-                        let via_plt = callee.plt.is_some();
-                        if !via_plt {
-                            self.func(callee.func).calls += 1;
-                        }
-                        self.push(br.tid, callee.func, br.from, 0, via_plt);
-                    }
-                    BranchKind::Jump => self.follow_plt(br.tid, b.pid, l, br.to, res),
-                    BranchKind::Return => {
-                        let th = self.threads.entry(br.tid).or_default();
-                        let hit = th.stack.iter().rposition(|f| {
-                            !f.root
-                                && f.call_from != u64::MAX
-                                && br.to > f.call_from
-                                && br.to - f.call_from <= MAX_CALL_LEN
-                        });
-                        if let Some(i) = hit {
-                            self.pop_to(br.tid, i);
-                        } else if th.stack.len() == 1 && th.stack[0].root {
-                            // The root function returns to a caller the trace never saw call it.
-                            self.pop_to(br.tid, 0);
-                        }
-                    }
-                    BranchKind::Intrpt if br.flags & branch_flags::SIGNAL != 0 => {
-                        self.threads.entry(br.tid).or_default().signal_from = br.from;
-                    }
-                    _ => {}
-                }
-            }
-            Where::Kernel(_) => {
-                let th = self.threads.entry(br.tid).or_default();
-                // Back from the kernel to where a signal interrupted: its handler frames end.
-                if let Some(i) = th.stack.iter().rposition(|f| f.call_from == u64::MAX && f.resume_pc == br.to) {
-                    self.pop_to(br.tid, i);
-                }
-                if br.flags & branch_flags::SIGNAL != 0 {
-                    let resume = self.threads.entry(br.tid).or_default().signal_from;
-                    let handler = res.resolve(b.pid, br.to).func;
-                    self.func(handler).calls += 1;
-                    self.push(br.tid, handler, u64::MAX, resume, false);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn trace_off(
-        &mut self,
-        off: &TraceOff,
-        partial: Option<&Location>,
-        _at: &Location,
-        _names: &mut Names,
-    ) -> Result<(), PostError> {
-        if let Some(l) = partial {
-            self.ensure_root(off.tid, l.func);
-            self.add_self(off.tid, off.pid, l.func, off.icount);
-        }
-        self.pop_to(off.tid, 0);
-        Ok(())
-    }
-
-    fn lost(&mut self, _cpu: u16, lost: &Lost) -> Result<(), PostError> {
-        self.lost = self.lost.saturating_add(lost.count);
-        Ok(())
-    }
-}
-
 /// Build the report of `trace`.
 pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, PostError> {
-    let mut sink = ReportSink::default();
-    let (names, res) = replay(trace, false, &mut sink, progress)?;
-    let tids: Vec<u32> = sink.threads.keys().copied().collect();
-    for tid in tids {
-        sink.pop_to(tid, 0);
-    }
+    let (sink, names, res) = stacks::build(trace, Collect::default(), progress)?;
     let mut functions: Vec<FunctionRow> = sink
         .funcs
         .iter()
         .enumerate()
-        .filter(|(_, f)| f.self_ > 0 || f.calls > 0 || f.inclusive > 0)
+        .filter(|(_, f)| f.self_instructions > 0 || f.calls > 0 || f.inclusive > 0)
         .map(|(i, f)| {
             let (module, name) = res.func(i as u32);
             FunctionRow {
                 name: name.to_string(),
                 module: module.to_string(),
-                self_instructions: f.self_,
-                // A function never seen called (the entry point) still includes its own work.
-                inclusive: f.inclusive.max(f.self_),
+                self_instructions: f.self_instructions,
+                inclusive: f.inclusive,
                 calls: f.calls,
             }
         })
