@@ -6,6 +6,8 @@
 
 pub mod arc;
 pub mod archive;
+pub mod callgrind;
+pub mod flame;
 mod names;
 mod notes;
 pub mod replay;
