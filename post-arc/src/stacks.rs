@@ -53,8 +53,6 @@ pub struct FuncStats {
     /// without one (a tail call into it, the start of a trace).
     pub inclusive: u64,
     pub calls: u64,
-    /// Open frames of the function, on all threads.
-    active: u32,
 }
 
 /// Calls from one call site to one function.
@@ -105,6 +103,33 @@ pub struct ThreadStack {
     /// Instructions run in signal handlers so far (each counted once when nested): they are
     /// not part of the inclusive cost of the functions they interrupted.
     in_handlers: u64,
+    /// Open frames per function on this thread (recursion is counted once per thread; other
+    /// threads' frames of the same function are other runs of it).
+    open: FxHashMap<u32, u32>,
+}
+
+impl ThreadStack {
+    fn enter(&mut self, func: u32) {
+        *self.open.entry(func).or_default() += 1;
+    }
+
+    /// A frame of `func` closes; true when it was the thread's outermost one.
+    fn leave(&mut self, func: u32) -> bool {
+        match self.open.get_mut(&func) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                self.open.remove(&func);
+                true
+            }
+        }
+    }
+
+    fn in_frame_of(&self, func: u32) -> bool {
+        self.open.contains_key(&func)
+    }
 }
 
 /// The replayed call stacks of a trace and what they add up to.
@@ -162,11 +187,11 @@ impl CallStacks {
         plt_pending: bool,
         signal: Option<u32>,
     ) {
+        let th = self.threads.entry(tid).or_default();
         // A stub's frame is not the stub's: it becomes the callee's (`follow_plt`).
         if !plt_pending {
-            self.func(func).active += 1;
+            th.enter(func);
         }
-        let th = self.threads.entry(tid).or_default();
         let parent = th.stack.last().map_or(ROOT, |f| f.node);
         let node = match (&mut self.tree, signal) {
             // A handler runs under its signal, not under the function it interrupted.
@@ -195,8 +220,8 @@ impl CallStacks {
     /// The signal trampoline a handler returned to: a frame under the signal (not a call) that
     /// ends with the handler's signal, when the kernel returns to `resume_pc`.
     fn push_trampoline(&mut self, tid: u32, func: u32, resume_pc: u64, signal: u32) {
-        self.func(func).active += 1;
         let th = self.threads.entry(tid).or_default();
+        th.enter(func);
         let node = match &mut self.tree {
             Some(t) => {
                 let root = t.child(ROOT, signal);
@@ -249,9 +274,8 @@ impl CallStacks {
             t.merge(frame.node, node);
             frame.node = node;
         }
-        let f = self.func(target.func);
-        f.active += 1;
-        f.calls += 1;
+        th.enter(target.func);
+        self.func(target.func).calls += 1;
     }
 
     /// A thread with nothing on its stack is in a function it was not seen to call: the
@@ -275,7 +299,7 @@ impl CallStacks {
                 signal: None,
                 entry_in_handlers: th.in_handlers,
             });
-            self.func(func).active += 1;
+            th.enter(func);
         }
     }
 
@@ -284,11 +308,10 @@ impl CallStacks {
     /// returning); close them.
     fn unwind_to(&mut self, tid: u32, loc: &Location) {
         // Most blocks are in the newest frame's function, or in one with no frame at all.
-        let active = self.funcs.get(loc.func as usize).is_some_and(|f| f.active > 0);
-        if !active || &*loc.symbol == "<unknown>" {
+        let Some(th) = self.threads.get(&tid) else { return };
+        if !th.in_frame_of(loc.func) || &*loc.symbol == "<unknown>" {
             return;
         }
-        let Some(th) = self.threads.get(&tid) else { return };
         match th.stack.last() {
             Some(top) if top.func != loc.func => {}
             _ => return,
@@ -340,15 +363,14 @@ impl CallStacks {
                 e.calls += 1;
                 e.inclusive += spent;
             }
-            let f = self.func(fr.func);
             if fr.plt_pending {
                 // Its own instructions are already in its inclusive count (it had no frame).
-                f.calls += 1;
+                self.func(fr.func).calls += 1;
                 continue;
             }
-            f.active -= 1;
-            if f.active == 0 {
-                f.inclusive += spent;
+            let outermost = self.threads.entry(tid).or_default().leave(fr.func);
+            if outermost {
+                self.func(fr.func).inclusive += spent;
             }
         }
         self.threads.entry(tid).or_default().in_handlers = in_handlers;
@@ -357,9 +379,10 @@ impl CallStacks {
     /// `n` instructions of `tid` in `loc` (the newest frame is the one they run in).
     fn add_self(&mut self, tid: u32, pid: u32, loc: &Location, n: u32) {
         let n = n as u64;
+        let own_frame = self.threads.get(&tid).is_some_and(|th| th.in_frame_of(loc.func));
         let f = self.func(loc.func);
         f.self_instructions += n;
-        if f.active == 0 {
+        if !own_frame {
             // Not inside a frame of its own (jumped into): its own work is still its inclusive cost.
             f.inclusive += n;
         }

@@ -38,15 +38,23 @@ const CASES: &[(&str, &[&str])] = &[
     ("fib", &["main", "fib", "fib_asm"]),
     ("longjmp", &["main", "lj_round", "lj_dive"]),
     ("signal", &["main", "sig_handler", "sig_compute"]),
+    // Five threads, each with a stack of its own (main is left out: pthread_create's stacks and
+    // clone3 run differently under valgrind, which runs one thread at a time).
+    ("threads", &["thr_main", "thr_compute"]),
 ];
 
 /// Traces `name` (with the tunables) into a fresh directory of test `test`; returns the
 /// trace's path.
 fn traced(test: &str, name: &str) -> PathBuf {
+    traced_with(test, name, &[])
+}
+
+/// [`traced`] with record `options`.
+fn traced_with(test: &str, name: &str, options: &[&str]) -> PathBuf {
     let dir = test_dir(&format!("views-{test}-{name}"));
     let trace = dir.join("t.itr");
     let mut cmd = Command::new(itrace_bin());
-    cmd.envs(ENV.iter().copied()).arg("record").arg("-o").arg(&trace).arg("--").arg(program(name));
+    cmd.envs(ENV.iter().copied()).arg("record").arg("-o").arg(&trace).args(options).arg("--").arg(program(name));
     run(&mut cmd).assert_success();
     trace
 }
@@ -132,6 +140,25 @@ fn folded_stacks_add_up_to_the_report_and_callgrind() {
         }
     }
     assert!(diffs.is_empty(), "differences:\n{}", diffs.join("\n"));
+}
+
+/// A region starts in the middle of a stack (in ITraceOn, called from main) and the threads
+/// of region_threads each start in theirs: the folded stacks still add up to the report's
+/// counts for every function.
+#[test]
+fn folded_stacks_of_regions_add_up_to_the_report() {
+    for name in ["region", "region_threads"] {
+        let trace = traced_with("region", name, &["--region"]);
+        let folded_path = trace.with_extension("folded");
+        flamegraph(&trace, &["--folded"], &folded_path);
+        let (inclusive, self_) = folded_counts(&std::fs::read_to_string(&folded_path).expect("read folded"));
+        let rows = report_rows(&report_json(&trace));
+        assert!(rows.len() >= 3, "{name}: the report has {} functions", rows.len());
+        for (f, (rs, ri)) in &rows {
+            let (fi, fs) = (inclusive.get(f).copied().unwrap_or(0), self_.get(f).copied().unwrap_or(0));
+            assert_eq!((fi, fs), (*ri, *rs), "{name}: {f}: folded (inclusive, self) vs the report's");
+        }
+    }
 }
 
 /// One drawn frame of the SVG.
