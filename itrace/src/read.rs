@@ -83,7 +83,7 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
         eprintln!(
             "itrace: wrote {} ({} stacks, {} instructions)",
             p.display(),
-            folded.stacks.len(),
+            folded.stack_count(),
             folded.total_instructions
         );
     }

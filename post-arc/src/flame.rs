@@ -1,18 +1,19 @@
 //! `itrace flamegraph`: exact instructions per call stack, as folded stacks (one line per
 //! distinct stack: `main;fib;fib 1234`, what flamegraph.pl and inferno read) or as an SVG
 //! drawn by inferno. The stacks are those of [`crate::stacks`]; memory grows with the number
-//! of distinct stacks, not the trace's length.
+//! of distinct stacks, not the trace's length, and the folded text is written straight from
+//! the tree of stacks (one path in memory at a time).
 
 use crate::names::printable;
-use crate::stacks::{self, Collect};
+use crate::stacks::{self, Collect, StackTree};
 use crate::{PostError, Trace};
-use std::collections::BTreeMap;
 use std::io::Write;
 
-/// The folded stacks of a trace.
+/// The call stacks of a trace, ready to be written.
 pub struct Folded {
-    /// Stack (frames joined by `;`, root first) and its instructions, sorted by stack.
-    pub stacks: Vec<(String, u64)>,
+    tree: StackTree,
+    /// Frame names by function id.
+    names: Vec<String>,
     pub total_instructions: u64,
     /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
     pub notes: Vec<String>,
@@ -24,45 +25,64 @@ fn frame_name(name: &str) -> String {
     printable(name).replace(';', ":")
 }
 
-/// Replay `trace` into its folded stacks.
+/// Replay `trace` into its call stacks.
 pub fn folded(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Folded, PostError> {
     let collect = Collect { tree: true, ..Collect::default() };
-    let (stacks, _names, res) = stacks::build(trace, collect, progress)?;
-    let tree = stacks.tree.as_ref().expect("asked for the tree");
-    // Functions of the same name in different modules fold into one line, as in perf's output.
-    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-    let mut names: Vec<Option<String>> = vec![None; res.func_count()];
-    for (path, n) in tree.stacks() {
-        let mut line = String::new();
-        for (i, func) in path.iter().enumerate() {
-            if i > 0 {
-                line.push(';');
-            }
-            let name = names[*func as usize].get_or_insert_with(|| frame_name(res.func(*func).1));
-            line.push_str(name);
-        }
-        *lines.entry(line).or_default() += n;
-    }
+    let (mut stacks, _names, res) = stacks::build(trace, collect, progress)?;
+    let tree = stacks.tree.take().expect("asked for the tree");
+    let names = (0..res.func_count()).map(|id| frame_name(res.func(id as u32).1)).collect();
     Ok(Folded {
+        tree,
+        names,
         total_instructions: stacks.threads.values().map(|t| t.instructions).sum(),
-        stacks: lines.into_iter().collect(),
         notes: res.notes().to_vec(),
     })
 }
 
 impl Folded {
+    /// Visit each folded line (`frame;frame;frame COUNT`, no newline). Functions of the same
+    /// name in different modules give lines of the same stack, which readers add up.
+    fn lines(&self, visit: &mut dyn FnMut(&str) -> std::io::Result<()>) -> std::io::Result<()> {
+        let mut line = String::new();
+        self.tree.walk(&mut |path, n| {
+            line.clear();
+            for (i, func) in path.iter().enumerate() {
+                if i > 0 {
+                    line.push(';');
+                }
+                line.push_str(&self.names[*func as usize]);
+            }
+            line.push(' ');
+            line.push_str(&n.to_string());
+            visit(&line)
+        })
+    }
+
+    /// Distinct stacks that ran instructions.
+    pub fn stack_count(&self) -> usize {
+        let mut count = 0;
+        let _ = self.tree.walk(&mut |_, _| {
+            count += 1;
+            Ok(())
+        });
+        count
+    }
+
     /// The folded text: `frame;frame;frame COUNT` per line.
     pub fn write_text(&self, out: &mut dyn Write) -> Result<(), PostError> {
-        for (stack, n) in &self.stacks {
-            writeln!(out, "{stack} {n}")?;
-        }
+        self.lines(&mut |line| writeln!(out, "{line}"))?;
         Ok(())
     }
 
     /// The flame graph SVG; frames narrower than `min_width` pixels are left out (inferno's
     /// `--minwidth`; 0 keeps all).
     pub fn write_svg(&self, title: &str, min_width: f64, out: &mut dyn Write) -> Result<(), PostError> {
-        let lines: Vec<String> = self.stacks.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        // inferno takes the lines as borrowed strings: all of them at once.
+        let mut lines: Vec<String> = Vec::new();
+        self.lines(&mut |line| {
+            lines.push(line.to_string());
+            Ok(())
+        })?;
         let mut opt = inferno::flamegraph::Options::default();
         opt.title = title.to_string();
         opt.count_name = "instructions".to_string();

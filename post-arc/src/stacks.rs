@@ -199,7 +199,7 @@ impl CallStacks {
                 let root = t.child(ROOT, signal);
                 t.child(root, func)
             }
-            (Some(t), None) if plt_pending => t.detached(parent),
+            (Some(t), None) if plt_pending => t.detached(),
             (Some(t), None) => t.child(parent, func),
             (None, _) => ROOT,
         };
@@ -502,7 +502,6 @@ const NONE: u32 = u32::MAX;
 const PENDING: u32 = u32::MAX;
 
 struct Node {
-    parent: u32,
     func: u32,
     /// Instructions run with exactly this stack.
     instructions: u64,
@@ -521,12 +520,12 @@ pub struct StackTree {
 
 impl StackTree {
     fn new() -> Self {
-        let root = Node { parent: NONE, func: NONE, instructions: 0, first_child: NONE, next_sibling: NONE };
+        let root = Node { func: NONE, instructions: 0, first_child: NONE, next_sibling: NONE };
         StackTree { nodes: vec![root], index: FxHashMap::default(), free: Vec::new() }
     }
 
-    fn alloc(&mut self, parent: u32, func: u32) -> u32 {
-        let node = Node { parent, func, instructions: 0, first_child: NONE, next_sibling: NONE };
+    fn alloc(&mut self, func: u32) -> u32 {
+        let node = Node { func, instructions: 0, first_child: NONE, next_sibling: NONE };
         match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
@@ -544,16 +543,16 @@ impl StackTree {
         if let Some(&c) = self.index.get(&(parent, func)) {
             return c;
         }
-        let c = self.alloc(parent, func);
+        let c = self.alloc(func);
         self.nodes[c as usize].next_sibling = self.nodes[parent as usize].first_child;
         self.nodes[parent as usize].first_child = c;
         self.index.insert((parent, func), c);
         c
     }
 
-    /// A node under `parent` that no lookup finds, for a frame whose function is not known yet.
-    fn detached(&mut self, parent: u32) -> u32 {
-        self.alloc(parent, PENDING)
+    /// A node that no lookup or walk finds, for a frame whose function is not known yet.
+    fn detached(&mut self) -> u32 {
+        self.alloc(PENDING)
     }
 
     /// Where instructions of `func` run with `node`'s frame newest.
@@ -585,22 +584,40 @@ impl StackTree {
         }
     }
 
+    /// Visit every stack that ran instructions (functions from the root) with its
+    /// instructions, depth first: memory for one path, not for all of them.
+    pub fn walk(&self, visit: &mut dyn FnMut(&[u32], u64) -> std::io::Result<()>) -> std::io::Result<()> {
+        let mut path: Vec<u32> = Vec::new();
+        // (node, depth): the node's path is `path[..depth]` plus its function.
+        let mut todo: Vec<(u32, usize)> = Vec::new();
+        let mut c = self.nodes[ROOT as usize].first_child;
+        while c != NONE {
+            todo.push((c, 0));
+            c = self.nodes[c as usize].next_sibling;
+        }
+        while let Some((node, depth)) = todo.pop() {
+            let n = &self.nodes[node as usize];
+            path.truncate(depth);
+            path.push(n.func);
+            if n.instructions > 0 {
+                visit(&path, n.instructions)?;
+            }
+            let mut c = n.first_child;
+            while c != NONE {
+                todo.push((c, depth + 1));
+                c = self.nodes[c as usize].next_sibling;
+            }
+        }
+        Ok(())
+    }
+
     /// Every stack that ran instructions, root first, with its instructions.
     pub fn stacks(&self) -> Vec<(Vec<u32>, u64)> {
         let mut out = Vec::new();
-        for node in &self.nodes {
-            if node.instructions == 0 || node.func == PENDING {
-                continue;
-            }
-            let mut path = vec![node.func];
-            let mut p = node.parent;
-            while p != ROOT && p != NONE {
-                path.push(self.nodes[p as usize].func);
-                p = self.nodes[p as usize].parent;
-            }
-            path.reverse();
-            out.push((path, node.instructions));
-        }
+        let _ = self.walk(&mut |path, n| {
+            out.push((path.to_vec(), n));
+            Ok(())
+        });
         out
     }
 
@@ -625,7 +642,7 @@ mod tests {
         let mut t = StackTree::new();
         let main = t.child(ROOT, 1);
         t.nodes[main as usize].instructions = 5;
-        let pending = t.detached(main);
+        let pending = t.detached();
         let stub = t.leaf(pending, 2);
         t.nodes[stub as usize].instructions = 3;
         let helper = t.child(pending, 3);
@@ -637,7 +654,7 @@ mod tests {
         assert_eq!(stacks, vec![(vec![1], 5), (vec![1, 4, 2], 3), (vec![1, 4, 3], 7)]);
         assert_eq!(t.len(), 4);
         // A second call reuses the freed nodes.
-        let pending = t.detached(main);
+        let pending = t.detached();
         t.merge(pending, target);
         assert_eq!(t.len(), 4);
     }
