@@ -43,14 +43,17 @@ impl Compressed {
     }
 }
 
-/// A line position relative to the previous one (`*` for the same).
-fn relative(line: u32, last: &mut u32) -> String {
-    let s = match line.cmp(last) {
-        std::cmp::Ordering::Equal => "*".to_string(),
-        std::cmp::Ordering::Greater => format!("+{}", line - *last),
-        std::cmp::Ordering::Less => format!("-{}", *last - line),
+/// A line position relative to the previous one (`*` for the same), or absolute when there is
+/// none yet in this function (readers keep the base across functions; an absolute number
+/// sets it).
+fn relative(line: u32, last: &mut Option<u32>) -> String {
+    let s = match *last {
+        None => line.to_string(),
+        Some(prev) if line == prev => "*".to_string(),
+        Some(prev) if line > prev => format!("+{}", line - prev),
+        Some(prev) => format!("-{}", prev - line),
     };
-    *last = line;
+    *last = Some(line);
     s
 }
 
@@ -131,7 +134,7 @@ pub fn write_callgrind(
         writeln!(out, "ob={}", obs.name(&printable(module)))?;
         writeln!(out, "fl={}", fls.name(&printable(main_file)))?;
         writeln!(out, "fn={}", fns.name(&printable(name)))?;
-        let mut last = 0u32;
+        let mut last = None;
         // The main file's lines, then each other file's (inlined code) after `fi=`.
         let files = fl
             .by_file
@@ -141,6 +144,8 @@ pub fn write_callgrind(
         for (file, costs) in files {
             if file != main_file {
                 writeln!(out, "fi={}", fls.name(&printable(file)))?;
+                // A line of another file: absolute.
+                last = None;
             }
             for (line, n) in costs {
                 writeln!(out, "{} {n}", relative(*line, &mut last))?;
@@ -148,6 +153,7 @@ pub fn write_callgrind(
         }
         if fl.by_file.keys().any(|f| f != main_file) {
             writeln!(out, "fe={}", fls.name(&printable(main_file)))?;
+            last = None;
         }
         for (line, callee, e) in calls_by_caller.get(func).map(Vec::as_slice).unwrap_or(&[]) {
             let (callee_module, callee_name) = res.func(*callee);
@@ -163,4 +169,15 @@ pub fn write_callgrind(
     writeln!(out, "\ntotals: {total}")?;
     out.flush()?;
     Ok(CallgrindStats { functions: funcs.len(), total_instructions: total, notes: res.notes().to_vec() })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The first line of each function is absolute, later ones relative to the line before.
+    #[test]
+    fn positions_are_absolute_then_relative() {
+        let mut last = None;
+        let written: Vec<String> = [17, 18, 18, 12].iter().map(|&l| super::relative(l, &mut last)).collect();
+        assert_eq!(written, ["17", "+1", "*", "-6"]);
+    }
 }
