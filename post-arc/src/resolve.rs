@@ -340,7 +340,7 @@ impl Resolver {
     }
 
     /// [`Self::resolve`] without the copy, for looks that keep nothing.
-    fn resolve_ref(&mut self, pid: u32, addr: u64) -> &Location {
+    pub(crate) fn resolve_ref(&mut self, pid: u32, addr: u64) -> &Location {
         let cached = self.spaces.get(&pid).is_some_and(|s| s.cache.contains_key(&addr));
         if !cached {
             let (symbol, offset, module, (file, line), plt) = self.lookup(pid, addr);

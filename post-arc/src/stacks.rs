@@ -89,6 +89,18 @@ struct Frame {
     signal: Option<u32>,
     /// The thread's `in_handlers` when the frame opened.
     entry_in_handlers: u64,
+    /// Opened by a tail call (a jump to a function's first instruction): it returns where the
+    /// frame below it would, and closes with it.
+    tail: bool,
+}
+
+/// The first frame of the tail-call chain that ends at `stack[i]`: a return from a function
+/// reached by tail calls also ends the frames that jumped to it.
+fn chain_start(stack: &[Frame], mut i: usize) -> usize {
+    while i > 0 && stack[i].tail {
+        i -= 1;
+    }
+    i
 }
 
 /// One thread's totals and stack.
@@ -214,6 +226,7 @@ impl CallStacks {
             node,
             signal,
             entry_in_handlers: th.in_handlers,
+            tail: false,
         });
     }
 
@@ -240,6 +253,7 @@ impl CallStacks {
             node,
             signal: Some(signal),
             entry_in_handlers: th.in_handlers,
+            tail: false,
         });
     }
 
@@ -278,6 +292,45 @@ impl CallStacks {
         self.func(target.func).calls += 1;
     }
 
+    /// A jump by `tid` from code at `from` to `to`: if it goes to the first instruction of
+    /// another function (not through the PLT), it is a tail call, as callgrind counts it: a
+    /// frame opens for the callee, called from the function that jumped, returning where that
+    /// function's frame would.
+    fn tail_call(&mut self, tid: u32, pid: u32, from: &Location, to: u64, call_line: u32, res: &mut Resolver) {
+        let Some(th) = self.threads.get(&tid) else { return };
+        let Some(top) = th.stack.last() else { return };
+        if top.plt_pending || from.plt.is_some() {
+            return;
+        }
+        // Every taken conditional jump comes here: look without copying the location.
+        let target = res.resolve_ref(pid, to);
+        if target.offset != 0 || target.func == from.func || target.plt.is_some() || &*target.symbol == "<unknown>" {
+            return;
+        }
+        let target_func = target.func;
+        let (root, call_from, resume_pc, parent) = (top.root, top.call_from, top.resume_pc, top.node);
+        let th = self.threads.entry(tid).or_default();
+        th.enter(target_func);
+        let node = match &mut self.tree {
+            Some(t) => t.child(parent, target_func),
+            None => ROOT,
+        };
+        th.stack.push(Frame {
+            func: target_func,
+            root,
+            call_from,
+            call_line,
+            resume_pc,
+            entry_total: th.instructions,
+            plt_pending: false,
+            node,
+            signal: None,
+            entry_in_handlers: th.in_handlers,
+            tail: true,
+        });
+        self.func(target_func).calls += 1;
+    }
+
     /// A thread with nothing on its stack is in a function it was not seen to call: the
     /// start of its trace, or after that function returned. Open a root frame for it.
     fn ensure_root(&mut self, tid: u32, func: u32) {
@@ -298,6 +351,7 @@ impl CallStacks {
                 node,
                 signal: None,
                 entry_in_handlers: th.in_handlers,
+                tail: false,
             });
             th.enter(func);
         }
@@ -358,7 +412,7 @@ impl CallStacks {
                     t.merge(fr.node, node);
                 }
             }
-            if let (Some(edges), Some(caller), false) = (&mut self.edges, caller, fr.root) {
+            if let (Some(edges), Some(caller), false) = (&mut self.edges, caller, fr.root && !fr.tail) {
                 let e = edges.entry((caller, fr.call_line, fr.func)).or_default();
                 e.calls += 1;
                 e.inclusive += spent;
@@ -422,7 +476,16 @@ impl Sink for CallStacks {
                         let call_line = if self.lines.is_some() { res.resolve(b.pid, br.from).line } else { 0 };
                         self.push(br.tid, callee.func, br.from, call_line, 0, via_plt, None);
                     }
-                    BranchKind::Jump => self.follow_plt(br.tid, b.pid, l, br.to, res),
+                    BranchKind::Jump => {
+                        let pending =
+                            self.threads.get(&br.tid).and_then(|th| th.stack.last()).is_some_and(|f| f.plt_pending);
+                        if pending {
+                            self.follow_plt(br.tid, b.pid, l, br.to, res);
+                        } else {
+                            let line = if self.lines.is_some() { res.resolve(b.pid, br.from).line } else { 0 };
+                            self.tail_call(br.tid, b.pid, l, br.to, line, res);
+                        }
+                    }
                     BranchKind::Return => {
                         let th = self.threads.entry(br.tid).or_default();
                         let hit = th.stack.iter().rposition(|f| {
@@ -431,19 +494,21 @@ impl Sink for CallStacks {
                                 && br.to > f.call_from
                                 && br.to - f.call_from <= MAX_CALL_LEN
                         });
+                        // The newest frame, and the frames that tail-called it.
+                        let newest = th.stack.len().checked_sub(1).map(|i| chain_start(&th.stack, i));
                         if let Some(i) = hit {
+                            let i = chain_start(&th.stack, i);
                             self.pop_to(br.tid, i);
-                        } else if let Some((signal, resume_pc)) =
-                            th.stack.last().and_then(|f| Some((f.signal?, f.resume_pc)))
+                        } else if let Some((i, signal, resume_pc)) =
+                            newest.and_then(|i| Some((i, th.stack[i].signal?, th.stack[i].resume_pc)))
                         {
                             // A handler returns to the signal trampoline (`__restore_rt`), which
                             // no call put there: the handler is done, and the trampoline runs
                             // under the signal until the kernel returns to the interrupted code.
-                            let i = th.stack.len() - 1;
                             self.pop_to(br.tid, i);
                             let trampoline = res.resolve(b.pid, br.to).func;
                             self.push_trampoline(br.tid, trampoline, resume_pc, signal);
-                        } else if th.stack.len() == 1 && th.stack[0].root {
+                        } else if newest == Some(0) && th.stack[0].root {
                             // The root function returns to a caller the trace never saw call it.
                             self.pop_to(br.tid, 0);
                         }
@@ -458,6 +523,7 @@ impl Sink for CallStacks {
                 let th = self.threads.entry(br.tid).or_default();
                 // Back from the kernel to where a signal interrupted: its handler frames end.
                 if let Some(i) = th.stack.iter().rposition(|f| f.call_from == u64::MAX && f.resume_pc == br.to) {
+                    let i = chain_start(&th.stack, i);
                     self.pop_to(br.tid, i);
                 }
                 if br.flags & branch_flags::SIGNAL != 0 {

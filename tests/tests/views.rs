@@ -2,9 +2,9 @@
 //! checked against `itrace report` and callgrind.
 //!
 //! Flame graphs:
-//! On a recursive program (fib), a longjmp out of a recursion (longjmp) and a signal handler
-//! (signal): summed over the folded lines whose stack holds a function, the instructions are
-//! the report's inclusive count of that function (and over the lines ending in it, its self
+//! On a recursive program (fib), a longjmp out of a recursion (longjmp), a signal handler
+//! (signal), threads and a tail call (tailcall): summed over the folded lines whose stack
+//! holds a function, the instructions are the report's inclusive count of that function (and over the lines ending in it, its self
 //! count), and for the program's own functions they are callgrind's inclusive Ir (main's
 //! apart from stdout's buffer allocation, which runs differently under valgrind). The SVG
 //! parses as XML (roxmltree, not inferno's writer), and the drawn width of each function's
@@ -41,6 +41,8 @@ const CASES: &[(&str, &[&str])] = &[
     // Five threads, each with a stack of its own (main is left out: pthread_create's stacks and
     // clone3 run differently under valgrind, which runs one thread at a time).
     ("threads", &["thr_main", "thr_compute"]),
+    // tc_mid tail-calls tc_inner (`jmp`), which calls tc_leaf: callgrind counts the jump as a call.
+    ("tailcall", &["main", "tc_top", "tc_mid", "tc_inner", "tc_leaf"]),
 ];
 
 /// Traces `name` (with the tunables) into a fresh directory of test `test`; returns the
