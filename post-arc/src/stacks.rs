@@ -116,31 +116,48 @@ pub struct ThreadStack {
     /// not part of the inclusive cost of the functions they interrupted.
     in_handlers: u64,
     /// Open frames per function on this thread (recursion is counted once per thread; other
-    /// threads' frames of the same function are other runs of it).
-    open: FxHashMap<u32, u32>,
+    /// threads' frames of the same function are other runs of it), one map per signal
+    /// handler level: a handler's run of a function it interrupted is a run of its own, as
+    /// the handler's time is not part of the interrupted frames'.
+    open: Vec<FxHashMap<u32, u32>>,
 }
 
 impl ThreadStack {
-    fn enter(&mut self, func: u32) {
-        *self.open.entry(func).or_default() += 1;
+    /// The open-frame counts of the current handler level (or of the thread's own code).
+    fn level(&mut self) -> &mut FxHashMap<u32, u32> {
+        if self.open.is_empty() {
+            self.open.push(FxHashMap::default());
+        }
+        self.open.last_mut().expect("one level at least")
     }
 
-    /// A frame of `func` closes; true when it was the thread's outermost one.
+    fn enter(&mut self, func: u32) {
+        *self.level().entry(func).or_default() += 1;
+    }
+
+    /// A frame of `func` closes; true when it was the outermost one of its level.
     fn leave(&mut self, func: u32) -> bool {
-        match self.open.get_mut(&func) {
+        let level = self.level();
+        match level.get_mut(&func) {
             Some(n) if *n > 1 => {
                 *n -= 1;
                 false
             }
             _ => {
-                self.open.remove(&func);
+                level.remove(&func);
                 true
             }
         }
     }
 
-    fn in_frame_of(&self, func: u32) -> bool {
-        self.open.contains_key(&func)
+    /// A frame of `func` is open at the current level.
+    fn runs_in_own_frame(&self, func: u32) -> bool {
+        self.open.last().is_some_and(|l| l.contains_key(&func))
+    }
+
+    /// A frame of `func` is open at any level (a `siglongjmp` leaves a handler for it).
+    fn has_frame_of(&self, func: u32) -> bool {
+        self.open.iter().any(|l| l.contains_key(&func))
     }
 }
 
@@ -200,6 +217,9 @@ impl CallStacks {
         signal: Option<u32>,
     ) {
         let th = self.threads.entry(tid).or_default();
+        if signal.is_some() {
+            th.open.push(FxHashMap::default());
+        }
         // A stub's frame is not the stub's: it becomes the callee's (`follow_plt`).
         if !plt_pending {
             th.enter(func);
@@ -234,6 +254,7 @@ impl CallStacks {
     /// ends with the handler's signal, when the kernel returns to `resume_pc`.
     fn push_trampoline(&mut self, tid: u32, func: u32, resume_pc: u64, signal: u32) {
         let th = self.threads.entry(tid).or_default();
+        th.open.push(FxHashMap::default());
         th.enter(func);
         let node = match &mut self.tree {
             Some(t) => {
@@ -363,7 +384,7 @@ impl CallStacks {
     fn unwind_to(&mut self, tid: u32, loc: &Location) {
         // Most blocks are in the newest frame's function, or in one with no frame at all.
         let Some(th) = self.threads.get(&tid) else { return };
-        if !th.in_frame_of(loc.func) || &*loc.symbol == "<unknown>" {
+        if !th.has_frame_of(loc.func) || &*loc.symbol == "<unknown>" {
             return;
         }
         match th.stack.last() {
@@ -401,7 +422,9 @@ impl CallStacks {
         for ((fr, caller), parent_node) in frames.into_iter().zip(callers).zip(parent_nodes).rev() {
             // Instructions run while the frame was open, less those of signal handlers that
             // interrupted it.
-            let spent = (total - fr.entry_total) - (in_handlers - fr.entry_in_handlers);
+            // (Saturating: a damaged trace must not make it wrap.)
+            let spent =
+                total.saturating_sub(fr.entry_total).saturating_sub(in_handlers.saturating_sub(fr.entry_in_handlers));
             if fr.signal.is_some() {
                 in_handlers += spent;
             }
@@ -422,7 +445,11 @@ impl CallStacks {
                 self.func(fr.func).calls += 1;
                 continue;
             }
-            let outermost = self.threads.entry(tid).or_default().leave(fr.func);
+            let th = self.threads.entry(tid).or_default();
+            let outermost = th.leave(fr.func);
+            if fr.signal.is_some() {
+                th.open.pop();
+            }
             if outermost {
                 self.func(fr.func).inclusive += spent;
             }
@@ -433,7 +460,7 @@ impl CallStacks {
     /// `n` instructions of `tid` in `loc` (the newest frame is the one they run in).
     fn add_self(&mut self, tid: u32, pid: u32, loc: &Location, n: u32) {
         let n = n as u64;
-        let own_frame = self.threads.get(&tid).is_some_and(|th| th.in_frame_of(loc.func));
+        let own_frame = self.threads.get(&tid).is_some_and(|th| th.runs_in_own_frame(loc.func));
         let f = self.func(loc.func);
         f.self_instructions += n;
         if !own_frame {
