@@ -37,6 +37,10 @@ pub enum Command {
     Report(ReportArgs),
     /// Compare two traces per function: self, inclusive and calls before, after and change.
     Diff(DiffArgs),
+    /// Draw a flame graph: exact instructions per call stack, as an SVG (or folded stacks).
+    Flamegraph(FlamegraphArgs),
+    /// Convert a trace for other tools: a callgrind profile (kcachegrind, callgrind_annotate).
+    Export(ExportArgs),
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
     /// Say what a trace holds and costs: header, streams, records, bytes per taken branch by kind, time span.
@@ -276,6 +280,51 @@ pub struct DiffArgs {
     pub new: PathBuf,
     #[command(flatten)]
     pub output: TableOutput,
+}
+
+#[derive(Args)]
+pub struct FlamegraphArgs {
+    #[command(flatten)]
+    pub input: TraceInput,
+    /// Where to write the SVG (or the folded stacks) (default: standard output).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Write the folded stacks (`main;fib;fib 1234`, flamegraph.pl's input) instead of the SVG.
+    #[arg(long)]
+    pub folded: bool,
+    /// Leave out frames narrower than this many pixels (0 keeps all).
+    #[arg(long, default_value_t = 0.1, value_name = "PIXELS", value_parser = parse_min_width)]
+    pub min_width: f64,
+    /// Title of the SVG (default: the trace file's name).
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+fn parse_min_width(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a width in pixels (0 or more)")),
+    }
+}
+
+/// Formats of `itrace export`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// callgrind's profile format: self instructions per function and line, calls and their
+    /// inclusive instructions (kcachegrind, callgrind_annotate).
+    Callgrind,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub input: TraceInput,
+    /// What to write.
+    #[arg(short, long, value_enum)]
+    pub format: ExportFormat,
+    /// Where to write it (default: standard output).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -36,6 +36,8 @@ fn main() -> ExitCode {
         cli::Command::Arc(args) => read::arc(args),
         cli::Command::Report(args) => read::report(args),
         cli::Command::Diff(args) => diff::run(&diff::settings(args)),
+        cli::Command::Flamegraph(args) => read::flamegraph(args),
+        cli::Command::Export(args) => read::export(args),
         cli::Command::Dump(args) => dump::run(args),
         cli::Command::Info(args) => info::run(args),
         cli::Command::Archive(args) => read::archive(args),

@@ -1,7 +1,7 @@
-//! The commands that read a trace: `itrace arc` and `itrace report`, and what every reader
-//! shares (opening a trace, progress on a terminal, the truncation warning).
+//! The commands that read a trace: `itrace arc`, `report`, `flamegraph` and `export`, and what
+//! every reader shares (opening a trace, progress on a terminal, the truncation warning).
 
-use crate::cli::{ArcArgs, ArchiveArgs, ReportArgs, TraceInput};
+use crate::cli::{ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, TraceInput};
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::Path;
@@ -31,11 +31,7 @@ pub fn arc(args: ArcArgs) -> Result<ExitCode> {
 pub fn write_arc(trace_path: &Path, output: Option<&Path>) -> Result<()> {
     let trace = open_trace(trace_path)?;
     let pb = progress(trace.trace_bytes());
-    let out: Box<dyn std::io::Write> = match output {
-        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
-        None => Box::new(std::io::stdout().lock()),
-    };
-    let out = std::io::BufWriter::with_capacity(1 << 16, out);
+    let out = create_output(output)?;
     let stats = itrace_post::arc::write_arc(&trace, out, &mut |done| pb.set_position(done))
         .with_context(|| format!("cannot write the arc of {}", trace_path.display()))?;
     pb.finish_and_clear();
@@ -45,6 +41,71 @@ pub fn write_arc(trace_path: &Path, output: Option<&Path>) -> Result<()> {
         eprintln!("itrace: wrote {} ({} lines)", p.display(), stats.lines);
     }
     Ok(())
+}
+
+/// `output` opened for writing (buffered), or standard output.
+fn create_output(output: Option<&Path>) -> Result<std::io::BufWriter<Box<dyn Write>>> {
+    let out: Box<dyn Write> = match output {
+        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    Ok(std::io::BufWriter::with_capacity(1 << 16, out))
+}
+
+/// Read the open `trace` with `read`, with a progress bar on a terminal; then warn if it was
+/// cut short.
+fn read_trace<T>(
+    trace: &itrace_post::Trace,
+    read: impl FnOnce(&itrace_post::Trace, &mut dyn FnMut(u64)) -> Result<T, itrace_post::PostError>,
+) -> Result<T> {
+    let pb = progress(trace.trace_bytes());
+    let result = read(trace, &mut |done| pb.set_position(done))
+        .with_context(|| format!("cannot read {}", trace.path().display()))?;
+    pb.finish_and_clear();
+    warn_truncated(trace);
+    Ok(result)
+}
+
+pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
+    let path = args.input.path();
+    let folded = read_trace(&open_trace(&path)?, itrace_post::flame::folded)?;
+    print_notes(&folded.notes);
+    let mut out = create_output(args.output.as_deref())?;
+    let written = if args.folded {
+        folded.write_text(&mut out)
+    } else {
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let title = args.title.unwrap_or_else(|| format!("{name}: instructions per call stack"));
+        folded.write_svg(&title, args.min_width, &mut out)
+    };
+    written.and_then(|()| Ok(out.flush()?)).context("cannot write the flame graph")?;
+    if let Some(p) = &args.output {
+        eprintln!(
+            "itrace: wrote {} ({} stacks, {} instructions)",
+            p.display(),
+            folded.stack_count(),
+            folded.total_instructions
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn export(args: ExportArgs) -> Result<ExitCode> {
+    let trace = open_trace(&args.input.path())?;
+    let mut out = create_output(args.output.as_deref())?;
+    let stats = read_trace(&trace, |trace, progress| match args.format {
+        ExportFormat::Callgrind => itrace_post::callgrind::write_callgrind(trace, &mut out, progress),
+    })?;
+    print_notes(&stats.notes);
+    if let Some(p) = &args.output {
+        eprintln!(
+            "itrace: wrote {} ({} functions, {} instructions)",
+            p.display(),
+            stats.functions,
+            stats.total_instructions
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn archive(args: ArchiveArgs) -> Result<ExitCode> {

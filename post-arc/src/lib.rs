@@ -1,16 +1,20 @@
 //! Post-processing of itrace traces: replays the module-table records to
-//! resolve addresses to symbols, modules and source lines, and turns the
-//! branch records into PI-style arc files and reports. Everything streams:
+//! resolve addresses to symbols, modules and source lines, rebuilds each
+//! thread's call stack, and turns the branch records into PI-style arc files,
+//! reports, flame graphs and callgrind profiles. Everything streams:
 //! memory grows with the program's code and threads, not the trace's length.
 
 pub mod arc;
 pub mod archive;
+pub mod callgrind;
 pub mod diff;
+pub mod flame;
 mod names;
 mod notes;
 pub mod replay;
 pub mod report;
 pub mod resolve;
+pub mod stacks;
 pub mod symbols;
 mod syscall_table;
 mod threads;

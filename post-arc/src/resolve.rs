@@ -322,6 +322,12 @@ impl Resolver {
         id
     }
 
+    /// The id of a kernel event shown as a function (`signal_SIGUSR1` in module `[kernel]`): the
+    /// root under which signal handlers run in call stacks.
+    pub fn kernel_func(&mut self, name: &str) -> u32 {
+        self.intern(&Arc::from("[kernel]"), &Arc::from(name))
+    }
+
     /// The (module, symbol) of an interned function id.
     pub fn func(&self, id: u32) -> (&str, &str) {
         let (m, s) = &self.func_names[id as usize];

@@ -67,6 +67,7 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("readelf", "binutils"),
     ("qemu-x86_64", "qemu-user"),
     ("valgrind", "valgrind"),
+    ("callgrind_annotate", "valgrind"),
     ("strace", "strace"),
     ("env", "coreutils"),
     ("sleep", "coreutils"),

@@ -72,6 +72,12 @@ pub fn callgrind_profile(binary: &Path, args: &[&str], trace_children: bool) -> 
     run_callgrind(binary, args, trace_children, &["--skip-plt=no"], &[])
 }
 
+/// Like [`callgrind_profile`] (`--skip-plt=no`: a PLT stub is a function of its own, called
+/// by the caller), with `env` set for the program.
+pub fn callgrind_profile_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> CallgrindProfile {
+    run_callgrind(binary, args, false, &["--skip-plt=no"], env)
+}
+
 /// callgrind with its default `--skip-plt=yes`, which charges a call through a PLT stub to
 /// the function the stub jumps to (and the stub's instructions to the caller), with `env`
 /// set for the program.

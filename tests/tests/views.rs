@@ -1,0 +1,418 @@
+//! What `itrace flamegraph` and `itrace export` write, read by independent readers and
+//! checked against `itrace report` and callgrind.
+//!
+//! Flame graphs:
+//! On a recursive program (fib), a longjmp out of a recursion (longjmp), a signal handler
+//! (signal), threads and a tail call (tailcall): summed over the folded lines whose stack
+//! holds a function, the instructions are the report's inclusive count of that function (and over the lines ending in it, its self
+//! count), and for the program's own functions they are callgrind's inclusive Ir (main's
+//! apart from stdout's buffer allocation, which runs differently under valgrind). The SVG
+//! parses as XML (roxmltree, not inferno's writer), and the drawn width of each function's
+//! outermost frames is its inclusive count's share of all instructions.
+//!
+//! The callgrind export: valgrind's `callgrind_annotate` reads it; its total and its self
+//! count per function are the report's, the calls it shows into each function add up to the
+//! report's calls, and the calls between the program's functions are those valgrind's
+//! callgrind counts when it runs the program.
+
+use itrace_tests::{callgrind_profile_env, itrace, itrace_bin, program, report_json, require_tool, run, test_dir};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Both runs get the same glibc string functions (valgrind's virtual CPU has no AVX-512 and
+/// no RTM; see tests/plt_calls.rs).
+const TUNABLES: &str =
+    "glibc.cpu.hwcaps=-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-RTM,-AVX_Fast_Unaligned_Load";
+
+/// The environment of both runs: the tunables, and every PLT slot bound before main (the lazy
+/// resolver differs under valgrind, whose CPU has no XSAVEC).
+const ENV: &[(&str, &str)] = &[("GLIBC_TUNABLES", TUNABLES), ("LD_BIND_NOW", "1")];
+
+/// Where printf allocates stdout's buffer.
+const STDOUT_BUFFER: &str = "_IO_file_doallocate";
+
+/// The program's own functions whose inclusive counts are compared with callgrind's.
+const CASES: &[(&str, &[&str])] = &[
+    ("fib", &["main", "fib", "fib_asm"]),
+    ("longjmp", &["main", "lj_round", "lj_dive"]),
+    ("signal", &["main", "sig_handler", "sig_compute"]),
+    // Five threads, each with a stack of its own (main is left out: pthread_create's stacks and
+    // clone3 run differently under valgrind, which runs one thread at a time).
+    ("threads", &["thr_main", "thr_compute"]),
+    // tc_mid tail-calls tc_inner (`jmp`), which calls tc_leaf: callgrind counts the jump as a call.
+    ("tailcall", &["main", "tc_top", "tc_mid", "tc_inner", "tc_leaf"]),
+];
+
+/// Traces `name` (with the tunables) into a fresh directory of test `test`; returns the
+/// trace's path.
+fn traced(test: &str, name: &str) -> PathBuf {
+    traced_with(test, name, &[])
+}
+
+/// [`traced`] with record `options`.
+fn traced_with(test: &str, name: &str, options: &[&str]) -> PathBuf {
+    let dir = test_dir(&format!("views-{test}-{name}"));
+    let trace = dir.join("t.itr");
+    let mut cmd = Command::new(itrace_bin());
+    cmd.envs(ENV.iter().copied()).arg("record").arg("-o").arg(&trace).args(options).arg("--").arg(program(name));
+    run(&mut cmd).assert_success();
+    trace
+}
+
+/// (inclusive, self) per function name from folded stacks `main;f;g 12`.
+fn folded_counts(text: &str) -> (HashMap<String, u64>, HashMap<String, u64>) {
+    let (mut inclusive, mut self_) = (HashMap::new(), HashMap::new());
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap_or_else(|| panic!("folded line without a count: {line:?}"));
+        let n: u64 = n.parse().unwrap_or_else(|e| panic!("folded count {n:?}: {e}"));
+        let frames: Vec<&str> = stack.split(';').collect();
+        for f in frames.iter().collect::<HashSet<_>>() {
+            *inclusive.entry(f.to_string()).or_default() += n;
+        }
+        *self_.entry(frames.last().expect("a frame").to_string()).or_default() += n;
+    }
+    (inclusive, self_)
+}
+
+/// The report's functions whose name is in one module only: name -> (self, inclusive).
+fn report_rows(report: &serde_json::Value) -> BTreeMap<String, (u64, u64)> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let functions = report["functions"].as_array().expect("functions");
+    for f in functions {
+        *seen.entry(f["name"].as_str().unwrap().to_string()).or_default() += 1;
+    }
+    functions
+        .iter()
+        .filter(|f| seen[f["name"].as_str().unwrap()] == 1)
+        .map(|f| {
+            let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k} of {f}"));
+            (f["name"].as_str().unwrap().to_string(), (n("self"), n("inclusive")))
+        })
+        .collect()
+}
+
+fn flamegraph(trace: &Path, options: &[&str], out: &Path) {
+    let mut args = vec![OsStr::new("flamegraph"), trace.as_os_str(), OsStr::new("-o"), out.as_os_str()];
+    args.extend(options.iter().map(OsStr::new));
+    itrace(args).assert_success();
+}
+
+#[test]
+fn folded_stacks_add_up_to_the_report_and_callgrind() {
+    let mut diffs = Vec::new();
+    for (name, own) in CASES {
+        let trace = traced("folded", name);
+        let folded_path = trace.with_extension("folded");
+        flamegraph(&trace, &["--folded"], &folded_path);
+        let text = std::fs::read_to_string(&folded_path).expect("read folded");
+        let (inclusive, self_) = folded_counts(&text);
+        let report = report_json(&trace);
+        let rows = report_rows(&report);
+        assert!(rows.len() > 50, "{name}: the report has {} functions", rows.len());
+        for (f, (rs, ri)) in &rows {
+            let (fi, fs) = (inclusive.get(f).copied().unwrap_or(0), self_.get(f).copied().unwrap_or(0));
+            if (fi, fs) != (*ri, *rs) {
+                diffs.push(format!("{name}: {f}: folded inclusive {fi} self {fs}, report inclusive {ri} self {rs}"));
+            }
+        }
+        let total: u64 = self_.values().sum();
+        assert_eq!(Some(total), report["total_instructions"].as_u64(), "{name}: folded total vs report");
+
+        let bin = program(name);
+        let cg = callgrind_profile_env(&bin, &[], ENV);
+        // main's printf allocates stdout's buffer (fstat, the heap's first brk), which runs
+        // differently under valgrind: main is compared without that call, on both sides.
+        let doalloc = report["functions"].as_array().unwrap().iter().find(|f| f["name"] == STDOUT_BUFFER);
+        let doalloc = doalloc.unwrap_or_else(|| panic!("{name}: no {STDOUT_BUFFER} in the report"));
+        let (_, cg_doalloc) = cg.calls_and_inclusive(Path::new(doalloc["module"].as_str().unwrap()), STDOUT_BUFFER);
+        let doalloc = inclusive[STDOUT_BUFFER];
+        assert!(cg_doalloc > 0 && doalloc > 0, "{name}: {STDOUT_BUFFER}: callgrind {cg_doalloc}, folded {doalloc}");
+        for f in *own {
+            let (_, mut cg_inclusive) = cg.calls_and_inclusive(&bin, f);
+            assert!(cg_inclusive > 0, "oracle: callgrind has no {f} in {name}");
+            let mut fi = inclusive.get(*f).copied().unwrap_or(0);
+            if *f == "main" {
+                (fi, cg_inclusive) = (fi - doalloc, cg_inclusive - cg_doalloc);
+            }
+            if fi != cg_inclusive {
+                diffs.push(format!("{name}: {f}: folded inclusive {fi}, callgrind {cg_inclusive}"));
+            }
+        }
+    }
+    assert!(diffs.is_empty(), "differences:\n{}", diffs.join("\n"));
+}
+
+/// A region starts in the middle of a stack (in ITraceOn, called from main) and the threads
+/// of region_threads each start in theirs: the folded stacks still add up to the report's
+/// counts for every function.
+#[test]
+fn folded_stacks_of_regions_add_up_to_the_report() {
+    for name in ["region", "region_threads"] {
+        let trace = traced_with("region", name, &["--region"]);
+        let folded_path = trace.with_extension("folded");
+        flamegraph(&trace, &["--folded"], &folded_path);
+        let (inclusive, self_) = folded_counts(&std::fs::read_to_string(&folded_path).expect("read folded"));
+        let rows = report_rows(&report_json(&trace));
+        assert!(rows.len() >= 3, "{name}: the report has {} functions", rows.len());
+        for (f, (rs, ri)) in &rows {
+            let (fi, fs) = (inclusive.get(f).copied().unwrap_or(0), self_.get(f).copied().unwrap_or(0));
+            assert_eq!((fi, fs), (*ri, *rs), "{name}: {f}: folded (inclusive, self) vs the report's");
+        }
+    }
+}
+
+/// One drawn frame of the SVG.
+struct Frame {
+    name: String,
+    /// Drawn width, in percent of the whole graph.
+    width: f64,
+    y: f64,
+    /// inferno's exact position and width in instructions (`fg:x`, `fg:w`), used to tell
+    /// which frames of a function sit inside another of its frames (recursion).
+    x_count: u64,
+    w_count: u64,
+}
+
+fn svg_frames(svg: &str) -> Vec<Frame> {
+    let options = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+    let doc =
+        roxmltree::Document::parse_with_options(svg, options).unwrap_or_else(|e| panic!("the SVG is not XML: {e}"));
+    const FG: &str = "http://github.com/jonhoo/inferno";
+    let mut frames = Vec::new();
+    for g in doc.descendants().filter(|n| n.has_tag_name("g")) {
+        let Some(title) = g.children().find(|n| n.has_tag_name("title")).and_then(|t| t.text()) else { continue };
+        let Some(rect) = g.children().find(|n| n.has_tag_name("rect")) else { continue };
+        let attr = |ns: Option<&str>, k: &str| -> &str {
+            match ns {
+                Some(ns) => rect.attribute((ns, k)),
+                None => rect.attribute(k),
+            }
+            .unwrap_or_else(|| panic!("frame {title:?} has no {k}"))
+        };
+        let name = title.rsplit_once(" (").map_or(title, |(n, _)| n).to_string();
+        let width: f64 = attr(None, "width").trim_end_matches('%').parse().expect("width in percent");
+        let y: f64 = attr(None, "y").parse().expect("y");
+        let x_count: u64 = attr(Some(FG), "x").parse().expect("fg:x");
+        let w_count: u64 = attr(Some(FG), "w").parse().expect("fg:w");
+        frames.push(Frame { name, width, y, x_count, w_count });
+    }
+    frames
+}
+
+#[test]
+fn svg_frame_widths_are_inclusive_shares() {
+    for (name, _) in CASES {
+        let trace = traced("svg", name);
+        let svg_path = trace.with_extension("svg");
+        flamegraph(&trace, &["--min-width", "0"], &svg_path);
+        let svg = std::fs::read_to_string(&svg_path).expect("read svg");
+        let frames = svg_frames(&svg);
+        let report = report_json(&trace);
+        let total = report["total_instructions"].as_u64().expect("total") as f64;
+        let mut by_name: HashMap<&str, Vec<&Frame>> = HashMap::new();
+        for f in &frames {
+            by_name.entry(&f.name).or_default().push(f);
+        }
+        let rows = report_rows(&report);
+        let mut checked = 0;
+        for (f, (_, inclusive)) in &rows {
+            let Some(mine) = by_name.get(f.as_str()) else {
+                panic!("{name}: no frame for {f} (inclusive {inclusive})");
+            };
+            // The outermost frames: not inside another frame of the same function.
+            let outer: Vec<&&Frame> = mine
+                .iter()
+                .filter(|a| {
+                    !mine
+                        .iter()
+                        .any(|b| b.y != a.y && b.x_count <= a.x_count && a.x_count + a.w_count <= b.x_count + b.w_count)
+                })
+                .collect();
+            let width: f64 = outer.iter().map(|fr| fr.width).sum();
+            let share = 100.0 * *inclusive as f64 / total;
+            // Widths are written with 4 decimals: each frame is within 0.00005 of its share.
+            let tolerance = 0.00005 * outer.len() as f64 + 1e-9;
+            assert!(
+                (width - share).abs() <= tolerance,
+                "{name}: {f}: frames {width}% wide, inclusive {inclusive} of {total} is {share}%"
+            );
+            checked += 1;
+        }
+        assert!(checked > 50, "{name}: checked {checked} functions");
+    }
+}
+
+/// Bad input: one line on stderr, a non-zero exit, no output file.
+#[test]
+fn bad_input_is_one_line() {
+    let dir = test_dir("views-bad_input");
+    let out = dir.join("out");
+    let missing = dir.join("missing.itr");
+    for args in [
+        vec![OsStr::new("flamegraph"), missing.as_os_str(), OsStr::new("-o"), out.as_os_str()],
+        vec![OsStr::new("export"), missing.as_os_str(), OsStr::new("--format"), OsStr::new("callgrind")],
+        vec![OsStr::new("export"), missing.as_os_str(), OsStr::new("--format"), OsStr::new("pdf")],
+        vec![OsStr::new("flamegraph"), missing.as_os_str(), OsStr::new("--min-width"), OsStr::new("-1")],
+    ] {
+        let o = itrace(&args);
+        let err = o.assert_clean_error();
+        assert!(!out.exists(), "{args:?} created {}", out.display());
+        assert!(err.starts_with("itrace: "), "{args:?}: {err}");
+    }
+}
+
+/// `callgrind_annotate` of `file` with `options`: its stdout.
+fn annotate(file: &Path, options: &[&str]) -> String {
+    let tool = require_tool("callgrind_annotate");
+    // Run where no source is: callgrind_annotate shortens the names of files under its working
+    // directory, and then no longer matches a function's callers to it.
+    let dir = file.parent().expect("a directory");
+    let o = run(Command::new(tool).current_dir(dir).args(["--auto=no", "--threshold=100"]).args(options).arg(file));
+    o.assert_success();
+    o.stdout
+}
+
+/// One entry of callgrind_annotate's function table: `  1,234 ( 5.67%)  [<|*|>]  file:name [module]`
+/// (the module is left out for code inlined from another file). Returns (marker, count, name,
+/// the caller's call count for `<` lines).
+fn annotate_entry(line: &str) -> Option<(char, u64, String, u64)> {
+    let line = line.trim_start();
+    let (count, rest) = line.split_once(' ')?;
+    let count: u64 = count.replace(',', "").parse().ok()?;
+    let rest = rest.trim_start().strip_prefix('(')?.split_once(')')?.1.trim_start();
+    let (marker, rest) = match rest.chars().next()? {
+        c @ ('<' | '*' | '>') => (c, rest[1..].trim_start()),
+        _ => (' ', rest),
+    };
+    let rest = rest.rsplit_once(" [").map_or(rest, |(r, _)| r);
+    let (rest, calls) = match rest.rsplit_once(" (") {
+        Some((r, n)) if n.ends_with("x)") => (r, n.trim_end_matches("x)").replace(',', "").parse().ok()?),
+        _ => (rest, 0),
+    };
+    let name = rest.split_once(':').map_or(rest, |(_, n)| n).to_string();
+    Some((marker, count, name, calls))
+}
+
+/// (total, self per function name) from callgrind_annotate's tables.
+fn annotated_self(text: &str) -> (u64, HashMap<String, u64>) {
+    let mut total = None;
+    let mut self_ = HashMap::new();
+    for line in text.lines() {
+        if line.ends_with("PROGRAM TOTALS") {
+            total = line.split_whitespace().next().and_then(|n| n.replace(',', "").parse::<u64>().ok());
+            continue;
+        }
+        if let Some((' ', n, name, _)) = annotate_entry(line) {
+            // An inlined file's lines are an entry of their own: add them up.
+            *self_.entry(name).or_default() += n;
+        }
+    }
+    (total.expect("callgrind_annotate prints PROGRAM TOTALS"), self_)
+}
+
+/// Calls per (caller, callee) name from `callgrind_annotate --tree=caller`: each function's
+/// `<` lines (its callers, with their call counts) come before its `*` line.
+fn annotated_calls(text: &str) -> HashMap<(String, String), u64> {
+    let mut calls = HashMap::new();
+    let mut callers: Vec<(String, u64)> = Vec::new();
+    for line in text.lines() {
+        match annotate_entry(line) {
+            Some(('<', _, caller, n)) => callers.push((caller, n)),
+            Some(('*', _, callee, _)) => {
+                for (caller, n) in callers.drain(..) {
+                    *calls.entry((caller, callee.clone())).or_default() += n;
+                }
+            }
+            _ => callers.clear(),
+        }
+    }
+    calls
+}
+
+/// The report's (self, calls) summed per function name over modules.
+fn report_by_name(report: &serde_json::Value) -> HashMap<String, (u64, u64)> {
+    let mut m: HashMap<String, (u64, u64)> = HashMap::new();
+    for f in report["functions"].as_array().expect("functions") {
+        let e = m.entry(f["name"].as_str().unwrap().to_string()).or_default();
+        e.0 += f["self"].as_u64().unwrap();
+        e.1 += f["calls"].as_u64().unwrap();
+    }
+    m
+}
+
+#[test]
+fn callgrind_export_reads_in_callgrind_annotate_like_the_report() {
+    let mut diffs = Vec::new();
+    for (name, own) in CASES {
+        let trace = traced("callgrind", name);
+        let out = trace.with_file_name("callgrind.out.1");
+        let args = [OsStr::new("export"), trace.as_os_str(), OsStr::new("--format"), OsStr::new("callgrind")];
+        itrace(args.iter().copied().chain([OsStr::new("-o"), out.as_os_str()])).assert_success();
+        let report = report_json(&trace);
+        let by_name = report_by_name(&report);
+
+        let (total, self_) = annotated_self(&annotate(&out, &[]));
+        assert_eq!(Some(total), report["total_instructions"].as_u64(), "{name}: PROGRAM TOTALS vs the report");
+        for (f, (rs, _)) in &by_name {
+            let a = self_.get(f).copied().unwrap_or(0);
+            if a != *rs {
+                diffs.push(format!("{name}: {f}: callgrind_annotate self {a}, report {rs}"));
+            }
+        }
+        for (f, a) in &self_ {
+            if !by_name.contains_key(f) && *a != 0 {
+                diffs.push(format!("{name}: {f}: callgrind_annotate self {a}, not in the report"));
+            }
+        }
+
+        let calls = annotated_calls(&annotate(&out, &["--tree=caller"]));
+        let mut into: HashMap<&str, u64> = HashMap::new();
+        for ((_, callee), n) in &calls {
+            *into.entry(callee).or_default() += n;
+        }
+        for (f, (_, rc)) in &by_name {
+            let a = into.get(f.as_str()).copied().unwrap_or(0);
+            if a != *rc {
+                diffs.push(format!("{name}: {f}: {a} calls in callgrind_annotate, report {rc}"));
+            }
+        }
+
+        // The same calls as valgrind's callgrind sees, between the program's own functions.
+        let dir = trace.parent().expect("trace dir");
+        let cg_out = dir.join("valgrind.callgrind.out");
+        let mut cmd = Command::new(require_tool("valgrind"));
+        cmd.envs(ENV.iter().copied())
+            .args(["-q", "--tool=callgrind", "--skip-plt=no"])
+            .arg(format!("--callgrind-out-file={}", cg_out.display()))
+            .arg(program(name));
+        run(&mut cmd).assert_success();
+        let truth = annotated_calls(&annotate(&cg_out, &["--tree=caller"]));
+        let mut compared = 0;
+        for ((caller, callee), n) in &truth {
+            if own.contains(&caller.as_str()) && own.contains(&callee.as_str()) {
+                let mine = calls.get(&(caller.clone(), callee.clone())).copied().unwrap_or(0);
+                if mine != *n {
+                    diffs.push(format!("{name}: {caller} -> {callee}: {mine} calls exported, callgrind {n}"));
+                }
+                compared += 1;
+            }
+        }
+        assert!(compared >= 1, "{name}: callgrind shows no calls between {own:?}: {truth:?}");
+    }
+    assert!(diffs.is_empty(), "differences:\n{}", diffs.join("\n"));
+}
+
+#[test]
+fn annotate_lines_parse() {
+    let caller = " 2,367 ( 1.39%)  < /src/signal.c:sig_handler (3x) [/bin/signal]";
+    assert_eq!(annotate_entry(caller), Some(('<', 2367, "sig_handler".to_string(), 3)));
+    let recursive = "271,254 (127.1%)  < /src/fib.c:fib (1,972x) [/bin/fib]";
+    assert_eq!(annotate_entry(recursive), Some(('<', 271254, "fib".to_string(), 1972)));
+    let callee = " 2,367 ( 1.39%)  *  /src/signal.c:sig_compute [/bin/signal]";
+    assert_eq!(annotate_entry(callee), Some(('*', 2367, "sig_compute".to_string(), 0)));
+    let text = format!("\n{caller}\n{callee}\n\n");
+    let calls = annotated_calls(&text);
+    assert_eq!(calls.get(&("sig_handler".to_string(), "sig_compute".to_string())), Some(&3), "{calls:?}");
+}
