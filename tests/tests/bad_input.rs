@@ -78,21 +78,20 @@ fn pid_already_traced() {
     let strace = KillOnDrop(strace);
     let strace_pid = strace.0.id();
     let mut sleeper = 0;
+    // Any child of strace that is `sleep` and traced by it (looked for afresh each time: the
+    // first child seen may still be strace's own fork before its exec, or gone).
     wait_until("strace to start sleep", || {
-        if sleeper == 0 {
-            if let Ok(rd) = fs::read_dir("/proc") {
-                for e in rd.flatten() {
-                    if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) {
-                        if ppid_of(pid) == Some(strace_pid) {
-                            sleeper = pid;
-                        }
-                    }
-                }
-            }
-        }
+        let Ok(rd) = fs::read_dir("/proc") else { return false };
+        sleeper = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+            .find(|&pid| {
+                ppid_of(pid) == Some(strace_pid)
+                    && tracer_of(pid) == Some(strace_pid)
+                    && fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+            })
+            .unwrap_or(0);
         sleeper != 0
-            && tracer_of(sleeper) == Some(strace_pid)
-            && fs::read_to_string(format!("/proc/{sleeper}/comm")).is_ok_and(|c| c.trim() == "sleep")
     });
 
     let line = record_pid(&dir.join("t.itr"), sleeper, "1").assert_clean_error();
@@ -310,11 +309,12 @@ fn record_with_fsize_limit(trace: &Path, options: &[&str], limit: u64) -> Output
 fn file_size_limit() {
     let dir = test_dir("bad_input-file_size_limit");
     let trace = dir.join("t.itr");
-    let out = record_with_fsize_limit(&trace, &["--mode", "continuous", "--segment-size", "16K"], 64 * 1024);
+    let out = record_with_fsize_limit(&trace, FULL_DISK_OPTIONS, 16 * 1024);
     check_write_failure(&out, &trace);
 }
 
-const FULL_DISK_OPTIONS: &[&str] = &["--mode", "continuous", "--segment-size", "16K"];
+// Small segments and a small disk: long_loop's trace is about 37 KB (sparse timestamps).
+const FULL_DISK_OPTIONS: &[&str] = &["--mode", "continuous", "--segment-size", "4K"];
 
 struct Unmount(PathBuf);
 
@@ -332,7 +332,7 @@ fn disk_full() {
     let mnt = dir.join("mnt");
     fs::create_dir_all(&mnt).unwrap();
     let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=128k", "itrace-test-full"])
+        .args(["-t", "tmpfs", "-o", "size=16k", "itrace-test-full"])
         .arg(&mnt)
         .stderr(Stdio::null())
         .status()
@@ -356,7 +356,7 @@ fn disk_full() {
              testing a full disk through RLIMIT_FSIZE instead"
         );
         let trace = dir.join("t.itr");
-        let out = record_with_fsize_limit(&trace, FULL_DISK_OPTIONS, 128 * 1024);
+        let out = record_with_fsize_limit(&trace, FULL_DISK_OPTIONS, 16 * 1024);
         check_write_failure(&out, &trace);
     }
 }
@@ -365,7 +365,9 @@ fn disk_full() {
 fn chunked_trace(test: &str) -> (PathBuf, PathBuf, Vec<u8>, Vec<(usize, usize)>) {
     let dir = test_dir(test);
     let trace = dir.join("t.itr");
-    record(&trace, &["--segment-size", "4K"], &program("count_loop"), &[]).assert_success();
+    // long_loop: about 37 KB of records, so 4K segments make several CPU chunks (count_loop's
+    // 1,000 branches are one 216-byte chunk since timestamps became sparse).
+    record(&trace, &["--segment-size", "4K"], &program("long_loop"), &[]).assert_success();
     let bytes = fs::read(&trace).unwrap();
     let chunks = chunks_of(&bytes);
     assert!(chunks.len() >= 5, "expected several chunks, got {}", chunks.len());
