@@ -60,9 +60,9 @@ if [ "$WHAT" = test ]; then
     # ITraceOn/ITraceOff (nested) and ITraceEnabled, carried out by itrace: what the program saw.
     record itraceon --region --backend ptrace -- /t/region
     if grep -q "enabled before 0 inside 1 after 0" /tmp/itraceon.out; then
-        pass "region ITraceEnabled: $(cat /tmp/itraceon.out)"
+        pass "region ITraceEnabled: $(tail -1 /tmp/itraceon.out)"
     else
-        fail "region ITraceEnabled: $(cat /tmp/itraceon.out)"
+        fail "region ITraceEnabled: $(tail -1 /tmp/itraceon.out)"
     fi
     # Attach to a running program (the loop is long enough under TCG to be caught running).
     /t/loop 50 > /dev/null &
