@@ -341,13 +341,13 @@ impl Session<'_> {
             TriggerKind::RegionOn | TriggerKind::RegionEnabled => {
                 // Nested ITraceOn, or ITraceEnabled inside a region: the tracer answers and returns.
                 let t = self.threads.get_mut(&tid).expect("thread exists");
-                let rax = if kind == TriggerKind::RegionOn {
+                let result = if kind == TriggerKind::RegionOn {
                     t.region.depth += 1;
                     0
                 } else {
                     1
                 };
-                if let Some(ret) = return_to_caller(tid, Some(rax)) {
+                if let Some(ret) = return_to_caller(tid, Some(result)) {
                     self.continue_at(tid, pid, ret);
                 }
             }
