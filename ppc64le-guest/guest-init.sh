@@ -55,6 +55,15 @@ if [ "$WHAT" = test ]; then
     # The three modes: normal above; continuous writes segments as it goes; wrap keeps the last.
     record continuous --mode continuous --segment-size 4K -- /t/ppc64le-libc
     record wrap --mode wrap --buffer-size 4K --segment-size 4K -- /t/ppc64le-libc
+    # Region tracing: stepped from sum_list's entry (a trap breakpoint) to printf's, untraced around.
+    record region --start sum_list --stop printf -- /t/ppc64le-libc
+    # ITraceOn/ITraceOff (nested) and ITraceEnabled, carried out by itrace: what the program saw.
+    record itraceon --region --backend ptrace -- /t/region
+    if grep -q "enabled before 0 inside 1 after 0" /tmp/itraceon.out; then
+        pass "region ITraceEnabled: $(tail -1 /tmp/itraceon.out)"
+    else
+        fail "region ITraceEnabled: $(tail -1 /tmp/itraceon.out)"
+    fi
     # Attach to a running program (the loop is long enough under TCG to be caught running).
     /t/loop 50 > /dev/null &
     pid=$!

@@ -75,6 +75,9 @@ $CC -static -O1 -g -fno-omit-frame-pointer -Wall -pthread -o "$B/prog/threads" t
 mkdir -p "$B/include"
 ln -s /usr/include/valgrind "$B/include/valgrind"
 $CC -static -O1 -g -Wall -I"$B/include" -o "$B/prog/forkexec" tests/programs/forkexec.c
+# ITraceOn/ITraceOff: the x86_64 region program, with stand-ins for libitrace's entry points
+# (the ptrace recorder carries them out itself).
+$CC -static -O1 -g -Wall -Ilibitrace/include -o "$B/prog/region" tests/programs/region.c ppc64le-guest/itrace_stub.c
 $CC -static -O2 -Wall -o "$B/prog/raw_step" bench/raw_step.c
 $CC -nostdlib -static -no-pie -o "$B/prog/loop" bench/ppc64le_loop.S
 

@@ -9,11 +9,12 @@
 //! tests/programs/cross/ppc64.S. itrace on this x86_64 machine reads the guest's traces
 //! (`dump`, `arc`, `report`) as they are.
 
+use itrace_tests::CrossInsn;
 use itrace_tests::{
     add_missing_insns, arc_text, compare_cross_blocks, cross_code_symbols, cross_function_counts, cross_hand_count,
     cross_objdump, cross_oracle_blocks, cross_qemu_pcs, itrace, itrace_blocks, report_json, CrossBlock,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 const ARCH: &str = "ppc64le";
@@ -76,25 +77,11 @@ fn asm_program_equals_qemu_and_the_hand_count() {
 #[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
 fn static_glibc_own_code_equals_qemu_block_for_block() {
     let bin = guest_file("ppc64le-libc");
-    let mut insns = cross_objdump(ARCH, &bin);
-    let pcs = cross_qemu_pcs(ARCH, &bin);
-    add_missing_insns(ARCH, &bin, &pcs, &mut insns);
-    let (want, _) = cross_oracle_blocks(ARCH, &pcs, &insns);
-    let trace = guest_file("libc.itr");
-    let (got, total) = itrace_blocks(&trace);
+    let (insns, pcs) = qemu_run(&bin);
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
-    let own = function_ranges(&bin, &names);
-    let in_own = |b: &&CrossBlock| own.iter().any(|&(lo, hi)| b.from >= lo && b.from < hi);
-    let got_own: Vec<CrossBlock> = got.iter().filter(in_own).cloned().collect();
-    let want_own: Vec<CrossBlock> = want.iter().filter(in_own).cloned().collect();
-    assert!(want_own.len() > 20, "qemu ran few blocks of the program's own code: {want_own:?}");
-    compare_cross_blocks("native libc, the program's own blocks", &got_own, &want_own);
-    let want = cross_function_counts(ARCH, &bin, &pcs, &names);
-    let got = guest_self_counts(&guest_report("libc"), "ppc64le-libc");
-    for n in names {
-        assert!(want.get(n).is_some_and(|&c| c > 0), "qemu never ran {n}");
-        assert_eq!(got.get(n), want.get(n), "self instructions of {n}");
-    }
+    same_blocks_in("libc", "ppc64le-libc", &pcs, &insns, &names, &names);
+    let trace = guest_file("libc.itr");
+    let (_, total) = itrace_blocks(&trace);
     // Load-reserve instructions inside the traced blocks: the atomic sequences were run.
     let lwarx: Vec<u64> = insns.iter().filter(|(_, i)| i.mnemonic.ends_with("arx")).map(|(&a, _)| a).collect();
     let mut start = None;
@@ -116,6 +103,44 @@ fn static_glibc_own_code_equals_qemu_block_for_block() {
     // This machine's report reads the guest's trace.
     let here = report_json(&trace);
     assert_eq!(here["total_instructions"].as_u64(), Some(total), "the x86_64 report of the guest's trace");
+}
+
+/// A cross program's instructions (objdump, and those only qemu's log shows) and qemu's
+/// single-step log of it (its pcs).
+fn qemu_run(bin: &std::path::Path) -> (BTreeMap<u64, CrossInsn>, Vec<u64>) {
+    let mut insns = cross_objdump(ARCH, bin);
+    let pcs = cross_qemu_pcs(ARCH, bin);
+    add_missing_insns(ARCH, bin, &pcs, &mut insns);
+    (insns, pcs)
+}
+
+/// The guest's trace NAME of `/t/PROGRAM` against qemu's log `pcs`: the blocks ending in the
+/// functions `names`, block for block, and the self instructions of `counted` (which qemu must
+/// have run) in the guest's report. Returns the report's self counts.
+fn same_blocks_in(
+    name: &str,
+    program: &str,
+    pcs: &[u64],
+    insns: &BTreeMap<u64, CrossInsn>,
+    names: &[&str],
+    counted: &[&str],
+) -> HashMap<String, u64> {
+    let bin = guest_file(program);
+    let (want, _) = cross_oracle_blocks(ARCH, pcs, insns);
+    let (got, _) = itrace_blocks(&guest_file(&format!("{name}.itr")));
+    let ranges = function_ranges(&bin, names);
+    let inside = |b: &&CrossBlock| ranges.iter().any(|&(lo, hi)| b.from >= lo && b.from < hi);
+    let got_in: Vec<CrossBlock> = got.iter().filter(inside).cloned().collect();
+    let want_in: Vec<CrossBlock> = want.iter().filter(inside).cloned().collect();
+    assert!(want_in.len() > 10, "qemu ran few blocks of {names:?}: {want_in:?}");
+    compare_cross_blocks(&format!("native {name}, the blocks of {names:?}"), &got_in, &want_in);
+    let want = cross_function_counts(ARCH, &bin, pcs, counted);
+    let got = guest_self_counts(&guest_report(name), program);
+    for n in counted {
+        assert!(want.get(*n).is_some_and(|&c| c > 0), "qemu never ran {n}");
+        assert_eq!(got.get(*n), want.get(*n), "native {name}: self instructions of {n}");
+    }
+    got
 }
 
 /// [start, end) of the named functions of a cross binary (to the next code symbol).
@@ -308,4 +333,46 @@ fn attach() {
         "no trace-on by attach in\n{}",
         &dump.stdout[..2000.min(dump.stdout.len())]
     );
+}
+
+/// Region tracing (`--start sum_list --stop printf`, `trap` breakpoints): the trace is qemu's
+/// log from sum_list's first instruction to printf's first, for the program's own code block
+/// for block (malloc's internals depend on what the kernel gives, see above), with the self
+/// counts of the functions run inside; fib, run before the region, is not in it.
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn region_start_stop() {
+    let bin = guest_file("ppc64le-libc");
+    let (insns, pcs) = qemu_run(&bin);
+    let sum_list = function_ranges(&bin, &["sum_list"])[0];
+    // (printf's aliases start where it does: its first instructions, not its range)
+    let printf = function_ranges(&bin, &["printf"])[0].0;
+    let first = pcs.iter().position(|&pc| pc >= sum_list.0 && pc < sum_list.1).expect("qemu ran sum_list");
+    let last =
+        first + pcs[first..].iter().position(|&pc| (printf..printf + 12).contains(&pc)).expect("qemu ran printf");
+    // Up to printf's first instruction: the call to it ends the region's last block.
+    let region = &pcs[first..=last];
+    let names = ["main", "fib", "twice", "thrice", "sum_list"];
+    let got = same_blocks_in("region", "ppc64le-libc", region, &insns, &names, &["twice", "thrice", "sum_list"]);
+    assert_eq!(got.get("fib"), None, "fib ran before the region: {got:?}");
+    let dump = itrace(["dump".as_ref(), guest_file("region.itr").as_os_str()]);
+    let on = dump.stdout.lines().find(|l| l.contains("TraceOn(")).expect("a trace-on record");
+    assert!(
+        on.contains(&format!("pc: {} }}", pcs[first])),
+        "the region starts at sum_list's first pc {:#x}: {on}",
+        pcs[first]
+    );
+}
+
+/// `--region` on tests/programs/region.c (ITraceOn, a nested pair, ITraceEnabled, system calls
+/// inside), its libitrace entry points carried out by itrace: its rg_* functions run only inside
+/// the region and rg_untraced_* only outside, so the trace's rg_* blocks are qemu's, block for
+/// block, and rg_untraced_sum is not in it. (The guest checks what ITraceEnabled returned.)
+#[test]
+#[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
+fn region_itraceon_itraceoff() {
+    let (insns, pcs) = qemu_run(&guest_file("region"));
+    let names = ["rg_work", "rg_leaf", "rg_nested"];
+    let got = same_blocks_in("itraceon", "region", &pcs, &insns, &names, &names);
+    assert_eq!(got.get("rg_untraced_sum"), None, "rg_untraced_sum ran outside the region: {got:?}");
 }

@@ -9,8 +9,9 @@
 //! architecture in `super::arch`, which also owns the per-thread and per-process state of its
 //! own (`Thread::arch`, `Process::arch`, `Session::arch`).
 
-use super::arch::{ProcessArch, SessionArch, StepOptions, ThreadArch};
+use super::arch::{Isa, ProcessArch, SessionArch, StepOptions, ThreadArch};
 use super::cpus::*;
+use super::region::{RegionProcess, RegionThread};
 use crate::backend::sink::{Sink, Stored};
 use crate::backend::RecordOutcome;
 use crate::procfs::Mapping;
@@ -158,6 +159,8 @@ pub(super) struct Thread {
     /// before it, which end the trace. A stop that ran several blocks (block stepping) may
     /// refuse more; their instructions were never traced and are not counted.
     pub(super) icount_at_full: Option<u32>,
+    /// Region tracing: where the thread is in its regions.
+    pub(super) region: RegionThread,
     /// The architecture's own state of the thread.
     pub(super) arch: ThreadArch,
 }
@@ -166,13 +169,15 @@ pub(super) struct Process {
     pub(super) maps: Vec<Mapping>,
     pub(super) code: IntMap<u64, Insn>,
     pub(super) name: String,
+    /// Region tracing: our breakpoints in the process.
+    pub(super) region: RegionProcess,
     /// The architecture's own state of the process.
     pub(super) arch: ProcessArch,
 }
 
 impl Process {
     pub(super) fn new(maps: Vec<Mapping>, code: IntMap<u64, Insn>, name: String) -> Self {
-        Process { maps, code, name, arch: ProcessArch::default() }
+        Process { maps, code, name, region: RegionProcess::default(), arch: ProcessArch::default() }
     }
 }
 
@@ -246,6 +251,7 @@ impl Session<'_> {
             attached: false,
             stop_ts: 0,
             icount_at_full: None,
+            region: RegionThread::default(),
             arch: ThreadArch::default(),
         }
     }
@@ -430,20 +436,17 @@ pub(super) trait PtraceArch {
     fn on_syscall_stop(&mut self, tid: i32);
     /// A signal-delivery stop of a thread being stepped: a step trap, or a signal for the program.
     fn on_stepping_stop(&mut self, tid: i32, sig: i32);
-    /// A signal-delivery stop of a thread running untraced (region tracing).
-    fn on_running_stop(&mut self, tid: i32, sig: i32);
-    /// Any signal or event stop, before the thread is marked stopped.
-    fn at_stop(&mut self, tid: i32);
     /// A ptrace event stop (clone, exec, exit, interrupt), after the thread is marked stopped.
     fn at_event(&mut self, tid: i32);
     /// An interrupt stop (PTRACE_EVENT_STOP) of a traced thread, before it is resumed or detached.
     fn at_interrupt(&mut self, tid: i32);
     /// An exec replaced the thread's program: forget what was planned in the old image.
     fn at_exec(&mut self, tid: i32);
-    /// Region tracing takes over the exec (the thread runs untraced until a trigger): whether it did.
-    fn region_exec(&mut self, tid: i32, pid: i32, launching: bool) -> bool;
-    /// Region tracing takes over a thread's first stop: whether it did.
-    fn region_start(&mut self, tid: i32, pid: i32) -> bool;
+    /// Region tracing: a thread starts stepping (at a trigger); the instruction set it runs,
+    /// which the thread's state now holds.
+    fn region_isa(&mut self, tid: i32) -> Isa;
+    /// Region tracing: a thread's region ended, it runs on untraced.
+    fn region_ended(&mut self, tid: i32);
     /// The instruction a thread runs first, from its registers, at the end of the launched
     /// program's exec (`at_exec`) or at its first stop (attached, new thread or child); sets
     /// the thread's own architecture state. `None`: its registers could not be read.

@@ -14,7 +14,7 @@ impl Session<'_> {
         if !self.threads.contains_key(&tid) {
             self.adopt(tid);
         }
-        self.at_stop(tid);
+        self.put_back_lifted(tid);
         if let Some(t) = self.threads.get_mut(&tid) {
             t.stopped = true;
         }
@@ -98,6 +98,7 @@ impl Session<'_> {
             if let Some(pp) = self.procs.get(&parent_pid) {
                 // The child's memory is a copy, our breakpoints and traps included.
                 p.arch = pp.arch.copy_for_child();
+                p.region = pp.region.clone();
             }
             self.procs.insert(child_pid, p);
         }
@@ -281,12 +282,12 @@ impl Session<'_> {
         if !self.threads.contains_key(&tid) {
             self.adopt(tid);
         }
-        self.at_stop(tid);
+        self.put_back_lifted(tid);
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = true;
         match t.state {
             ThreadState::Stepping => self.on_stepping_stop(tid, sig),
-            ThreadState::Running => self.on_running_stop(tid, sig),
+            ThreadState::Running => self.running_stop(tid, sig),
             // A new child's initial stop when not seized (older kernels): start it.
             ThreadState::New if sig == libc::SIGSTOP => self.start_thread(tid),
             // Not stepping yet (or finished): pass the signal on.

@@ -6,14 +6,15 @@
 //! - shared (this directory): the thread and process tables, the wait loop, ptrace events
 //!   (fork, vfork, clone, exec, exit, group stops, interrupts, signals on their way to the
 //!   program), launching and attaching, CPU pinning, detaching, the trace-off records, the
-//!   module table (mappings, names, JIT maps) and the decoded-instruction cache
-//!   (`engine.rs`, `events.rs`, `launch.rs`, `cpus.rs`, `tables.rs`);
+//!   module table (mappings, names, JIT maps), the decoded-instruction cache and region tracing
+//!   by software breakpoints (`engine.rs`, `events.rs`, `launch.rs`, `cpus.rs`, `tables.rs`,
+//!   `region.rs`, `breakpoints.rs`);
 //! - per architecture (`x86_64/`, `ppc64/`, one of them compiled, chosen below by
 //!   `cfg(target_arch)`): registers and the pc, how a thread is resumed (single step, block
 //!   step, debug-register runs on x86_64; syscall stops and atomic load-reserve/store-conditional
 //!   sequences run to temporary traps on ppc64), what the instruction just executed or the
-//!   system call was, region tracing (x86_64 `int3` breakpoints), and the recorder's choice of
-//!   step method. The engine calls it through `engine::PtraceArch` and keeps its state in
+//!   system call was, the few region-tracing specifics (the breakpoint instruction, the pc after
+//!   it, returning for a function), and the recorder's choice of step method. The engine calls it through `engine::PtraceArch` and keeps its state in
 //!   `Thread::arch`, `Process::arch`, `Session::arch` and `RecordOptions::step`.
 //!
 //! CPU numbers: each traced thread is pinned to one CPU of its allowed set
@@ -28,10 +29,12 @@ mod arch;
 #[cfg(all(target_arch = "powerpc64", target_endian = "little"))]
 #[path = "ppc64/mod.rs"]
 mod arch;
+mod breakpoints;
 mod cpus;
 mod engine;
 mod events;
 mod launch;
+mod region;
 mod tables;
 
 pub use engine::{record, RecordError, RecordOptions, Target, Trigger, TriggerKind};
@@ -45,8 +48,7 @@ pub struct PtraceRecorder {
     settings: RecordSettings,
     target: Target,
     arch: Arch,
-    /// Where region triggers are (unused where the architecture has no region tracing: ppc64).
-    #[allow(dead_code)]
+    /// Where region triggers are.
     resolver: Arc<dyn TriggerResolver + Send + Sync>,
 }
 

@@ -72,6 +72,7 @@ impl Session<'_> {
         let mut buf = [0u8; INSN_READ_LEN];
         let n = read_mem(pid, pc, &mut buf);
         if let Some(p) = self.procs.get(&pid) {
+            p.region.bps.unpatch(pc, &mut buf[..n]);
             p.arch.unpatch(pc, &mut buf[..n]);
         }
         let insn = isa.decode(pc, &buf[..n]);

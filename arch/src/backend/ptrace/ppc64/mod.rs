@@ -11,14 +11,20 @@
 //!   (`step.rs`);
 //! - `sc` (and `scv`) with the number in r0, run from its syscall-entry stop to its syscall-exit
 //!   stop (`step.rs`); `rt_sigreturn` through the vDSO's trampoline;
-//! - no block stepping (PowerPC's branch trace is not offered by Linux's ptrace), and no
-//!   region tracing yet (`--region`, `--start`, `--stop`: refused with a clear error).
+//! - region tracing (`--region`, `--start`, `--stop`) by the engine's `region.rs`, with `trap`
+//!   as the breakpoint (SIGTRAP with the pc on it), returns for `ITraceOn`/`ITraceOff` through
+//!   the link register (result in r3), and a function's breakpoint on its ELFv2 local entry
+//!   point (after the TOC set-up of its global entry), which calls from its own module
+//!   (`bl func+8`) and from others (PLT stubs, r12 set) both pass; a region started there
+//!   begins at the local entry;
+//! - no block stepping (PowerPC's branch trace is not offered by Linux's ptrace). The in-process
+//!   backend is not offered: user space cannot set MSR[SE].
 
 mod regs;
 mod step;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
-use super::{engine, launch, tables};
+use super::{engine, launch, region, tables};
 
 use super::PtraceRecorder;
 use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
@@ -27,10 +33,12 @@ use crate::procfs;
 use crate::{Arch as _, Reservation};
 use engine::{record, IntMap, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
 use itrace_format::{LiveCounts, StepMethod};
+use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use regs::{getregs, poke_insn};
+use procfs::Mapping;
+use regs::{getregs, poke_insn, setregs, TRAP};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -42,6 +50,62 @@ pub(super) type Isa = Ppc64;
 
 /// Bytes read to decode one instruction: the 4-byte word the recorder steps by.
 pub(super) const INSN_READ_LEN: usize = 4;
+
+/// Region tracing: the breakpoint instruction (`trap`, little-endian).
+pub(super) const BREAKPOINT: &[u8] = &TRAP.to_le_bytes();
+
+/// Region tracing: the breakpoint a thread stopped by SIGTRAP with `pc` hit (a `trap` leaves
+/// the pc on it).
+pub(super) fn breakpoint_hit(pc: u64) -> u64 {
+    pc
+}
+
+/// The TOC set-up an ELFv2 global entry point begins with (masks and values of its two words):
+/// `addis r2,r12,HI` + `addi r2,r2,LO` (position-independent), `lis r2,HI` + `addi r2,r2,LO`
+/// (static, not PIE), or `ld r2,-8(r12)` + `add r2,r2,r12` (large code model).
+const GLOBAL_ENTRY_PROLOGUES: [[(u32, u32); 2]; 3] = [
+    [(0xffff_0000, 0x3c4c_0000), (0xffff_0000, 0x3842_0000)],
+    [(0xffff_0000, 0x3c40_0000), (0xffff_0000, 0x3842_0000)],
+    [(0xffff_ffff, 0xe84c_fff8), (0xffff_ffff, 0x7c42_6214)],
+];
+
+/// Region tracing: where the breakpoint of the function at `addr` (its symbol: the global entry
+/// point) goes: after its TOC set-up, on the local entry point, which calls from the function's
+/// own module enter at (`bl func+8`) and calls through PLT stubs reach too.
+pub(super) fn breakpoint_address(tid: i32, addr: u64) -> u64 {
+    let Ok(word) = ptrace::read(Pid::from_raw(tid), addr as ptrace::AddressType) else { return addr };
+    let word = word as u64;
+    let insns = [word as u32, (word >> 32) as u32];
+    let toc_setup =
+        GLOBAL_ENTRY_PROLOGUES.iter().any(|p| p.iter().zip(insns).all(|(&(mask, value), i)| i & mask == value));
+    if toc_setup {
+        addr + 8
+    } else {
+        addr
+    }
+}
+
+pub(super) fn pc_of(tid: i32) -> Result<u64, Errno> {
+    getregs(tid).map(|r| r.nip)
+}
+
+pub(super) fn set_pc(tid: i32, pc: u64) -> Result<(), Errno> {
+    let mut regs = getregs(tid)?;
+    regs.nip = pc;
+    setregs(tid, &regs)
+}
+
+/// Return from the function the thread just entered, as its `blr` would (pc from the link
+/// register), with `value` in r3 if given; the pc returned to.
+pub(super) fn return_to_caller(tid: i32, value: Option<u64>) -> Option<u64> {
+    let mut regs = getregs(tid).ok()?;
+    regs.nip = regs.link;
+    if let Some(v) = value {
+        regs.gpr[3] = v;
+    }
+    setregs(tid, &regs).ok()?;
+    Some(regs.nip)
+}
 
 /// How threads are stepped: one instruction at a time, nothing to choose.
 #[derive(Clone, Copy, Debug, Default)]
@@ -118,6 +182,21 @@ impl PtraceArch for Session<'_> {
             self.detach_thread(tid, sig);
             return;
         }
+        if t.state == ThreadState::Running {
+            return self.resume_running(tid, sig);
+        }
+        let between = t.arch.atomic.is_none() && !t.arch.in_syscall;
+        if sig == 0 && between && self.opts.triggers.is_some() {
+            // A region trigger where the thread goes next (ITraceOff, --stop, ...)? It may end
+            // the region (a second call for the same stop finds nothing to do).
+            self.before_step(tid);
+            if !matches!(self.threads.get(&tid), Some(t) if t.state == ThreadState::Stepping) {
+                return self.resume(tid, 0);
+            }
+            // Our breakpoint where the thread steps next: take it out for this one step.
+            self.lift_breakpoint_at_pending(tid);
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
         t.injected = (sig != 0).then_some(sig);
         let stepping = t.state == ThreadState::Stepping;
         let at_syscall = t.pending.is_some_and(|p| p.insn.flow == itrace_decoders::Flow::Syscall);
@@ -173,13 +252,6 @@ impl PtraceArch for Session<'_> {
         self.resume(tid, inject);
     }
 
-    fn on_running_stop(&mut self, tid: i32, sig: i32) {
-        // No region tracing here: no thread runs untraced. Pass the signal on.
-        self.resume(tid, sig);
-    }
-
-    fn at_stop(&mut self, _tid: i32) {}
-
     fn at_event(&mut self, _tid: i32) {}
 
     fn at_interrupt(&mut self, tid: i32) {
@@ -188,13 +260,14 @@ impl PtraceArch for Session<'_> {
 
     fn at_exec(&mut self, _tid: i32) {}
 
-    fn region_exec(&mut self, _tid: i32, _pid: i32, _launching: bool) -> bool {
-        false
+    fn region_isa(&mut self, tid: i32) -> Ppc64 {
+        // The thread ran untraced since its first stop (`first_pending` was not called): syscall
+        // stops must say so before stepping resumes it with PTRACE_SYSCALL.
+        self.report_syscalls(tid);
+        PPC64LE
     }
 
-    fn region_start(&mut self, _tid: i32, _pid: i32) -> bool {
-        false
-    }
+    fn region_ended(&mut self, _tid: i32) {}
 
     fn first_pending(&mut self, tid: i32, pid: i32, at_exec: bool) -> Option<Pending> {
         self.report_syscalls(tid);
@@ -218,20 +291,20 @@ impl PtraceArch for Session<'_> {
     }
 
     /// A child process we do not follow: take out the traps of atomic runs (of other threads of
-    /// its parent) its memory copied, and let it go.
-    fn release_unfollowed(&mut self, tid: i32, _pid: i32) {
+    /// its parent) and the region breakpoints its memory copied, and let it go.
+    fn release_unfollowed(&mut self, tid: i32, pid: i32) {
         let parent = procfs::ppid(tid).unwrap_or(0);
         let traps: Vec<(u64, u32)> =
             self.procs.get(&parent).map(|p| p.arch.traps.iter().map(|(&a, &w)| (a, w)).collect()).unwrap_or_default();
         for (addr, old) in traps {
             let _ = poke_insn(tid, addr, old);
         }
-        self.threads.remove(&tid);
-        let _ = ptrace::detach(Pid::from_raw(tid), None);
+        self.release_child(tid, pid);
     }
 
     fn take_out_traps(&mut self, tid: i32) {
         self.end_atomic(tid);
+        self.remove_breakpoints_via(tid);
     }
 
     fn warn_at_end(&self) {}
@@ -266,13 +339,6 @@ impl Session<'_> {
 impl Recorder for PtraceRecorder {
     fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
         let s = &self.settings;
-        if s.region || !s.start.is_empty() || !s.stop.is_empty() {
-            return Err(BackendError::Settings(
-                "--region, --start and --stop are not supported by the PowerPC64 ptrace recorder yet: trace the \
-                 whole program"
-                    .into(),
-            ));
-        }
         if s.step == StepChoice::Block || s.emulate_block_step {
             return Err(BackendError::Settings(
                 "--step block: PowerPC64 steps by instruction only (use --step auto)".into(),
@@ -281,13 +347,16 @@ impl Recorder for PtraceRecorder {
         let step = StepMethod::PtraceSingleStep;
         let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
         let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let wanted = region::wanted_triggers(s);
+        let resolver = self.resolver.as_ref();
+        let resolve = |pid: i32, maps: &[Mapping]| region::resolve_triggers(resolver, pid, maps, &wanted, s.region);
         let opts = RecordOptions {
             target: self.target.clone(),
             follow_forks: s.follow_forks,
             follow_threads: s.follow_threads,
             stop,
             step: StepOptions,
-            triggers: None,
+            triggers: if wanted.is_empty() { None } else { Some(&resolve) },
         };
         output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
     }

@@ -5,8 +5,9 @@ use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-/// `PTRACE_GETREGS` on PowerPC (arch/powerpc/include/uapi/asm/ptrace.h).
+/// `PTRACE_GETREGS` and `PTRACE_SETREGS` on PowerPC (arch/powerpc/include/uapi/asm/ptrace.h).
 const PTRACE_GETREGS: libc::c_uint = 12;
+const PTRACE_SETREGS: libc::c_uint = 13;
 
 /// `struct pt_regs` (user_pt_regs) of a 64-bit PowerPC thread, as ptrace gives it.
 #[repr(C)]
@@ -57,6 +58,16 @@ pub(super) fn getregs(tid: i32) -> Result<Regs, Errno> {
         Err(Errno::last())
     } else {
         Ok(r)
+    }
+}
+
+pub(super) fn setregs(tid: i32, r: &Regs) -> Result<(), Errno> {
+    // SAFETY: PTRACE_SETREGS reads at most ELF_NGREG (48) words from `r`, which has 48.
+    let rc = unsafe { libc::ptrace(PTRACE_SETREGS, tid, 0, r as *const Regs) };
+    if rc == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(())
     }
 }
 

@@ -370,7 +370,7 @@ impl Session<'_> {
         }
         let (pid, arch) = (t.pid, t.arch.isa);
         // Rule 9: an int3 of region tracing is a stop point; on one, single-step (it is lifted).
-        let trigger_at = |s: &Self, pc: u64| s.procs.get(&pid).is_some_and(|p| p.arch.bps.kind_at(pc).is_some());
+        let trigger_at = |s: &Self, pc: u64| s.procs.get(&pid).is_some_and(|p| p.region.bps.kind_at(pc).is_some());
         if trigger_at(self, p.pc) {
             return false;
         }
@@ -604,7 +604,7 @@ impl Session<'_> {
     /// What itrace can carry out of the instruction at `pc` (read-only code only), cached.
     fn emul_at(&mut self, pid: i32, pc: u64, compat: bool) -> Option<Emul> {
         let p = self.procs.get(&pid)?;
-        if p.arch.bps.kind_at(pc).is_some() {
+        if p.region.bps.kind_at(pc).is_some() {
             return None; // holds our int3 (rule 9), maybe inserted after the entry below was made
         }
         if let Some(&e) = p.arch.emul.get(&pc) {

@@ -2,27 +2,24 @@
 //! through `PTRACE_GETREGS` (`user_regs_struct`, 32-bit code told by `cs`); single steps, block
 //! steps (`PTRACE_SINGLEBLOCK`, the CPU's branch trap, and its emulation as a test hook) and
 //! debug-register runs (`hwstep.rs`); what a step ran (`step.rs`: branches, `syscall` and
-//! `int 0x80` with restart codes in rax, signal deliveries); region tracing by `int3`
-//! breakpoints (`region.rs`, `breakpoints.rs`); the choice of step method from what the probes
+//! `int 0x80` with restart codes in rax, signal deliveries); region tracing's `int3`
+//! breakpoints and returns (the engine's `region.rs` does the rest); the choice of step method from what the probes
 //! (`probe.rs`, `hwstep.rs`) saw work.
 
 mod block;
-mod breakpoints;
 mod hwstep;
 mod probe;
-mod region;
 mod step;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
-use super::{engine, tables};
+use super::{engine, region, tables};
 
 use super::PtraceRecorder;
-use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice, TriggerResolver};
+use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
 use crate::isa::x86_64::{RESTART_CODES, X86};
 use crate::procfs::Mapping;
 use crate::Arch as _;
-use breakpoints::Breakpoints;
-use engine::{record, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState, Trigger, TriggerKind};
+use engine::{record, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
 use hwstep::{probe_hw_breakpoints, HwBreak};
 use itrace_decoders::Insn;
 use itrace_format::{LiveCounts, StepMethod};
@@ -66,17 +63,6 @@ pub(super) struct ThreadArch {
     isa: X86,
     /// Block-step emulation: pc of the instruction the last single step ran.
     emu_prev: u64,
-    /// Region tracing: nesting depth of ITraceOn calls.
-    region_depth: u32,
-    /// Breakpoints were lifted for this thread's step: put them back at its next stop.
-    lifted_bps: bool,
-    /// Running thread stepping once over a lifted breakpoint, then running on.
-    step_once: bool,
-    /// That step was started: the SIGTRAP it ends with is ours.
-    in_step_once: bool,
-    /// A vfork child we do not follow, sharing its parent's memory (and breakpoints): let it go
-    /// once it has its own memory (exec).
-    release_at_exec: bool,
     /// Block mode: this resume single-steps (the block is ambiguous for the branch trap).
     single_step_now: bool,
     /// Block mode: the system call that ends the running block and the instructions before it,
@@ -97,11 +83,6 @@ impl Default for ThreadArch {
         ThreadArch {
             isa: X86 { compat: false },
             emu_prev: 0,
-            region_depth: 0,
-            lifted_bps: false,
-            step_once: false,
-            in_step_once: false,
-            release_at_exec: false,
             single_step_now: false,
             planned_syscall: None,
             hw_run: None,
@@ -130,20 +111,14 @@ impl ThreadArch {
 pub(super) struct ProcessArch {
     /// Block mode: what is known of the block starting at an address.
     ambiguous: engine::IntMap<u64, block::BlockInfo>,
-    /// Region tracing: our breakpoints in this process.
-    bps: Breakpoints,
-    /// Breakpoints taken out: a thread stopped by one just before must be moved back onto it.
-    retired: Vec<u64>,
-    /// Whether the triggers have been resolved and inserted.
-    triggers_set: bool,
     /// Debug-register mode: what itrace can carry out itself of the instruction at an address.
     emul: engine::IntMap<u64, Option<hwstep::Emul>>,
 }
 
 impl ProcessArch {
-    /// The state of a forked child, whose memory is a copy of this process's (our int3s included).
+    /// The state of a forked child: nothing carried over (block and debug-register knowledge is relearnt).
     pub(super) fn copy_for_child(&self) -> Self {
-        ProcessArch { bps: self.bps.clone(), triggers_set: self.triggers_set, ..ProcessArch::default() }
+        ProcessArch::default()
     }
 
     /// Code in `start..end` changed (`unmapped`: some was unmapped): forget what was learnt of it.
@@ -154,10 +129,9 @@ impl ProcessArch {
         }
     }
 
-    /// The bytes read at `pc` as the program has them (our int3s taken out).
-    pub(super) fn unpatch(&self, pc: u64, bytes: &mut [u8]) {
-        self.bps.unpatch(pc, bytes);
-    }
+    /// The bytes read at `pc` as the program has them (nothing of ours beyond the region's
+    /// breakpoints, which the engine takes out).
+    pub(super) fn unpatch(&self, _pc: u64, _bytes: &mut [u8]) {}
 
     /// The instruction at `pc` (`bytes`) was cached as read-only code.
     pub(super) fn cached(&mut self, _pc: u64, _bytes: &[u8]) {}
@@ -174,6 +148,43 @@ fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
     ptrace::getregs(Pid::from_raw(tid))
 }
 
+/// Region tracing: the breakpoint instruction.
+pub(super) const BREAKPOINT: &[u8] = &[0xcc];
+
+/// Region tracing: the breakpoint a thread stopped by SIGTRAP with `pc` hit (`int3` runs).
+pub(super) fn breakpoint_hit(pc: u64) -> u64 {
+    pc.wrapping_sub(1)
+}
+
+/// Region tracing: where the breakpoint of the function at `addr` goes (its first byte).
+pub(super) fn breakpoint_address(_tid: i32, addr: u64) -> u64 {
+    addr
+}
+
+pub(super) fn pc_of(tid: i32) -> Result<u64, Errno> {
+    getregs(tid).map(|r| r.rip)
+}
+
+pub(super) fn set_pc(tid: i32, pc: u64) -> Result<(), Errno> {
+    let mut regs = getregs(tid)?;
+    regs.rip = pc;
+    ptrace::setregs(Pid::from_raw(tid), regs)
+}
+
+/// Return from the function the thread just entered, as its `ret` would (pc from the stack),
+/// with `value` in rax if given; the pc returned to.
+pub(super) fn return_to_caller(tid: i32, value: Option<u64>) -> Option<u64> {
+    let mut regs = getregs(tid).ok()?;
+    let ret = ptrace::read(Pid::from_raw(tid), regs.rsp as ptrace::AddressType).ok()? as u64;
+    regs.rip = ret;
+    regs.rsp += 8;
+    if let Some(v) = value {
+        regs.rax = v;
+    }
+    ptrace::setregs(Pid::from_raw(tid), regs).ok()?;
+    Some(ret)
+}
+
 impl PtraceArch for Session<'_> {
     /// Resume a thread: one more step while tracing, or detach it once tracing is ending.
     fn resume(&mut self, tid: i32, sig: i32) {
@@ -187,12 +198,7 @@ impl PtraceArch for Session<'_> {
             return;
         }
         if t.state == ThreadState::Running {
-            let once = std::mem::take(&mut t.arch.step_once);
-            t.arch.in_step_once = once;
-            t.injected = None;
-            let r = if once { ptrace::step(pid, sig_opt) } else { ptrace::cont(pid, sig_opt) };
-            self.after_resume(tid, r);
-            return;
+            return self.resume_running(tid, sig);
         }
         t.injected = (sig != 0).then_some(sig);
         if self.opts.step.hw_step {
@@ -306,14 +312,6 @@ impl PtraceArch for Session<'_> {
         self.resume(tid, inject);
     }
 
-    fn on_running_stop(&mut self, tid: i32, sig: i32) {
-        self.running_stop(tid, sig);
-    }
-
-    fn at_stop(&mut self, tid: i32) {
-        self.put_back_lifted(tid);
-    }
-
     fn at_event(&mut self, tid: i32) {
         // Stopped mid-run (our interrupt, another thread's exit): count the path so far.
         self.hw_stopped(tid, 0);
@@ -341,21 +339,17 @@ impl PtraceArch for Session<'_> {
         }
     }
 
-    fn region_exec(&mut self, tid: i32, pid: i32, launching: bool) -> bool {
-        if self.opts.triggers.is_none() {
-            return false;
+    fn region_isa(&mut self, tid: i32) -> X86 {
+        let isa = X86::from_cs(getregs(tid).map(|r| r.cs).unwrap_or(0x33));
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.arch.isa = isa;
         }
-        self.exec_in_region_mode(tid, pid, launching);
-        true
+        isa
     }
 
-    fn region_start(&mut self, tid: i32, pid: i32) -> bool {
-        if self.opts.triggers.is_none() {
-            return false;
-        }
-        // Region tracing: run at full speed until a trigger.
-        self.start_running(tid, pid);
-        true
+    fn region_ended(&mut self, tid: i32) {
+        // It runs on untraced: no debug-register breakpoint of block stepping may stop it.
+        self.hw_clear(tid);
     }
 
     fn first_pending(&mut self, tid: i32, pid: i32, at_exec: bool) -> Option<Pending> {
@@ -458,16 +452,9 @@ impl Recorder for PtraceRecorder {
         };
         let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
         let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
-        let mut wanted: Vec<(String, TriggerKind)> = Vec::new();
-        if s.region {
-            wanted.push(("ITraceOn".into(), TriggerKind::RegionOn));
-            wanted.push(("ITraceOff".into(), TriggerKind::RegionOff));
-            wanted.push(("ITraceEnabled".into(), TriggerKind::RegionEnabled));
-        }
-        wanted.extend(s.start.iter().map(|n| (n.clone(), TriggerKind::Start)));
-        wanted.extend(s.stop.iter().map(|n| (n.clone(), TriggerKind::Stop)));
+        let wanted = region::wanted_triggers(s);
         let resolver = self.resolver.as_ref();
-        let resolve = |pid: i32, maps: &[Mapping]| resolve_triggers(resolver, pid, maps, &wanted, s.region);
+        let resolve = |pid: i32, maps: &[Mapping]| region::resolve_triggers(resolver, pid, maps, &wanted, s.region);
         let opts = RecordOptions {
             target: self.target.clone(),
             follow_forks: s.follow_forks,
@@ -485,38 +472,4 @@ impl Recorder for PtraceRecorder {
         };
         output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
     }
-}
-
-/// Where the wanted functions are in process `pid`, given its executable mappings.
-fn resolve_triggers(
-    resolver: &dyn TriggerResolver,
-    pid: i32,
-    maps: &[Mapping],
-    wanted: &[(String, TriggerKind)],
-    region: bool,
-) -> Result<Vec<Trigger>, String> {
-    let mut found: Vec<Trigger> = Vec::new();
-    let mut resolved = vec![false; wanted.len()];
-    for m in maps.iter().filter(|m| !m.path.is_empty() && !m.path.starts_with('[')) {
-        for (i, (name, kind)) in wanted.iter().enumerate() {
-            if let Some(addr) = resolver.address(m, name) {
-                resolved[i] = true;
-                if !found.iter().any(|t| t.addr == addr) {
-                    found.push(Trigger { addr, kind: *kind });
-                }
-            }
-        }
-    }
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
-    if region && !found.iter().any(|t| t.kind == TriggerKind::RegionOn) {
-        return Err(crate::backend::choose::not_using_libitrace(std::path::Path::new(&exe)).to_string());
-    }
-    if let Some(((name, _), _)) = wanted
-        .iter()
-        .zip(&resolved)
-        .find(|((_, k), r)| !**r && *k != TriggerKind::RegionEnabled && *k != TriggerKind::RegionOff)
-    {
-        return Err(format!("no function named {name} in {exe} or its libraries"));
-    }
-    Ok(found)
 }
