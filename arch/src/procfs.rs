@@ -169,8 +169,33 @@ pub fn restore_signal_defaults() {
 
 /// JIT symbols a process wrote to `/tmp/perf-PID.map` (the convention of V8, the JVM's
 /// perf-map-agent and others): lines of `START SIZE name`, hexadecimal.
+/// A map last written before the process started belongs to an earlier process that had the
+/// same pid, and is not read.
 pub fn perf_map(pid: i32) -> Vec<(u64, u64, String)> {
-    fs::read_to_string(format!("/tmp/perf-{pid}.map")).map(|t| parse_perf_map(&t)).unwrap_or_default()
+    let path = format!("/tmp/perf-{pid}.map");
+    let written = fs::metadata(&path).and_then(|m| m.modified()).ok();
+    if let (Some(written), Some(started)) = (written, process_start(pid)) {
+        if written < started {
+            return Vec::new();
+        }
+    }
+    fs::read_to_string(path).map(|t| parse_perf_map(&t)).unwrap_or_default()
+}
+
+/// When process `pid` started, by the clock of file times: the boot time of `/proc/stat`
+/// (whole seconds, so up to a second early) plus the start in clock ticks of
+/// `/proc/PID/stat` (field 22).
+fn process_start(pid: i32) -> Option<std::time::SystemTime> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses (which may hold spaces), field 3 is first.
+    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(22 - 3)?.parse().ok()?;
+    let boot: u64 =
+        fs::read_to_string("/proc/stat").ok()?.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    // SAFETY: sysconf takes an integer and has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    let since_boot = std::time::Duration::from_millis(ticks.saturating_mul(1000) / hz);
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(boot) + since_boot)
 }
 
 /// Parse perf map text; malformed lines are skipped.
@@ -187,6 +212,23 @@ pub fn parse_perf_map(text: &str) -> Vec<(u64, u64, String)> {
 
 #[cfg(test)]
 mod perf_map_tests {
+    #[test]
+    fn a_map_older_than_the_process_is_not_read() {
+        // This process started after the boot and before now: its start lies between them.
+        let me = std::process::id() as i32;
+        let started = super::process_start(me).expect("start of this process");
+        assert!(started <= std::time::SystemTime::now());
+        let path = format!("/tmp/perf-{me}.map");
+        std::fs::write(&path, "7f00 10 fresh\n").unwrap();
+        assert_eq!(super::perf_map(me).len(), 1, "a map written by this process is read");
+        // Back-date it to before this process started: an earlier process's map.
+        let old = std::fs::File::options().write(true).open(&path).unwrap();
+        old.set_modified(started - std::time::Duration::from_secs(5)).unwrap();
+        drop(old);
+        assert!(super::perf_map(me).is_empty(), "a map older than the process is read");
+        std::fs::remove_file(&path).unwrap();
+    }
+
     #[test]
     fn perf_map_lines() {
         let m = super::parse_perf_map("7f00 10 LazyCompile:~foo a.js:1\n0x7f10 0x20 bar\nbad line\n7f30 0 zero\n");
