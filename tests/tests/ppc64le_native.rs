@@ -325,7 +325,9 @@ fn attach() {
     let modules = report["modules"].as_array().expect("modules");
     assert_eq!(modules.len(), 1, "modules: {modules:?}");
     assert_eq!(modules[0]["module"], "/t/loop", "modules: {modules:?}");
-    assert!(modules[0]["self"].as_u64().unwrap_or(0) > 1000, "modules: {modules:?}");
+    // Some iterations of the loop (how many a second holds depends on the guest's speed: about
+    // 1,000 instructions on a loaded host, 7,000 on a quiet one).
+    assert!(modules[0]["self"].as_u64().unwrap_or(0) > 100, "modules: {modules:?}");
     let trace = guest_file("attach.itr");
     let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
     assert!(

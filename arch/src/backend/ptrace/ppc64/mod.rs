@@ -38,7 +38,7 @@ use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use procfs::Mapping;
-use regs::{getregs, poke_insn, setregs, TRAP};
+use regs::{getregs, poke_insn, read_nip, setregs, TRAP};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -86,7 +86,7 @@ pub(super) fn breakpoint_address(tid: i32, addr: u64) -> u64 {
 }
 
 pub(super) fn pc_of(tid: i32) -> Result<u64, Errno> {
-    getregs(tid).map(|r| r.nip)
+    read_nip(tid)
 }
 
 pub(super) fn set_pc(tid: i32, pc: u64) -> Result<(), Errno> {
@@ -220,19 +220,28 @@ impl PtraceArch for Session<'_> {
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
         if sig == libc::SIGTRAP && self.threads[&tid].arch.atomic.is_none() {
-            if let Some(rip) = self.predicted_stop(tid) {
-                // A step whose end the instruction tells: no registers to read.
-                let mut inject = 0;
-                self.on_step(tid, rip, &mut inject);
-                self.resume(tid, inject);
-                return;
-            }
-        }
-        let Ok(regs) = getregs(tid) else {
-            self.resume(tid, 0);
+            // A plain step: the instruction tells where it ended (no registers to read), or
+            // the pc alone does (one word by PTRACE_PEEKUSER, not the 48 of PTRACE_GETREGS).
+            let pc = match self.predicted_stop(tid) {
+                Some(pc) => pc,
+                None => match read_nip(tid) {
+                    Ok(pc) => pc,
+                    Err(_) => {
+                        self.resume(tid, 0);
+                        return;
+                    }
+                },
+            };
+            let mut inject = 0;
+            self.on_step(tid, pc, &mut inject);
+            self.resume(tid, inject);
             return;
-        };
+        }
         if self.threads[&tid].arch.atomic.is_some() {
+            let Ok(regs) = getregs(tid) else {
+                self.resume(tid, 0);
+                return;
+            };
             if self.atomic_done(tid, &regs, sig) {
                 self.resume(tid, 0);
             } else {
@@ -241,15 +250,9 @@ impl PtraceArch for Session<'_> {
             }
             return;
         }
-        if sig != libc::SIGTRAP {
-            // The program gets a signal: deliver it on the next step; the stop after shows the
-            // handler.
-            self.resume(tid, sig);
-            return;
-        }
-        let mut inject = 0;
-        self.on_step(tid, regs.nip, &mut inject);
-        self.resume(tid, inject);
+        // The program gets a signal: deliver it on the next step; the stop after shows the
+        // handler.
+        self.resume(tid, sig);
     }
 
     fn at_event(&mut self, _tid: i32) {}
