@@ -45,6 +45,14 @@ if [ "$(cat /etc/kmod-what)" = bench ]; then
         echo "BENCH: $b instructions=$(insns /tmp/bench.$b.log) ns=$(((e - s) * 10000000))"
         rm -f /tmp/bench.$b.itr
     done
+    # The consumer's own cost: itrace attached to a busy program (not its child, so `time`
+    # counts only itrace's CPU: reading the module's ring and encoding the records, format 3.0).
+    /t/region_loop 1000000 0 > /dev/null &
+    RL=$!
+    sleep 1
+    time -p -o /tmp/consumer.time itrace record --backend kmod -p $RL --duration 5 -o /tmp/bench.c.itr 2> /tmp/bench.c.log
+    kill $RL
+    echo "BENCH-CONSUMER: records=$(sed -n 's/.*itrace: \([0-9]*\) records.*/\1/p' /tmp/bench.c.log | tail -1) $(tr '\n' ' ' < /tmp/consumer.time) bytes=$(wc -c < /tmp/bench.c.itr)"
     finish
 fi
 
