@@ -337,3 +337,34 @@ fn signal_table_is_the_arc_and_the_report() {
 fn crash_table_is_the_arc_and_the_report() {
     assert_eq!(check_against_arc_and_report("segv"), 1);
 }
+
+/// A missing trace, an output that cannot be created, no rows per group: one `itrace:` line,
+/// and no table.
+#[test]
+fn bad_input_is_one_line_and_no_table() {
+    let dir = test_dir("parquet-bad-input");
+    let missing = dir.join("missing.itr");
+    let table = dir.join("t.parquet");
+    let (trace, _) = traced_table("branches");
+    let no_dir = dir.join("no-such-dir").join("t.parquet");
+    let cases: [(&Path, &Path, &str, &str); 3] = [
+        (&missing, &table, "1", "missing.itr"),
+        (&trace, &no_dir, "1", "cannot create"),
+        (&trace, &table, "0", "--row-group-size"),
+    ];
+    for (input, output, rows, says) in cases {
+        let out = itrace([
+            OsStr::new("export"),
+            input.as_os_str(),
+            OsStr::new("--format"),
+            OsStr::new("parquet"),
+            OsStr::new("-o"),
+            output.as_os_str(),
+            OsStr::new("--row-group-size"),
+            OsStr::new(rows),
+        ]);
+        let line = out.assert_clean_error();
+        assert!(line.contains(says), "{}: the error should name {says:?}: {line}", out.command);
+        assert!(!output.exists(), "{}: wrote {}", out.command, output.display());
+    }
+}
