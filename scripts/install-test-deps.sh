@@ -35,6 +35,7 @@ PACKAGES=(
     xz-utils              # extracting vmlinux from vmlinuz
     python3.11-minimal    # /usr/bin/python3.11: a large stripped program (tests/tests/stripped.rs)
     qemu-system-ppc       # ppc64le-guest/test-in-guest.sh: the native PowerPC64 recorder in a pseries guest (TCG)
+    python3-pip           # pip for DuckDB's Python package (below), when python3 is Debian's
 )
 
 # Debian's Rust at one version (bookworm-security has had newer amd64 builds than the foreign
@@ -121,6 +122,18 @@ if command -v rustup >/dev/null 2>&1; then
             rustup component add "$c"
         fi
     done
+fi
+
+# --- DuckDB's Python package: tests/tests/parquet.rs reads `itrace export --format parquet` with it ---
+# Installed for the python3 the tests run (the first on PATH), at one version; pip refuses a
+# Debian python3's own site-packages unless told (PEP 668).
+DUCKDB_VERSION=1.4.4
+if python3 -c "import sys, duckdb; sys.exit(duckdb.__version__ != '$DUCKDB_VERSION')" 2>/dev/null; then
+    log "python duckdb $DUCKDB_VERSION: installed"
+else
+    log "running: python3 -m pip install duckdb==$DUCKDB_VERSION"
+    python3 -m pip install --quiet "duckdb==$DUCKDB_VERSION" ||
+        python3 -m pip install --quiet --break-system-packages "duckdb==$DUCKDB_VERSION"
 fi
 
 # --- fuzz smoke test (scripts/fuzz-smoke.sh, fuzz/) ---

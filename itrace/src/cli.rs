@@ -39,7 +39,7 @@ pub enum Command {
     Diff(DiffArgs),
     /// Draw a flame graph: exact instructions per call stack, as an SVG (or folded stacks).
     Flamegraph(FlamegraphArgs),
-    /// Convert a trace for other tools: a callgrind profile (kcachegrind, callgrind_annotate).
+    /// Convert a trace for other tools: a callgrind profile (kcachegrind, callgrind_annotate), a Parquet table.
     Export(ExportArgs),
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
@@ -313,6 +313,9 @@ pub enum ExportFormat {
     /// callgrind's profile format: self instructions per function and line, calls and their
     /// inclusive instructions (kcachegrind, callgrind_annotate).
     Callgrind,
+    /// A Parquet table, one row per taken branch (the arc's lines) with typed columns:
+    /// thread, kind, instructions, addresses, functions, source line (DuckDB, pandas, Spark).
+    Parquet,
 }
 
 #[derive(Args)]
@@ -325,6 +328,10 @@ pub struct ExportArgs {
     /// Where to write it (default: standard output).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Parquet: rows per row group (memory while writing grows with it, about 170 bytes a row).
+    #[arg(long, value_name = "ROWS", default_value_t = itrace_post::parquet::ROWS_PER_GROUP as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub row_group_size: u64,
 }
 
 #[derive(Args)]

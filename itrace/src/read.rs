@@ -91,10 +91,14 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
 }
 
 pub fn export(args: ExportArgs) -> Result<ExitCode> {
+    if args.format == ExportFormat::Parquet {
+        return export_parquet(args);
+    }
     let trace = open_trace(&args.input.path())?;
     let mut out = create_output(args.output.as_deref())?;
     let stats = read_trace(&trace, |trace, progress| match args.format {
         ExportFormat::Callgrind => itrace_post::callgrind::write_callgrind(trace, &mut out, progress),
+        ExportFormat::Parquet => unreachable!("written by export_parquet"),
     })?;
     print_notes(&stats.notes);
     if let Some(p) = &args.output {
@@ -103,6 +107,37 @@ pub fn export(args: ExportArgs) -> Result<ExitCode> {
             p.display(),
             stats.functions,
             stats.total_instructions
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `itrace export --format parquet`: a binary file, to `-o FILE` or a pipe (never a terminal).
+fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
+    use std::io::IsTerminal;
+    let trace = open_trace(&args.input.path())?;
+    let out: Box<dyn Write + Send> = match &args.output {
+        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
+        None if std::io::stdout().is_terminal() => {
+            bail!("a Parquet file is binary: name it with -o FILE, or redirect standard output")
+        }
+        None => Box::new(std::io::stdout()),
+    };
+    let out = std::io::BufWriter::with_capacity(1 << 16, out);
+    let rows_per_group = usize::try_from(args.row_group_size).unwrap_or(usize::MAX);
+    let stats = read_trace(&trace, |trace, progress| {
+        itrace_post::parquet::write_parquet(trace, out, rows_per_group, progress)
+    })?;
+    print_notes(&stats.notes);
+    if let Some(p) = &args.output {
+        let ends = stats.rows - stats.branches;
+        eprintln!(
+            "itrace: wrote {} ({} rows: {} taken branches, {ends} unfinished last block{} of threads; {} instructions)",
+            p.display(),
+            stats.rows,
+            stats.branches,
+            if ends == 1 { "" } else { "s" },
+            stats.instructions
         );
     }
     Ok(ExitCode::SUCCESS)

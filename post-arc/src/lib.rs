@@ -1,7 +1,7 @@
 //! Post-processing of itrace traces: replays the module-table records to
 //! resolve addresses to symbols, modules and source lines, rebuilds each
 //! thread's call stack, and turns the branch records into PI-style arc files,
-//! reports, flame graphs and callgrind profiles. Everything streams:
+//! reports, flame graphs, callgrind profiles and Parquet tables. Everything streams:
 //! memory grows with the program's code and threads, not the trace's length.
 
 pub mod arc;
@@ -11,6 +11,7 @@ pub mod diff;
 pub mod flame;
 mod names;
 mod notes;
+pub mod parquet;
 pub mod replay;
 pub mod report;
 pub mod resolve;
