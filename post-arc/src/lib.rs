@@ -4,6 +4,7 @@
 //! reports, flame graphs and callgrind profiles. Everything streams:
 //! memory grows with the program's code and threads, not the trace's length.
 
+pub mod annotate;
 pub mod arc;
 pub mod archive;
 pub mod callgrind;
@@ -18,6 +19,7 @@ pub mod stacks;
 pub mod symbols;
 mod syscall_table;
 mod threads;
+pub mod views;
 
 pub use threads::Names;
 
@@ -33,6 +35,12 @@ pub enum PostError {
     Format(#[from] itrace_format::FormatError),
     #[error("write failed: {0}")]
     Write(#[from] std::io::Error),
+    #[error("no function named {0} ran in the trace (names as `itrace report` shows them)")]
+    NoSuchFunction(String),
+    #[error("no thread {0} in the trace (`itrace report` lists the threads)")]
+    NoSuchThread(u32),
+    #[error("cannot read the code of {function} from {path}: {why} (`itrace archive` keeps a copy of the files a trace ran)")]
+    CodeUnreadable { function: String, path: String, why: String },
 }
 
 /// Open a trace for post-processing.
