@@ -64,9 +64,10 @@ fn read_trace<T>(
     let pb = progress(trace.trace_bytes());
     let result = read(trace, &mut |done| pb.set_position(done)).map_err(|e| match e {
         // About what was asked for, not about reading the file: in its own words.
-        PostError::NoSuchFunction(_) | PostError::NoSuchThread(_) | PostError::CodeUnreadable { .. } => {
-            anyhow::Error::new(e)
-        }
+        PostError::NoSuchFunction(_)
+        | PostError::NamesGone { .. }
+        | PostError::NoSuchThread(_)
+        | PostError::CodeUnreadable { .. } => anyhow::Error::new(e),
         e => anyhow::Error::new(e).context(format!("cannot read {}", trace.path().display())),
     })?;
     pb.finish_and_clear();

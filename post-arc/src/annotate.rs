@@ -300,7 +300,7 @@ pub fn annotate(
         return Err(e);
     }
     if sink.funcs.is_empty() {
-        return Err(PostError::NoSuchFunction(function.to_string()));
+        return Err(crate::no_such_function(function, res.notes()));
     }
     let functions = sink
         .funcs

@@ -184,7 +184,7 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
                 .filter(|&id| sink.funcs.get(id as usize).is_some_and(|f| f.calls > 0 || f.inclusive > 0))
                 .collect();
             if ids.is_empty() {
-                return Err(PostError::NoSuchFunction(name.clone()));
+                return Err(crate::no_such_function(name, res.notes()));
             }
             for id in ids {
                 if done.contains(&id) {
