@@ -743,27 +743,21 @@ impl StackTree {
     /// instructions, depth first: memory for one path, not for all of them.
     pub fn walk(&self, visit: &mut dyn FnMut(&[u32], u64) -> std::io::Result<()>) -> std::io::Result<()> {
         let mut path: Vec<u32> = Vec::new();
-        // (node, depth): the node's path is `path[..depth]` plus its function.
-        let mut todo: Vec<(u32, usize)> = Vec::new();
-        let mut c = self.nodes[ROOT as usize].first_child;
-        while c != NONE {
-            todo.push((c, 0));
-            c = self.nodes[c as usize].next_sibling;
-        }
-        while let Some((node, depth)) = todo.pop() {
-            let n = &self.nodes[node as usize];
+        let mut failed = None;
+        self.visit_nodes(&mut |depth, func, instructions, _calls| {
+            if failed.is_some() {
+                return;
+            }
+            // The node's path is `path[..depth]` plus its function.
             path.truncate(depth);
-            path.push(n.func);
-            if n.instructions > 0 {
-                visit(&path, n.instructions)?;
+            path.push(func);
+            if instructions > 0 {
+                if let Err(e) = visit(&path, instructions) {
+                    failed = Some(e);
+                }
             }
-            let mut c = n.first_child;
-            while c != NONE {
-                todo.push((c, depth + 1));
-                c = self.nodes[c as usize].next_sibling;
-            }
-        }
-        Ok(())
+        });
+        failed.map_or(Ok(()), Err)
     }
 
     /// Visit every node (every distinct stack, whether it ran instructions or only called),
