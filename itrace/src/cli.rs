@@ -260,17 +260,14 @@ pub struct ReportArgs {
     pub views: ReportViews,
 }
 
-/// Orders of `report`'s function table.
+/// Orders of `report`'s function table (no help per value: it would turn `report --help`
+/// into its long form).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SortArg {
-    /// Self instructions, most first.
     #[value(name = "self")]
     SelfInstructions,
-    /// Inclusive instructions, most first.
     Inclusive,
-    /// Calls, most first.
     Calls,
-    /// Function name.
     Name,
 }
 
@@ -302,7 +299,7 @@ pub struct ReportViews {
     /// Only the functions whose name matches this regular expression; totals stay the trace's.
     #[arg(long, value_name = "REGEX")]
     pub grep: Option<String>,
-    /// Order of the function table.
+    /// Order of the function table: self, inclusive or calls (most first), or name.
     #[arg(long, value_enum, default_value_t = SortArg::SelfInstructions)]
     pub sort: SortArg,
 }
