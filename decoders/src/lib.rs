@@ -5,6 +5,7 @@
 
 pub mod ppc;
 pub mod s390x;
+pub mod text;
 pub mod x86;
 
 use itrace_format::BranchKind;

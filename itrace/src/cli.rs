@@ -35,6 +35,8 @@ pub enum Command {
     Arc(ArcArgs),
     /// Summarise a trace: instructions and calls per function, module and thread.
     Report(ReportArgs),
+    /// Show one function's instructions per source line (and per instruction with --asm).
+    Annotate(AnnotateArgs),
     /// Compare two traces per function: self, inclusive and calls before, after and change.
     Diff(DiffArgs),
     /// Draw a flame graph: exact instructions per call stack, as an SVG (or folded stacks).
@@ -254,6 +256,78 @@ pub struct ReportArgs {
     pub input: TraceInput,
     #[command(flatten)]
     pub output: TableOutput,
+    #[command(flatten)]
+    pub views: ReportViews,
+}
+
+/// Orders of `report`'s function table (no help per value: it would turn `report --help`
+/// into its long form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SortArg {
+    #[value(name = "self")]
+    SelfInstructions,
+    Inclusive,
+    Calls,
+    Name,
+}
+
+/// `report`'s views and filters (docs/arc-and-report.md, "Call tree, callers and callees").
+#[derive(Args)]
+pub struct ReportViews {
+    /// Show the call tree: one node per distinct call stack (all threads merged, or --tid's),
+    /// with inclusive and self instructions and calls.
+    #[arg(long)]
+    pub tree: bool,
+    /// With --tree: leave out stacks under this percentage of all instructions (0 keeps all).
+    #[arg(long, default_value_t = 0.5, value_name = "PERCENT", value_parser = parse_percent)]
+    pub min_percent: f64,
+    /// With --tree: show this many levels at most (0: all).
+    #[arg(long, default_value_t = 0, value_name = "LEVELS")]
+    pub depth: usize,
+    /// Show the callers of the functions of this name: calls and inclusive instructions per caller.
+    #[arg(long, value_name = "FUNCTION")]
+    pub callers: Option<String>,
+    /// Show the callees of the functions of this name: calls and inclusive instructions per callee.
+    #[arg(long, value_name = "FUNCTION")]
+    pub callees: Option<String>,
+    /// Only this thread: its records alone are replayed, and every total is the thread's.
+    #[arg(long, value_name = "TID")]
+    pub tid: Option<u32>,
+    /// Only the functions of this module (file name or path); totals stay the trace's.
+    #[arg(long, value_name = "MODULE")]
+    pub module: Option<String>,
+    /// Only the functions whose name matches this regular expression; totals stay the trace's.
+    #[arg(long, value_name = "REGEX")]
+    pub grep: Option<String>,
+    /// Order of the function table: self, inclusive or calls (most first), or name.
+    #[arg(long, value_enum, default_value_t = SortArg::SelfInstructions)]
+    pub sort: SortArg,
+}
+
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}' is not a percentage (0 to 100)")),
+    }
+}
+
+#[derive(Args)]
+pub struct AnnotateArgs {
+    /// `[TRACE] FUNCTION`: the function to annotate, in TRACE (default: itrace.itr, or -i).
+    #[arg(value_name = "ARGS", num_args = 1..=2, required = true)]
+    pub args: Vec<PathBuf>,
+    /// Trace file to read, as an option (perf's -i).
+    #[arg(short = 'i', long = "input", value_name = "TRACE")]
+    pub input: Option<PathBuf>,
+    /// Only the function of this module (file name or path), when several have the name.
+    #[arg(long, value_name = "MODULE")]
+    pub module: Option<String>,
+    /// Also show each instruction, disassembled, with its executions.
+    #[arg(long)]
+    pub asm: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// How a reading command prints its tables (`report`, `diff`).

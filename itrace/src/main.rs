@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         }
         cli::Command::Arc(args) => read::arc(args),
         cli::Command::Report(args) => read::report(args),
+        cli::Command::Annotate(args) => read::annotate(args),
         cli::Command::Diff(args) => diff::run(&diff::settings(args)),
         cli::Command::Flamegraph(args) => read::flamegraph(args),
         cli::Command::Export(args) => read::export(args),

@@ -1,8 +1,11 @@
 //! The commands that read a trace: `itrace arc`, `report`, `flamegraph` and `export`, and what
 //! every reader shares (opening a trace, progress on a terminal, the truncation warning).
 
-use crate::cli::{ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, TraceInput};
+use crate::cli::{
+    AnnotateArgs, ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, SortArg, TraceInput,
+};
 use anyhow::{bail, Context, Result};
+use itrace_post::PostError;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -59,8 +62,14 @@ fn read_trace<T>(
     read: impl FnOnce(&itrace_post::Trace, &mut dyn FnMut(u64)) -> Result<T, itrace_post::PostError>,
 ) -> Result<T> {
     let pb = progress(trace.trace_bytes());
-    let result = read(trace, &mut |done| pb.set_position(done))
-        .with_context(|| format!("cannot read {}", trace.path().display()))?;
+    let result = read(trace, &mut |done| pb.set_position(done)).map_err(|e| match e {
+        // About what was asked for, not about reading the file: in its own words.
+        PostError::NoSuchFunction(_)
+        | PostError::NamesGone { .. }
+        | PostError::NoSuchThread(_)
+        | PostError::CodeUnreadable { .. } => anyhow::Error::new(e),
+        e => anyhow::Error::new(e).context(format!("cannot read {}", trace.path().display())),
+    })?;
     pb.finish_and_clear();
     warn_truncated(trace);
     Ok(result)
@@ -164,14 +173,64 @@ pub fn archive(args: ArchiveArgs) -> Result<ExitCode> {
 }
 
 pub fn report(args: ReportArgs) -> Result<ExitCode> {
-    let report = build_report(&args.input.path())?;
+    use itrace_post::views::{self, Filter, SortKey, TreeLimits, ViewOptions};
+    let v = &args.views;
+    let grep = match &v.grep {
+        Some(re) => Some(regex::Regex::new(re).map_err(|e| {
+            // regex's message draws the pattern over lines: its last line says what is wrong.
+            let text = e.to_string();
+            let why = text.lines().last().unwrap_or_default().trim_start_matches("error: ").to_string();
+            anyhow::anyhow!("--grep {re:?} is not a regular expression: {why}")
+        })?),
+        None => None,
+    };
+    let path = args.input.path();
+    let trace = open_trace(&path)?;
+    let opts = ViewOptions { tid: v.tid, tree: v.tree, callers: v.callers.clone(), callees: v.callees.clone() };
+    let mut report = read_trace(&trace, |trace, progress| views::build(trace, &opts, progress))?;
+    print_notes(&report.report.notes);
+    let matches = |name: &str| grep.as_ref().is_some_and(|re| re.is_match(name));
+    let name_test: Option<&dyn Fn(&str) -> bool> = if grep.is_some() { Some(&matches) } else { None };
+    report.filter(&Filter { module: v.module.as_deref(), name: name_test, name_pattern: v.grep.as_deref() });
+    report.sort(match v.sort {
+        SortArg::SelfInstructions => SortKey::SelfInstructions,
+        SortArg::Inclusive => SortKey::Inclusive,
+        SortArg::Calls => SortKey::Calls,
+        SortArg::Name => SortKey::Name,
+    });
+    let limits = TreeLimits { min_percent: v.min_percent, depth: v.depth };
+    let pruned = report.prune_tree(limits);
     let stdout = std::io::stdout().lock();
     let mut out = std::io::BufWriter::new(stdout);
     if args.output.json {
         report.write_json(&mut out)?;
     } else {
         let width = args.output.width.unwrap_or_else(terminal_width);
-        report.write_text(&mut out, &itrace_post::report::TextOptions { top: args.output.top, width })?;
+        let text = itrace_post::report::TextOptions { top: args.output.top, width };
+        report.write_text(&mut out, &text, limits, pruned)?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
+    let (path, function) = match args.args.as_slice() {
+        [function] => (args.input.clone().unwrap_or_else(|| TraceInput::DEFAULT.into()), function),
+        [_, _] if args.input.is_some() => bail!("annotate takes one trace: TRACE or -i TRACE, not both"),
+        [trace, function] => (trace.clone(), function),
+        _ => bail!("annotate needs a function name: itrace annotate [TRACE] FUNCTION"),
+    };
+    let function = function.to_string_lossy();
+    let trace = open_trace(&path)?;
+    let module = args.module.as_deref();
+    let annotation =
+        read_trace(&trace, |trace, progress| itrace_post::annotate::annotate(trace, &function, module, progress))?;
+    print_notes(&annotation.notes);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if args.json {
+        annotation.write_json(&mut out)?;
+    } else {
+        annotation.write_text(&mut out, args.asm)?;
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)

@@ -4,6 +4,7 @@
 //! reports, flame graphs, callgrind profiles and Parquet tables. Everything streams:
 //! memory grows with the program's code and threads, not the trace's length.
 
+pub mod annotate;
 pub mod arc;
 pub mod archive;
 pub mod callgrind;
@@ -19,6 +20,7 @@ pub mod stacks;
 pub mod symbols;
 mod syscall_table;
 mod threads;
+pub mod views;
 
 pub use threads::Names;
 
@@ -34,6 +36,16 @@ pub enum PostError {
     Format(#[from] itrace_format::FormatError),
     #[error("write failed: {0}")]
     Write(#[from] std::io::Error),
+    #[error("no function named {0} ran in the trace (names as `itrace report` shows them)")]
+    NoSuchFunction(String),
+    #[error(
+        "no function named {function} in the trace: {why} (`itrace archive` keeps a copy of the files a trace ran)"
+    )]
+    NamesGone { function: String, why: String },
+    #[error("no thread {0} in the trace (`itrace report` lists the threads)")]
+    NoSuchThread(u32),
+    #[error("cannot read the code of {function} from {path}: {why} (`itrace archive` keeps a copy of the files a trace ran)")]
+    CodeUnreadable { function: String, path: String, why: String },
 }
 
 /// Open a trace for post-processing.
@@ -48,4 +60,13 @@ const PROGRESS_EVERY: u64 = 1 << 16;
 /// says so) stays at u64::MAX instead of overflowing.
 fn summary_lost(s: &itrace_format::Summary) -> u64 {
     s.lost.iter().fold(0u64, |sum, &n| sum.saturating_add(n))
+}
+
+/// The error for a function asked for by name that is not in the trace: when a file the
+/// trace ran is gone or changed (its functions have no names then), say so.
+fn no_such_function(function: &str, notes: &[String]) -> PostError {
+    match notes.iter().find_map(|n| n.strip_prefix("warning: ")) {
+        Some(why) => PostError::NamesGone { function: function.to_string(), why: why.to_string() },
+        None => PostError::NoSuchFunction(function.to_string()),
+    }
 }

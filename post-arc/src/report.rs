@@ -59,6 +59,16 @@ pub struct Report {
 /// Build the report of `trace`.
 pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, PostError> {
     let (sink, names, res) = stacks::build(trace, Collect::default(), progress)?;
+    Ok(from_stacks(trace, &sink, &names, &res))
+}
+
+/// The report of call stacks replayed from `trace`.
+pub(crate) fn from_stacks(
+    trace: &Trace,
+    sink: &stacks::CallStacks,
+    names: &crate::Names,
+    res: &crate::resolve::Resolver,
+) -> Report {
     let mut functions: Vec<FunctionRow> = sink
         .funcs
         .iter()
@@ -99,7 +109,7 @@ pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, Pos
         Some(s) => crate::summary_lost(s).max(sink.lost),
         None => sink.lost,
     };
-    Ok(Report {
+    Report {
         arch: h.arch.to_string(),
         mode: h.mode.to_string(),
         step_method: h.step_method.to_string(),
@@ -110,7 +120,7 @@ pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, Pos
         modules,
         threads,
         notes: res.notes().to_vec(),
-    })
+    }
 }
 
 impl Report {
@@ -125,6 +135,16 @@ impl Report {
     /// table says how many rows it left out; names too long for their column end in `…`,
     /// control characters in names are written as escapes (the JSON report has them whole).
     pub fn write_text(&self, out: &mut dyn Write, opts: &TextOptions) -> Result<(), PostError> {
+        self.write_text_ordered(out, opts, "self instructions")
+    }
+
+    /// [`Self::write_text`], the function table's title saying it is sorted `by`.
+    pub(crate) fn write_text_ordered(
+        &self,
+        out: &mut dyn Write,
+        opts: &TextOptions,
+        by: &str,
+    ) -> Result<(), PostError> {
         writeln!(
             out,
             "{} instructions, {} taken branches, {} records lost ({} trace, {} mode, {})",
@@ -151,7 +171,7 @@ impl Report {
         let longest_name = rows.iter().map(|f| printable(&f.name).chars().count()).max().unwrap_or(0).max(8);
         let module_w = longest_module.clamp(6, 20).min(room - 12);
         let name_w = longest_name.min(room - module_w);
-        writeln!(out, "\nFunctions (by self instructions)")?;
+        writeln!(out, "\nFunctions (by {by})")?;
         writeln!(out, "{:>12} {:>6} {:>12} {:>9}  {:<name_w$}  module", "self", "%", "inclusive", "calls", "function")?;
         for f in rows {
             writeln!(

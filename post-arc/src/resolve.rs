@@ -348,6 +348,12 @@ impl Resolver {
         Some((seg.path.clone(), (addr - seg.start).wrapping_add(seg.offset)))
     }
 
+    /// The file to read the code of the module recorded at `path` from: the trace's archive
+    /// copy when there is one, else `path` itself.
+    pub fn code_file(&self, path: &Arc<str>) -> Arc<str> {
+        self.archived.get(path).cloned().unwrap_or_else(|| path.clone())
+    }
+
     /// Resolve `addr` in process `pid`.
     pub fn resolve(&mut self, pid: u32, addr: u64) -> Rc<Location> {
         let slot = ((addr ^ (pid as u64) << 48).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize % RECENT_SLOTS;

@@ -182,12 +182,7 @@ pub fn build(
     collect: Collect,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(CallStacks, Names, Resolver), PostError> {
-    let mut stacks = CallStacks {
-        tree: collect.tree.then(StackTree::new),
-        edges: collect.edges.then(FxHashMap::default),
-        lines: collect.lines.then(FxHashMap::default),
-        ..CallStacks::default()
-    };
+    let mut stacks = CallStacks::collecting(collect);
     let (names, res) = replay(trace, collect.lines, &mut stacks, progress)?;
     let tids: Vec<u32> = stacks.threads.keys().copied().collect();
     for tid in tids {
@@ -196,7 +191,65 @@ pub fn build(
     Ok((stacks, names, res))
 }
 
+/// [`build`] over the records of thread `tid` only: functions, threads, edges and stacks are
+/// that thread's (records lost still count for the whole trace).
+pub fn build_thread(
+    trace: &Trace,
+    collect: Collect,
+    tid: u32,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(CallStacks, Names, Resolver), PostError> {
+    let mut stacks = CallStacks::collecting(collect);
+    let (names, res) = replay(trace, collect.lines, &mut OneThread { stacks: &mut stacks, tid }, progress)?;
+    if stacks.threads.contains_key(&tid) {
+        stacks.pop_to(tid, 0);
+    }
+    Ok((stacks, names, res))
+}
+
+/// A sink that passes on the records of one thread.
+struct OneThread<'a> {
+    stacks: &'a mut CallStacks,
+    tid: u32,
+}
+
+impl Sink for OneThread<'_> {
+    fn block(&mut self, b: &Block, names: &mut Names, res: &mut Resolver) -> Result<(), PostError> {
+        if b.branch.tid != self.tid {
+            return Ok(());
+        }
+        self.stacks.block(b, names, res)
+    }
+
+    fn trace_off(
+        &mut self,
+        off: &TraceOff,
+        partial: Option<&Location>,
+        at: &Location,
+        names: &mut Names,
+    ) -> Result<(), PostError> {
+        if off.tid != self.tid {
+            return Ok(());
+        }
+        self.stacks.trace_off(off, partial, at, names)
+    }
+
+    fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError> {
+        self.stacks.lost(cpu, lost)
+    }
+}
+
 impl CallStacks {
+    /// Nothing yet, ready to collect what `collect` asks for.
+    fn collecting(collect: Collect) -> Self {
+        CallStacks {
+            tree: collect.tree.then(StackTree::new),
+            edges: collect.edges.then(FxHashMap::default),
+            lines: collect.lines.then(FxHashMap::default),
+            ..CallStacks::default()
+        }
+    }
+
     fn func(&mut self, id: u32) -> &mut FuncStats {
         let i = id as usize;
         if i >= self.funcs.len() {
@@ -428,12 +481,17 @@ impl CallStacks {
             if fr.signal.is_some() {
                 in_handlers += spent;
             }
+            let mut node = fr.node;
             if fr.plt_pending {
                 if let Some(t) = &mut self.tree {
                     // The stub's target was never seen: the call stays with the stub.
-                    let node = t.child(parent_node, fr.func);
+                    node = t.child(parent_node, fr.func);
                     t.merge(fr.node, node);
                 }
+            }
+            if let (Some(t), false) = (&mut self.tree, fr.root && !fr.tail) {
+                // A call with this stack (a root frame was not seen called).
+                t.nodes[node as usize].calls += 1;
             }
             if let (Some(edges), Some(caller), false) = (&mut self.edges, caller, fr.root && !fr.tail) {
                 let e = edges.entry((caller, fr.call_line, fr.func)).or_default();
@@ -598,6 +656,8 @@ struct Node {
     func: u32,
     /// Instructions run with exactly this stack.
     instructions: u64,
+    /// Calls that made this stack (frames of `func` opened under the parent's stack).
+    calls: u64,
     first_child: u32,
     next_sibling: u32,
 }
@@ -613,12 +673,12 @@ pub struct StackTree {
 
 impl StackTree {
     fn new() -> Self {
-        let root = Node { func: NONE, instructions: 0, first_child: NONE, next_sibling: NONE };
+        let root = Node { func: NONE, instructions: 0, calls: 0, first_child: NONE, next_sibling: NONE };
         StackTree { nodes: vec![root], index: FxHashMap::default(), free: Vec::new() }
     }
 
     fn alloc(&mut self, func: u32) -> u32 {
-        let node = Node { func, instructions: 0, first_child: NONE, next_sibling: NONE };
+        let node = Node { func, instructions: 0, calls: 0, first_child: NONE, next_sibling: NONE };
         match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
@@ -663,6 +723,8 @@ impl StackTree {
         while let Some((s, d)) = work.pop() {
             let n = std::mem::take(&mut self.nodes[s as usize].instructions);
             self.nodes[d as usize].instructions += n;
+            let calls = std::mem::take(&mut self.nodes[s as usize].calls);
+            self.nodes[d as usize].calls += calls;
             let mut c = self.nodes[s as usize].first_child;
             while c != NONE {
                 let next = self.nodes[c as usize].next_sibling;
@@ -681,7 +743,27 @@ impl StackTree {
     /// instructions, depth first: memory for one path, not for all of them.
     pub fn walk(&self, visit: &mut dyn FnMut(&[u32], u64) -> std::io::Result<()>) -> std::io::Result<()> {
         let mut path: Vec<u32> = Vec::new();
-        // (node, depth): the node's path is `path[..depth]` plus its function.
+        let mut failed = None;
+        self.visit_nodes(&mut |depth, func, instructions, _calls| {
+            if failed.is_some() {
+                return;
+            }
+            // The node's path is `path[..depth]` plus its function.
+            path.truncate(depth);
+            path.push(func);
+            if instructions > 0 {
+                if let Err(e) = visit(&path, instructions) {
+                    failed = Some(e);
+                }
+            }
+        });
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Visit every node (every distinct stack, whether it ran instructions or only called),
+    /// depth first, parents before children: (depth from 0, function, instructions run with
+    /// exactly this stack, calls that made it).
+    pub fn visit_nodes(&self, visit: &mut dyn FnMut(usize, u32, u64, u64)) {
         let mut todo: Vec<(u32, usize)> = Vec::new();
         let mut c = self.nodes[ROOT as usize].first_child;
         while c != NONE {
@@ -690,18 +772,13 @@ impl StackTree {
         }
         while let Some((node, depth)) = todo.pop() {
             let n = &self.nodes[node as usize];
-            path.truncate(depth);
-            path.push(n.func);
-            if n.instructions > 0 {
-                visit(&path, n.instructions)?;
-            }
+            visit(depth, n.func, n.instructions, n.calls);
             let mut c = n.first_child;
             while c != NONE {
                 todo.push((c, depth + 1));
                 c = self.nodes[c as usize].next_sibling;
             }
         }
-        Ok(())
     }
 
     /// Every stack that ran instructions, root first, with its instructions.

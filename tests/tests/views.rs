@@ -15,7 +15,10 @@
 //! report's calls, and the calls between the program's functions are those valgrind's
 //! callgrind counts when it runs the program.
 
-use itrace_tests::{callgrind_profile_env, itrace, itrace_bin, program, report_json, require_tool, run, test_dir};
+use itrace_tests::{
+    annotate_entry, annotated_calls, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, program,
+    report_json, require_tool, run, test_dir,
+};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -263,38 +266,6 @@ fn bad_input_is_one_line() {
     }
 }
 
-/// `callgrind_annotate` of `file` with `options`: its stdout.
-fn annotate(file: &Path, options: &[&str]) -> String {
-    let tool = require_tool("callgrind_annotate");
-    // Run where no source is: callgrind_annotate shortens the names of files under its working
-    // directory, and then no longer matches a function's callers to it.
-    let dir = file.parent().expect("a directory");
-    let o = run(Command::new(tool).current_dir(dir).args(["--auto=no", "--threshold=100"]).args(options).arg(file));
-    o.assert_success();
-    o.stdout
-}
-
-/// One entry of callgrind_annotate's function table: `  1,234 ( 5.67%)  [<|*|>]  file:name [module]`
-/// (the module is left out for code inlined from another file). Returns (marker, count, name,
-/// the caller's call count for `<` lines).
-fn annotate_entry(line: &str) -> Option<(char, u64, String, u64)> {
-    let line = line.trim_start();
-    let (count, rest) = line.split_once(' ')?;
-    let count: u64 = count.replace(',', "").parse().ok()?;
-    let rest = rest.trim_start().strip_prefix('(')?.split_once(')')?.1.trim_start();
-    let (marker, rest) = match rest.chars().next()? {
-        c @ ('<' | '*' | '>') => (c, rest[1..].trim_start()),
-        _ => (' ', rest),
-    };
-    let rest = rest.rsplit_once(" [").map_or(rest, |(r, _)| r);
-    let (rest, calls) = match rest.rsplit_once(" (") {
-        Some((r, n)) if n.ends_with("x)") => (r, n.trim_end_matches("x)").replace(',', "").parse().ok()?),
-        _ => (rest, 0),
-    };
-    let name = rest.split_once(':').map_or(rest, |(_, n)| n).to_string();
-    Some((marker, count, name, calls))
-}
-
 /// (total, self per function name) from callgrind_annotate's tables.
 fn annotated_self(text: &str) -> (u64, HashMap<String, u64>) {
     let mut total = None;
@@ -310,25 +281,6 @@ fn annotated_self(text: &str) -> (u64, HashMap<String, u64>) {
         }
     }
     (total.expect("callgrind_annotate prints PROGRAM TOTALS"), self_)
-}
-
-/// Calls per (caller, callee) name from `callgrind_annotate --tree=caller`: each function's
-/// `<` lines (its callers, with their call counts) come before its `*` line.
-fn annotated_calls(text: &str) -> HashMap<(String, String), u64> {
-    let mut calls = HashMap::new();
-    let mut callers: Vec<(String, u64)> = Vec::new();
-    for line in text.lines() {
-        match annotate_entry(line) {
-            Some(('<', _, caller, n)) => callers.push((caller, n)),
-            Some(('*', _, callee, _)) => {
-                for (caller, n) in callers.drain(..) {
-                    *calls.entry((caller, callee.clone())).or_default() += n;
-                }
-            }
-            _ => callers.clear(),
-        }
-    }
-    calls
 }
 
 /// The report's (self, calls) summed per function name over modules.
@@ -353,7 +305,7 @@ fn callgrind_export_reads_in_callgrind_annotate_like_the_report() {
         let report = report_json(&trace);
         let by_name = report_by_name(&report);
 
-        let (total, self_) = annotated_self(&annotate(&out, &[]));
+        let (total, self_) = annotated_self(&callgrind_annotate(&out, &[]));
         assert_eq!(Some(total), report["total_instructions"].as_u64(), "{name}: PROGRAM TOTALS vs the report");
         for (f, (rs, _)) in &by_name {
             let a = self_.get(f).copied().unwrap_or(0);
@@ -367,7 +319,7 @@ fn callgrind_export_reads_in_callgrind_annotate_like_the_report() {
             }
         }
 
-        let calls = annotated_calls(&annotate(&out, &["--tree=caller"]));
+        let calls = annotated_calls(&callgrind_annotate(&out, &["--tree=caller"]));
         let mut into: HashMap<&str, u64> = HashMap::new();
         for ((_, callee), n) in &calls {
             *into.entry(callee).or_default() += n;
@@ -388,7 +340,7 @@ fn callgrind_export_reads_in_callgrind_annotate_like_the_report() {
             .arg(format!("--callgrind-out-file={}", cg_out.display()))
             .arg(program(name));
         run(&mut cmd).assert_success();
-        let truth = annotated_calls(&annotate(&cg_out, &["--tree=caller"]));
+        let truth = annotated_calls(&callgrind_annotate(&cg_out, &["--tree=caller"]));
         let mut compared = 0;
         for ((caller, callee), n) in &truth {
             if own.contains(&caller.as_str()) && own.contains(&callee.as_str()) {

@@ -235,3 +235,65 @@ fn strip_recursion_suffix(name: &str) -> &str {
     }
     name
 }
+
+/// `callgrind_annotate` of `file` with `options`: its stdout.
+pub fn callgrind_annotate(file: &Path, options: &[&str]) -> String {
+    let tool = require_tool("callgrind_annotate");
+    // Run where no source is: callgrind_annotate shortens the names of files under its working
+    // directory, and then no longer matches a function's callers to it.
+    let dir = file.parent().expect("a directory");
+    let o = run(Command::new(tool).current_dir(dir).args(["--auto=no", "--threshold=100"]).args(options).arg(file));
+    o.assert_success();
+    o.stdout
+}
+
+/// One entry of callgrind_annotate's function table: `  1,234 ( 5.67%)  [<|*|>]  file:name [module]`
+/// (the module is left out for code inlined from another file). Returns (marker, count, name,
+/// the caller's call count for `<` lines).
+pub fn annotate_entry(line: &str) -> Option<(char, u64, String, u64)> {
+    let line = line.trim_start();
+    let (count, rest) = line.split_once(' ')?;
+    let count: u64 = count.replace(',', "").parse().ok()?;
+    let rest = rest.trim_start().strip_prefix('(')?.split_once(')')?.1.trim_start();
+    let (marker, rest) = match rest.chars().next()? {
+        c @ ('<' | '*' | '>') => (c, rest[1..].trim_start()),
+        _ => (' ', rest),
+    };
+    let rest = rest.rsplit_once(" [").map_or(rest, |(r, _)| r);
+    let (rest, calls) = match rest.rsplit_once(" (") {
+        Some((r, n)) if n.ends_with("x)") => (r, n.trim_end_matches("x)").replace(',', "").parse().ok()?),
+        _ => (rest, 0),
+    };
+    let name = rest.split_once(':').map_or(rest, |(_, n)| n).to_string();
+    Some((marker, count, name, calls))
+}
+
+/// Calls per (caller, callee) name from `callgrind_annotate --tree=caller`: each function's
+/// `<` lines (its callers, with their call counts) come before its `*` line.
+pub fn annotated_calls(text: &str) -> HashMap<(String, String), u64> {
+    annotated_edges(text).into_iter().map(|(k, (calls, _))| (k, calls)).collect()
+}
+
+/// (calls, cost) per (caller, callee) name from `callgrind_annotate --tree=caller`; the cost
+/// is the calls' inclusive Ir with `--inclusive=yes`. Recursion levels (`fib'2`) are one
+/// function, as with `--separate-recs=1`.
+pub fn annotated_edges(text: &str) -> HashMap<(String, String), (u64, u64)> {
+    let mut edges: HashMap<(String, String), (u64, u64)> = HashMap::new();
+    let mut callers: Vec<(String, u64, u64)> = Vec::new();
+    let level = |name: String| name.split('\'').next().unwrap_or_default().to_string();
+    for line in text.lines() {
+        match annotate_entry(line) {
+            Some(('<', cost, caller, n)) => callers.push((level(caller), n, cost)),
+            Some(('*', _, callee, _)) => {
+                let callee = level(callee);
+                for (caller, n, cost) in callers.drain(..) {
+                    let e = edges.entry((caller, callee.clone())).or_default();
+                    e.0 += n;
+                    e.1 += cost;
+                }
+            }
+            _ => callers.clear(),
+        }
+    }
+    edges
+}

@@ -1,0 +1,429 @@
+//! `itrace annotate TRACE FUNCTION`: the instructions of one function per source line, and
+//! per instruction (`--asm`), as perf annotate and callgrind_annotate show them.
+//!
+//! The trace counts blocks, not instructions: a block is the straight run of instructions
+//! from a branch target to the next taken branch, so each run of a block adds one execution
+//! to every instruction in it. The instructions are found by decoding the block's bytes from
+//! the file the trace mapped there (or the trace's archive copy), `icount` of them from its
+//! start; a block whose decoded instructions do not end at its branch (a wrap-mode trace that
+//! lost its start) is counted as unplaced. Each instruction's line comes from the line
+//! tables, as callgrind charges each instruction to its own line.
+
+use crate::names::printable;
+use crate::replay::{replay, Block, Sink, Where};
+use crate::resolve::{Location, Resolver};
+use crate::threads::Names;
+use crate::{PostError, Trace};
+use itrace_decoders::text::Disassembler;
+use itrace_format::{Lost, TraceOff};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::Arc;
+
+/// Longest instruction of any architecture itrace traces (x86's 15 bytes).
+const MAX_INSN_LEN: usize = 16;
+
+/// Executions of one instruction.
+#[derive(Clone, Debug, Serialize)]
+pub struct InsnCount {
+    /// Address in the traced process.
+    pub address: u64,
+    /// Offset from the function's start.
+    pub offset: u64,
+    pub executions: u64,
+    pub file: Option<String>,
+    /// 0 when unknown.
+    pub line: u32,
+    /// The instruction, disassembled (Intel syntax on x86).
+    pub text: String,
+}
+
+/// Instructions run on one source line.
+#[derive(Clone, Debug, Serialize)]
+pub struct LineCount {
+    pub file: Option<String>,
+    /// 0 when unknown.
+    pub line: u32,
+    pub instructions: u64,
+}
+
+/// One function annotated.
+#[derive(Clone, Debug, Serialize)]
+pub struct AnnotatedFunction {
+    pub name: String,
+    pub module: String,
+    /// Instructions of blocks that start in the function: the report's self count.
+    #[serde(rename = "self")]
+    pub self_instructions: u64,
+    /// Of those, instructions of blocks that could not be placed on their instructions.
+    pub unplaced: u64,
+    /// By file, then line.
+    pub lines: Vec<LineCount>,
+    /// By address.
+    pub instructions: Vec<InsnCount>,
+}
+
+/// `itrace annotate`'s result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Annotation {
+    pub total_instructions: u64,
+    /// Every function of the name that ran (one per module, or per process that loaded it elsewhere).
+    pub functions: Vec<AnnotatedFunction>,
+    /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
+    #[serde(skip)]
+    pub notes: Vec<String>,
+}
+
+#[derive(Default)]
+struct Insn {
+    executions: u64,
+    offset: u64,
+    file: Option<Arc<str>>,
+    line: u32,
+    text: String,
+}
+
+#[derive(Default)]
+struct Func {
+    name: String,
+    module: String,
+    self_instructions: u64,
+    unplaced: u64,
+    insns: BTreeMap<u64, Insn>,
+}
+
+/// A file's bytes and an offset in them.
+type CodeAt = (Arc<Vec<u8>>, usize);
+
+/// (pid, start, instructions): a block's identity.
+type BlockKey = (u32, u64, u32);
+
+struct AnnotateSink<'a> {
+    function: &'a str,
+    module: Option<&'a str>,
+    dis: Disassembler,
+    funcs: BTreeMap<u32, Func>,
+    /// The instructions of each block seen (None: it could not be placed).
+    blocks: FxHashMap<BlockKey, Option<Vec<u64>>>,
+    /// Files read, by the path they were recorded under.
+    files: HashMap<Arc<str>, Arc<Vec<u8>>>,
+    /// Where each thread's next block starts (the last branch's target), for the partial
+    /// block a thread's trace ends with.
+    next_start: FxHashMap<u32, u64>,
+    /// Partial blocks that ended a thread's trace: (location, pid, start if known, instructions, where the thread stood).
+    pending: Vec<(Location, u32, Option<u64>, u32, u64)>,
+    total: u64,
+    error: Option<PostError>,
+}
+
+impl AnnotateSink<'_> {
+    fn wanted(&self, l: &Location) -> bool {
+        &*l.symbol == self.function
+            && match self.module {
+                None => true,
+                Some(m) => &*l.module == m || crate::report::basename(&l.module) == m,
+            }
+    }
+
+    /// The code bytes at `addr` of `pid` (up to [`MAX_INSN_LEN`]); None when no file is
+    /// mapped there; an error when the file cannot be read.
+    fn code(&mut self, res: &Resolver, pid: u32, addr: u64) -> Result<Option<CodeAt>, PostError> {
+        let Some((path, offset)) = res.file_offset(pid, addr) else { return Ok(None) };
+        let bytes = match self.files.get(&path) {
+            Some(b) => b.clone(),
+            None => {
+                let file = res.code_file(&path);
+                let bytes = std::fs::read(&*file).map_err(|e| PostError::CodeUnreadable {
+                    function: self.function.to_string(),
+                    path: file.to_string(),
+                    why: e.to_string(),
+                })?;
+                let bytes = Arc::new(bytes);
+                self.files.insert(path, bytes.clone());
+                bytes
+            }
+        };
+        Ok(usize::try_from(offset).ok().filter(|&o| o < bytes.len()).map(|o| (bytes, o)))
+    }
+
+    /// The addresses of the `icount` instructions from `start` that end at (or just before)
+    /// `end`; None when they cannot be found.
+    fn place(
+        &mut self,
+        res: &mut Resolver,
+        func: u32,
+        pid: u32,
+        (start, start_offset): (u64, u64),
+        icount: u32,
+        end: Option<u64>,
+    ) -> Result<Option<Vec<u64>>, PostError> {
+        let mut addrs = Vec::with_capacity(icount as usize);
+        let mut pc = start;
+        let func_start = start.wrapping_sub(start_offset);
+        for _ in 0..icount {
+            let Some((bytes, off)) = self.code(res, pid, pc)? else { return Ok(None) };
+            let code = &bytes[off..(off + MAX_INSN_LEN).min(bytes.len())];
+            let Some((len, text)) = self.dis.disassemble(pc, code) else { return Ok(None) };
+            let f = self.funcs.get_mut(&func).expect("the block's function");
+            if let std::collections::btree_map::Entry::Vacant(slot) = f.insns.entry(pc) {
+                let loc = res.resolve(pid, pc);
+                // From the annotated function's start, also for an instruction a block falls
+                // through to past its end.
+                let offset = pc.wrapping_sub(func_start);
+                slot.insert(Insn { executions: 0, offset, file: loc.file.clone(), line: loc.line, text });
+            }
+            addrs.push(pc);
+            pc += len as u64;
+        }
+        // A branch block ends at its branch; a block a signal or fault cut ends before it.
+        let ends_right = match end {
+            Some(end) => addrs.last() == Some(&end) || pc == end,
+            None => true,
+        };
+        Ok(ends_right.then_some(addrs))
+    }
+
+    /// A run of the block of `icount` instructions at `start`, in `loc`.
+    fn run(
+        &mut self,
+        res: &mut Resolver,
+        loc: &Location,
+        pid: u32,
+        start: u64,
+        icount: u32,
+        end: Option<u64>,
+    ) -> Result<(), PostError> {
+        let f = self.funcs.entry(loc.func).or_default();
+        if f.name.is_empty() {
+            f.name = loc.symbol.to_string();
+            f.module = loc.module.to_string();
+        }
+        f.self_instructions += icount as u64;
+        let key = (pid, start, icount);
+        if !self.blocks.contains_key(&key) {
+            let placed = self.place(res, loc.func, pid, (start, loc.offset), icount, end)?;
+            self.blocks.insert(key, placed);
+        }
+        let f = self.funcs.get_mut(&loc.func).expect("entered above");
+        match &self.blocks[&key] {
+            Some(addrs) => {
+                for a in addrs {
+                    if let Some(i) = f.insns.get_mut(a) {
+                        i.executions += 1;
+                    }
+                }
+            }
+            None => f.unplaced += icount as u64,
+        }
+        Ok(())
+    }
+}
+
+impl Sink for AnnotateSink<'_> {
+    fn block(&mut self, b: &Block, _names: &mut Names, res: &mut Resolver) -> Result<(), PostError> {
+        let br = b.branch;
+        self.total += br.icount as u64;
+        if br.to != 0 {
+            self.next_start.insert(br.tid, br.to);
+        } else {
+            self.next_start.remove(&br.tid);
+        }
+        if self.error.is_some() {
+            return Ok(());
+        }
+        if let Where::User(l) = &b.loc {
+            if self.wanted(l) {
+                if let Err(e) = self.run(res, l, b.pid, b.start, br.icount, Some(br.from)) {
+                    self.error = Some(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn trace_off(
+        &mut self,
+        off: &TraceOff,
+        partial: Option<&Location>,
+        _at: &Location,
+        _names: &mut Names,
+    ) -> Result<(), PostError> {
+        self.total += off.icount as u64;
+        let start = self.next_start.remove(&off.tid);
+        let Some(l) = partial.filter(|l| self.wanted(l)) else { return Ok(()) };
+        // Placed after the replay, by the resolver it returns (the sink gets none here).
+        self.pending.push((l.clone(), off.pid, start, off.icount, off.pc));
+        Ok(())
+    }
+
+    fn lost(&mut self, _cpu: u16, _lost: &Lost) -> Result<(), PostError> {
+        Ok(())
+    }
+}
+
+/// Annotate the functions named `function` (in module `module`, a file name or path, when
+/// given) of `trace`.
+pub fn annotate(
+    trace: &Trace,
+    function: &str,
+    module: Option<&str>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Annotation, PostError> {
+    let mut sink = AnnotateSink {
+        function,
+        module,
+        dis: Disassembler::new(trace.header().arch),
+        funcs: BTreeMap::new(),
+        blocks: FxHashMap::default(),
+        files: HashMap::new(),
+        next_start: FxHashMap::default(),
+        pending: Vec::new(),
+        total: 0,
+        error: None,
+    };
+    let (_names, mut res) = replay(trace, true, &mut sink, progress)?;
+    for (loc, pid, start, icount, at) in std::mem::take(&mut sink.pending) {
+        match start {
+            Some(start) => sink.run(&mut res, &loc, pid, start, icount, Some(at))?,
+            None => {
+                let f = sink.funcs.entry(loc.func).or_default();
+                f.name = loc.symbol.to_string();
+                f.module = loc.module.to_string();
+                f.self_instructions += icount as u64;
+                f.unplaced += icount as u64;
+            }
+        }
+    }
+    if let Some(e) = sink.error {
+        return Err(e);
+    }
+    if sink.funcs.is_empty() {
+        return Err(crate::no_such_function(function, res.notes()));
+    }
+    let functions = sink
+        .funcs
+        .into_values()
+        .map(|f| {
+            let mut lines: BTreeMap<(Option<Arc<str>>, u32), u64> = BTreeMap::new();
+            for i in f.insns.values() {
+                *lines.entry((i.file.clone(), i.line)).or_default() += i.executions;
+            }
+            AnnotatedFunction {
+                name: f.name,
+                module: f.module,
+                self_instructions: f.self_instructions,
+                unplaced: f.unplaced,
+                lines: lines
+                    .into_iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|((file, line), instructions)| LineCount {
+                        file: file.map(|f| f.to_string()),
+                        line,
+                        instructions,
+                    })
+                    .collect(),
+                instructions: f
+                    .insns
+                    .into_iter()
+                    .map(|(address, i)| InsnCount {
+                        address,
+                        offset: i.offset,
+                        executions: i.executions,
+                        file: i.file.map(|f| f.to_string()),
+                        line: i.line,
+                        text: i.text,
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    Ok(Annotation { total_instructions: sink.total, functions, notes: res.notes().to_vec() })
+}
+
+/// Lines of source shown around a function's lines at most: a function whose lines spread
+/// wider (inlined code from far away) shows only its lines that ran.
+const MAX_SPAN: u32 = 400;
+
+impl Annotation {
+    /// JSON, for machines.
+    pub fn write_json(&self, out: &mut dyn Write) -> Result<(), PostError> {
+        serde_json::to_writer_pretty(&mut *out, self).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+        Ok(())
+    }
+
+    /// Text: per function, its source lines with the instructions each ran (the source
+    /// text when the file is readable), and with `asm` each instruction's executions.
+    pub fn write_text(&self, out: &mut dyn Write, asm: bool) -> Result<(), PostError> {
+        let pct =
+            |n: u64| if self.total_instructions == 0 { 0.0 } else { 100.0 * n as f64 / self.total_instructions as f64 };
+        for (k, f) in self.functions.iter().enumerate() {
+            if k > 0 {
+                writeln!(out)?;
+            }
+            writeln!(
+                out,
+                "{} [{}]: {} self instructions ({:.2}% of {})",
+                printable(&f.name),
+                printable(&f.module),
+                f.self_instructions,
+                pct(f.self_instructions),
+                self.total_instructions
+            )?;
+            if f.unplaced > 0 {
+                writeln!(
+                    out,
+                    "  ({} instructions of blocks whose start the trace lost are not on any line)",
+                    f.unplaced
+                )?;
+            }
+            // Per file, the lines that ran.
+            let mut by_file: BTreeMap<Option<&str>, BTreeMap<u32, u64>> = BTreeMap::new();
+            for l in &f.lines {
+                *by_file.entry(l.file.as_deref()).or_default().entry(l.line).or_default() += l.instructions;
+            }
+            for (file, lines) in &by_file {
+                let name = file.unwrap_or("(no line information)");
+                writeln!(out, "\n-- {}", printable(name))?;
+                writeln!(out, "{:>12} {:>7} {:>6}  source", "instructions", "%", "line")?;
+                let source = file.and_then(|f| std::fs::read_to_string(f).ok());
+                let source: Vec<&str> = source.as_deref().map(|s| s.lines().collect()).unwrap_or_default();
+                let (first, last) = (*lines.keys().next().unwrap_or(&0), *lines.keys().next_back().unwrap_or(&0));
+                let whole_span = !source.is_empty() && first > 0 && last - first <= MAX_SPAN;
+                let shown: Vec<u32> =
+                    if whole_span { (first..=last).collect() } else { lines.keys().copied().collect() };
+                for line in shown {
+                    let text = line.checked_sub(1).and_then(|i| source.get(i as usize)).copied().unwrap_or("");
+                    match lines.get(&line) {
+                        Some(n) => writeln!(out, "{:>12} {:>7.2} {:>6}  {}", n, pct(*n), line, printable(text))?,
+                        None => writeln!(out, "{:>12} {:>7} {:>6}  {}", "", "", line, printable(text))?,
+                    }
+                }
+                if file.is_some() && source.is_empty() {
+                    writeln!(out, "{:>12} (source not readable here)", "")?;
+                }
+            }
+            if asm {
+                writeln!(out, "\n{:>12} {:>18} {:>8}  {:<24}  instruction", "executions", "address", "offset", "line")?;
+                for i in &f.instructions {
+                    let at = match &i.file {
+                        Some(file) if i.line > 0 => format!("{}:{}", crate::report::basename(file), i.line),
+                        _ => "?".to_string(),
+                    };
+                    writeln!(
+                        out,
+                        "{:>12} {:>#18x} {:>8}  {:<24}  {}",
+                        i.executions,
+                        i.address,
+                        format!("+{:#x}", i.offset),
+                        printable(&at),
+                        printable(&i.text)
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
