@@ -313,6 +313,23 @@ pub enum ExportFormat {
     /// callgrind's profile format: self instructions per function and line, calls and their
     /// inclusive instructions (kcachegrind, callgrind_annotate).
     Callgrind,
+    /// Trace Event Format JSON: call spans per thread, system calls and signals as instant
+    /// events (Perfetto, chrome://tracing).
+    Chrome,
+    /// The Firefox Profiler's processed profile: call tree, flame graph and stack chart per
+    /// thread, system calls and signals as markers (profiler.firefox.com); gzipped when the
+    /// output's name ends in .gz.
+    Firefox,
+}
+
+/// The time axis of the timeline exports (`--format chrome|firefox`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TimeAxisArg {
+    /// Instructions each thread ran, shown as 1 us each: exact, the same on every run.
+    Instructions,
+    /// The recorded timestamps (wall time of the traced run), interpolated by instruction count
+    /// where the backend read the clock once per 64 records (ptrace, qemu).
+    Timestamps,
 }
 
 #[derive(Args)]
@@ -325,6 +342,9 @@ pub struct ExportArgs {
     /// Where to write it (default: standard output).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// The clock of the timeline exports (chrome, firefox).
+    #[arg(long, value_enum, default_value_t = TimeAxisArg::Instructions)]
+    pub time: TimeAxisArg,
 }
 
 #[derive(Args)]

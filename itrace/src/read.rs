@@ -1,7 +1,7 @@
 //! The commands that read a trace: `itrace arc`, `report`, `flamegraph` and `export`, and what
 //! every reader shares (opening a trace, progress on a terminal, the truncation warning).
 
-use crate::cli::{ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, TraceInput};
+use crate::cli::{ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, TimeAxisArg, TraceInput};
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::Path;
@@ -92,9 +92,13 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
 
 pub fn export(args: ExportArgs) -> Result<ExitCode> {
     let trace = open_trace(&args.input.path())?;
+    if matches!(args.format, ExportFormat::Chrome | ExportFormat::Firefox) {
+        return export_timeline(&args, &trace);
+    }
     let mut out = create_output(args.output.as_deref())?;
     let stats = read_trace(&trace, |trace, progress| match args.format {
         ExportFormat::Callgrind => itrace_post::callgrind::write_callgrind(trace, &mut out, progress),
+        ExportFormat::Chrome | ExportFormat::Firefox => unreachable!("timelines are written above"),
     })?;
     print_notes(&stats.notes);
     if let Some(p) = &args.output {
@@ -102,6 +106,39 @@ pub fn export(args: ExportArgs) -> Result<ExitCode> {
             "itrace: wrote {} ({} functions, {} instructions)",
             p.display(),
             stats.functions,
+            stats.total_instructions
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `itrace export --format chrome|firefox`: a timeline of call spans per thread.
+fn export_timeline(args: &ExportArgs, trace: &itrace_post::Trace) -> Result<ExitCode> {
+    use itrace_post::timeline::{TimeAxis, TimelineFormat};
+    let format = match args.format {
+        ExportFormat::Firefox => {
+            let gzip = args.output.as_deref().is_some_and(|p| p.extension().is_some_and(|e| e == "gz"));
+            TimelineFormat::Firefox { gzip }
+        }
+        _ => TimelineFormat::Chrome,
+    };
+    let axis = match args.time {
+        TimeAxisArg::Instructions => TimeAxis::Instructions,
+        TimeAxisArg::Timestamps => TimeAxis::Timestamps,
+    };
+    let mut out = create_output(args.output.as_deref())?;
+    let stats = read_trace(trace, |trace, progress| {
+        itrace_post::timeline::write_timeline(trace, format, axis, &mut out, progress)
+    })?;
+    out.flush().context("cannot write the timeline")?;
+    print_notes(&stats.notes);
+    if let Some(p) = &args.output {
+        eprintln!(
+            "itrace: wrote {} ({} threads, {} spans, {} markers, {} instructions)",
+            p.display(),
+            stats.threads,
+            stats.spans,
+            stats.markers,
             stats.total_instructions
         );
     }
