@@ -198,6 +198,13 @@ fn run_timeline(
     })
 }
 
+/// The time at instruction `count` of a thread whose clock read `t0` at instruction `i0` and
+/// `t1` at `i1` (`i1 > i0`): as if the instructions between ran at an even pace.
+fn interpolate((i0, t0): (u64, u64), (i1, t1): (u64, u64), count: u64) -> u64 {
+    let done = count.clamp(i0, i1) - i0;
+    t0 + (t1.saturating_sub(t0) as u128 * done as u128 / (i1 - i0) as u128) as u64
+}
+
 /// A stack change or marker of one thread, before its time is known.
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -348,8 +355,7 @@ impl TimelineSink<'_> {
                     .drain(..)
                     .map(|q| {
                         let t = if count > i0 {
-                            let done = q.count.clamp(i0, count) - i0;
-                            t0 + ((t1 - t0) as u128 * done as u128 / (count - i0) as u128) as u64
+                            interpolate((i0, t0), (count, t1), q.count)
                         } else if q.batch == current {
                             t1
                         } else {
@@ -879,5 +885,82 @@ impl fxprof_processed_profile::StaticSchemaMarker for KernelMarker {
 
     fn number_field_value(&self, _field_index: u32) -> f64 {
         self.number
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-computed: 100 instructions between readings at 1000 ns and 2000 ns.
+    #[test]
+    fn times_between_clock_readings_go_by_instructions() {
+        let (a, b) = ((50, 1000), (150, 2000));
+        assert_eq!(interpolate(a, b, 50), 1000);
+        assert_eq!(interpolate(a, b, 75), 1250);
+        assert_eq!(interpolate(a, b, 150), 2000);
+        // Outside the readings: the nearer one.
+        assert_eq!(interpolate(a, b, 10), 1000);
+        assert_eq!(interpolate(a, b, 900), 2000);
+    }
+
+    /// The stacks of a profile's samples, read back through its tables as the Firefox
+    /// Profiler does: (stack from the root, weight, time in ms).
+    fn samples(thread: &serde_json::Value) -> Vec<(Vec<String>, u64, f64)> {
+        let strings: Vec<&str> =
+            thread["stringArray"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        let (stacks, frames, funcs) = (&thread["stackTable"], &thread["frameTable"], &thread["funcTable"]);
+        let s = &thread["samples"];
+        let mut time = 0.0;
+        let mut out = Vec::new();
+        for i in 0..s["length"].as_u64().unwrap() as usize {
+            time += s["timeDeltas"][i].as_f64().unwrap();
+            let mut names = Vec::new();
+            let mut stack = s["stack"][i].as_u64();
+            while let Some(st) = stack {
+                let frame = stacks["frame"][st as usize].as_u64().unwrap() as usize;
+                let func = frames["func"][frame].as_u64().unwrap() as usize;
+                names.push(strings[funcs["name"][func].as_u64().unwrap() as usize].to_string());
+                stack = stacks["prefix"][st as usize].as_u64();
+            }
+            names.reverse();
+            out.push((names, s["weight"][i].as_u64().unwrap(), time));
+        }
+        out
+    }
+
+    /// Spans and runs through the crate's types and back out of its JSON: a sample per stretch
+    /// of instructions with one stack, weighted by them, at the stretch's start; markers by name.
+    #[test]
+    fn firefox_profile_round_trip() {
+        let mut w = FirefoxWriter::new("t.itr", 0);
+        w.thread(7, 8, "prog", "").unwrap();
+        w.begin(8, "main", SpanKind::Root, 0).unwrap();
+        w.run(8, 10, 0).unwrap();
+        w.begin(8, "work", SpanKind::Call, 10_000).unwrap();
+        w.run(8, 4, 10_000).unwrap();
+        w.run(8, 1, 14_000).unwrap();
+        w.marker(8, "sys_write", MarkerKind::Syscall, 1, 15_000).unwrap();
+        w.end(8, 15_000).unwrap();
+        w.run(8, 3, 15_000).unwrap();
+        w.end(8, 18_000).unwrap();
+        w.thread(7, 8, "prog", "renamed").unwrap();
+        w.finish().unwrap();
+        let mut json = Vec::new();
+        w.write_json(&mut json).unwrap();
+        let profile: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let threads = profile["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 1);
+        let t = &threads[0];
+        // A thread other than the process's main one keeps a name of its own.
+        assert_eq!(t["name"], "renamed");
+        let main = || vec!["main".to_string()];
+        let work = || vec!["main".to_string(), "work".to_string()];
+        assert_eq!(samples(t), vec![(main(), 10, 0.0), (work(), 5, 0.01), (main(), 3, 0.015)]);
+        let m = &t["markers"];
+        assert_eq!(m["length"], 1);
+        let strings = t["stringArray"].as_array().unwrap();
+        assert_eq!(strings[m["name"][0].as_u64().unwrap() as usize], "sys_write");
+        assert_eq!(m["startTime"][0], 0.015);
     }
 }
