@@ -395,7 +395,9 @@ impl TimelineSink<'_> {
             Op::Open { depth, func, how } => {
                 // The stacks say where the frame is; anything above it was closed already.
                 while th.frames.len() > depth as usize {
-                    th.frames.pop();
+                    if th.frames.pop().is_some_and(|f| f.held_at.is_some()) {
+                        th.pending -= 1;
+                    }
                     out.push(Out::End { time });
                 }
                 let held = how == Opened::PltCall && th.held.len() < MAX_HELD;
