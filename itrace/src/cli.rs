@@ -39,7 +39,8 @@ pub enum Command {
     Diff(DiffArgs),
     /// Draw a flame graph: exact instructions per call stack, as an SVG (or folded stacks).
     Flamegraph(FlamegraphArgs),
-    /// Convert a trace for other tools: a callgrind profile (kcachegrind, callgrind_annotate).
+    /// Convert a trace for other tools: a callgrind profile (kcachegrind, callgrind_annotate), a
+    /// timeline of calls per thread (Perfetto, chrome://tracing, the Firefox Profiler).
     Export(ExportArgs),
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
