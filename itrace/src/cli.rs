@@ -41,7 +41,8 @@ pub enum Command {
     Diff(DiffArgs),
     /// Draw a flame graph: exact instructions per call stack, as an SVG (or folded stacks).
     Flamegraph(FlamegraphArgs),
-    /// Convert a trace for other tools: a callgrind profile (kcachegrind, callgrind_annotate), a Parquet table.
+    /// Convert a trace for other tools: a callgrind profile (kcachegrind, callgrind_annotate), a
+    /// timeline of calls per thread (Perfetto, chrome://tracing, the Firefox Profiler), a Parquet table.
     Export(ExportArgs),
     /// Print every record of a trace, raw (for debugging traces and itrace itself).
     Dump(DumpArgs),
@@ -390,6 +391,23 @@ pub enum ExportFormat {
     /// A Parquet table, one row per taken branch (the arc's lines) with typed columns:
     /// thread, kind, instructions, addresses, functions, source line (DuckDB, pandas, Spark).
     Parquet,
+    /// Trace Event Format JSON: call spans per thread, system calls and signals as instant
+    /// events (Perfetto, chrome://tracing).
+    Chrome,
+    /// The Firefox Profiler's processed profile: call tree, flame graph and stack chart per
+    /// thread, system calls and signals as markers (profiler.firefox.com); gzipped when the
+    /// output's name ends in .gz.
+    Firefox,
+}
+
+/// The time axis of the timeline exports (`--format chrome|firefox`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TimeAxisArg {
+    /// Instructions each thread ran, shown as 1 us each: exact, the same on every run.
+    Instructions,
+    /// The recorded timestamps (wall time of the traced run), interpolated by instruction count
+    /// where the backend read the clock once per 64 records (ptrace, qemu).
+    Timestamps,
 }
 
 #[derive(Args)]
@@ -406,6 +424,9 @@ pub struct ExportArgs {
     #[arg(long, value_name = "ROWS", default_value_t = itrace_post::parquet::ROWS_PER_GROUP as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub row_group_size: u64,
+    /// The clock of the timeline exports (chrome, firefox).
+    #[arg(long, value_enum, default_value_t = TimeAxisArg::Instructions)]
+    pub time: TimeAxisArg,
 }
 
 #[derive(Args)]

@@ -2,7 +2,8 @@
 //! every reader shares (opening a trace, progress on a terminal, the truncation warning).
 
 use crate::cli::{
-    AnnotateArgs, ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, SortArg, TraceInput,
+    AnnotateArgs, ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, SortArg, TimeAxisArg,
+    TraceInput,
 };
 use anyhow::{bail, Context, Result};
 use itrace_post::PostError;
@@ -104,10 +105,15 @@ pub fn export(args: ExportArgs) -> Result<ExitCode> {
         return export_parquet(args);
     }
     let trace = open_trace(&args.input.path())?;
+    if matches!(args.format, ExportFormat::Chrome | ExportFormat::Firefox) {
+        return export_timeline(&args, &trace);
+    }
     let mut out = create_output(args.output.as_deref())?;
     let stats = read_trace(&trace, |trace, progress| match args.format {
         ExportFormat::Callgrind => itrace_post::callgrind::write_callgrind(trace, &mut out, progress),
-        ExportFormat::Parquet => unreachable!("written by export_parquet"),
+        ExportFormat::Parquet | ExportFormat::Chrome | ExportFormat::Firefox => {
+            unreachable!("parquet and timelines are written above")
+        }
     })?;
     print_notes(&stats.notes);
     if let Some(p) = &args.output {
@@ -147,6 +153,39 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
             stats.branches,
             if ends == 1 { "" } else { "s" },
             stats.instructions
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `itrace export --format chrome|firefox`: a timeline of call spans per thread.
+fn export_timeline(args: &ExportArgs, trace: &itrace_post::Trace) -> Result<ExitCode> {
+    use itrace_post::timeline::{TimeAxis, TimelineFormat};
+    let format = match args.format {
+        ExportFormat::Firefox => {
+            let gzip = args.output.as_deref().is_some_and(|p| p.extension().is_some_and(|e| e == "gz"));
+            TimelineFormat::Firefox { gzip }
+        }
+        _ => TimelineFormat::Chrome,
+    };
+    let axis = match args.time {
+        TimeAxisArg::Instructions => TimeAxis::Instructions,
+        TimeAxisArg::Timestamps => TimeAxis::Timestamps,
+    };
+    let mut out = create_output(args.output.as_deref())?;
+    let stats = read_trace(trace, |trace, progress| {
+        itrace_post::timeline::write_timeline(trace, format, axis, &mut out, progress)
+    })?;
+    out.flush().context("cannot write the timeline")?;
+    print_notes(&stats.notes);
+    if let Some(p) = &args.output {
+        eprintln!(
+            "itrace: wrote {} ({} threads, {} spans, {} markers, {} instructions)",
+            p.display(),
+            stats.threads,
+            stats.spans,
+            stats.markers,
+            stats.total_instructions
         );
     }
     Ok(ExitCode::SUCCESS)

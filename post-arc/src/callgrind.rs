@@ -93,7 +93,7 @@ pub fn write_callgrind(
     out: &mut dyn Write,
     progress: &mut dyn FnMut(u64),
 ) -> Result<CallgrindStats, PostError> {
-    let collect = Collect { tree: false, edges: true, lines: true };
+    let collect = Collect { edges: true, lines: true, ..Collect::default() };
     let (stacks, names, res) = stacks::build(trace, collect, progress)?;
     let lines = stacks.lines.as_ref().expect("asked for lines");
     let edges = stacks.edges.as_ref().expect("asked for edges");

@@ -1,8 +1,9 @@
 //! Post-processing of itrace traces: replays the module-table records to
 //! resolve addresses to symbols, modules and source lines, rebuilds each
 //! thread's call stack, and turns the branch records into PI-style arc files,
-//! reports, flame graphs, callgrind profiles and Parquet tables. Everything streams:
-//! memory grows with the program's code and threads, not the trace's length.
+//! reports, flame graphs, callgrind profiles, timelines (Chrome, Firefox) and Parquet tables.
+//! Everything streams: memory grows with the program's code and threads, not the trace's length
+//! (the Firefox Profiler's format apart: its crate builds the profile whole).
 
 pub mod annotate;
 pub mod arc;
@@ -20,6 +21,7 @@ pub mod stacks;
 pub mod symbols;
 mod syscall_table;
 mod threads;
+pub mod timeline;
 pub mod views;
 
 pub use threads::Names;

@@ -19,6 +19,11 @@
 //! Memory: the functions and threads always; with [`Collect::tree`] one node per distinct
 //! call stack; with [`Collect::edges`] one entry per distinct (caller, call line, callee);
 //! with [`Collect::lines`] one per source line that ran. Never the trace's length.
+//!
+//! Timelines (`itrace export --format chrome|firefox`) need the order of things, not totals:
+//! with [`Collect::events`] every frame opened and closed, and every block's instructions, is
+//! also told as a [`StackEvent`], for the caller to take after each record
+//! ([`CallStacks::drain_events`]).
 
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
@@ -42,6 +47,62 @@ pub struct Collect {
     pub edges: bool,
     /// Self instructions per (function, source file, line); makes the replay read line tables.
     pub lines: bool,
+    /// Each change to a thread's stack as a [`StackEvent`] (timelines).
+    pub events: bool,
+}
+
+/// How a frame came to be opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// A CALL record (counted in the callee's calls).
+    Call,
+    /// A call to a PLT stub: the frame is the stub's until a [`StackEvent::Retarget`] gives it
+    /// the stub's target (the call is counted then, or for the stub when the frame closes
+    /// first).
+    PltCall,
+    /// A jump to another function's first instruction (counted as a call).
+    TailCall,
+    /// A signal handler, run by the kernel (counted as a call of the handler).
+    SignalHandler,
+    /// The signal trampoline a handler returned to: runs under the signal, not a call.
+    SignalTrampoline,
+    /// The function a thread was in when its trace started, or after that one returned: no call
+    /// was seen.
+    Root,
+}
+
+/// One change to a thread's call stack, in trace order ([`Collect::events`]). `depth` is the
+/// frame's index in the thread's stack (0: the bottom); `at` the thread's instructions so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackEvent {
+    Open {
+        tid: u32,
+        depth: u32,
+        func: u32,
+        how: Opened,
+        at: u64,
+    },
+    /// The frame at `depth`, a call to a PLT stub, is a call to `func`, the stub's target.
+    Retarget {
+        tid: u32,
+        depth: u32,
+        func: u32,
+    },
+    Close {
+        tid: u32,
+        depth: u32,
+        at: u64,
+    },
+    /// `n` instructions ran in `func`, ending at `at`; `framed` when `func` is the newest
+    /// frame's function (else they run above it, without a frame of their own: a PLT stub, a
+    /// jump into the middle of another function).
+    Run {
+        tid: u32,
+        func: u32,
+        n: u32,
+        framed: bool,
+        at: u64,
+    },
 }
 
 /// One function's totals.
@@ -173,6 +234,10 @@ pub struct CallStacks {
     pub tree: Option<StackTree>,
     pub edges: Option<FxHashMap<EdgeKey, CallEdge>>,
     pub lines: Option<FxHashMap<LineKey, u64>>,
+    /// Stack changes not taken yet.
+    events: Vec<StackEvent>,
+    /// [`Collect::events`].
+    record_events: bool,
 }
 
 /// Replay `trace` into call stacks, collecting what `collect` asks for; every frame is
@@ -182,12 +247,9 @@ pub fn build(
     collect: Collect,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(CallStacks, Names, Resolver), PostError> {
-    let mut stacks = CallStacks::collecting(collect);
+    let mut stacks = CallStacks::new(collect);
     let (names, res) = replay(trace, collect.lines, &mut stacks, progress)?;
-    let tids: Vec<u32> = stacks.threads.keys().copied().collect();
-    for tid in tids {
-        stacks.pop_to(tid, 0);
-    }
+    stacks.close_all();
     Ok((stacks, names, res))
 }
 
@@ -199,7 +261,7 @@ pub fn build_thread(
     tid: u32,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(CallStacks, Names, Resolver), PostError> {
-    let mut stacks = CallStacks::collecting(collect);
+    let mut stacks = CallStacks::new(collect);
     let (names, res) = replay(trace, collect.lines, &mut OneThread { stacks: &mut stacks, tid }, progress)?;
     if stacks.threads.contains_key(&tid) {
         stacks.pop_to(tid, 0);
@@ -240,13 +302,34 @@ impl Sink for OneThread<'_> {
 }
 
 impl CallStacks {
-    /// Nothing yet, ready to collect what `collect` asks for.
-    fn collecting(collect: Collect) -> Self {
+    /// Empty stacks collecting what `collect` asks for, to be fed as a [`Sink`] (by
+    /// [`build`], or by a sink of a caller's that passes the records on).
+    pub fn new(collect: Collect) -> Self {
         CallStacks {
             tree: collect.tree.then(StackTree::new),
             edges: collect.edges.then(FxHashMap::default),
             lines: collect.lines.then(FxHashMap::default),
+            record_events: collect.events,
             ..CallStacks::default()
+        }
+    }
+
+    /// Close every thread's frames (the end of the trace).
+    pub fn close_all(&mut self) {
+        let tids: Vec<u32> = self.threads.keys().copied().collect();
+        for tid in tids {
+            self.pop_to(tid, 0);
+        }
+    }
+
+    /// The stack changes since the last call, oldest first (none without [`Collect::events`]).
+    pub fn drain_events(&mut self) -> std::vec::Drain<'_, StackEvent> {
+        self.events.drain(..)
+    }
+
+    fn event(&mut self, e: StackEvent) {
+        if self.record_events {
+            self.events.push(e);
         }
     }
 
@@ -288,6 +371,7 @@ impl CallStacks {
             (Some(t), None) => t.child(parent, func),
             (None, _) => ROOT,
         };
+        let (depth, at) = (th.stack.len() as u32, th.instructions);
         th.stack.push(Frame {
             func,
             root: false,
@@ -301,6 +385,12 @@ impl CallStacks {
             entry_in_handlers: th.in_handlers,
             tail: false,
         });
+        let how = match (signal, plt_pending) {
+            (Some(_), _) => Opened::SignalHandler,
+            (None, true) => Opened::PltCall,
+            (None, false) => Opened::Call,
+        };
+        self.event(StackEvent::Open { tid, depth, func, how, at });
     }
 
     /// The signal trampoline a handler returned to: a frame under the signal (not a call) that
@@ -316,6 +406,7 @@ impl CallStacks {
             }
             None => ROOT,
         };
+        let (depth, at) = (th.stack.len() as u32, th.instructions);
         th.stack.push(Frame {
             func,
             root: true,
@@ -329,6 +420,7 @@ impl CallStacks {
             entry_in_handlers: th.in_handlers,
             tail: false,
         });
+        self.event(StackEvent::Open { tid, depth, func, how: Opened::SignalTrampoline, at });
     }
 
     /// A jump by `tid` from a block at `from` to `to`: if the thread's newest frame is a call
@@ -354,6 +446,7 @@ impl CallStacks {
         }
         let Some(th) = self.threads.get_mut(&tid) else { return };
         let parent = th.stack.len().checked_sub(2).map_or(ROOT, |i| th.stack[i].node);
+        let depth = th.stack.len().saturating_sub(1) as u32;
         let Some(frame) = th.stack.last_mut() else { return };
         frame.func = target.func;
         frame.plt_pending = false;
@@ -364,6 +457,7 @@ impl CallStacks {
         }
         th.enter(target.func);
         self.func(target.func).calls += 1;
+        self.event(StackEvent::Retarget { tid, depth, func: target.func });
     }
 
     /// A jump by `tid` from code at `from` to `to`: if it goes to the first instruction of
@@ -389,6 +483,7 @@ impl CallStacks {
             Some(t) => t.child(parent, target_func),
             None => ROOT,
         };
+        let (depth, at) = (th.stack.len() as u32, th.instructions);
         th.stack.push(Frame {
             func: target_func,
             root,
@@ -403,6 +498,7 @@ impl CallStacks {
             tail: true,
         });
         self.func(target_func).calls += 1;
+        self.event(StackEvent::Open { tid, depth, func: target_func, how: Opened::TailCall, at });
     }
 
     /// A thread with nothing on its stack is in a function it was not seen to call: the
@@ -428,6 +524,8 @@ impl CallStacks {
                 tail: false,
             });
             th.enter(func);
+            let at = th.instructions;
+            self.event(StackEvent::Open { tid, depth: 0, func, how: Opened::Root, at });
         }
     }
 
@@ -458,6 +556,14 @@ impl CallStacks {
         let total = th.instructions;
         let mut in_handlers = th.in_handlers;
         let frames: Vec<Frame> = th.stack.drain(i..).collect();
+        if self.record_events {
+            // Newest first, as they close.
+            self.events.extend((i..i + frames.len()).rev().map(|d| StackEvent::Close {
+                tid,
+                depth: d as u32,
+                at: total,
+            }));
+        }
         // The (function, node) each closed frame was called from: the frame below it, the
         // signal for a handler, none below a root.
         let below = th.stack.last().map(|f| (f.func, f.node));
@@ -528,6 +634,11 @@ impl CallStacks {
         let th = self.threads.entry(tid).or_default();
         th.pid = pid;
         th.instructions += n;
+        if self.record_events {
+            // A PLT stub's own instructions are a leaf above its frame (the frame is its target's).
+            let framed = th.stack.last().is_some_and(|f| f.func == loc.func && !f.plt_pending);
+            self.events.push(StackEvent::Run { tid, func: loc.func, n: n as u32, framed, at: th.instructions });
+        }
         if let (Some(t), Some(top)) = (&mut self.tree, th.stack.last()) {
             let leaf = t.leaf(top.node, loc.func);
             t.nodes[leaf as usize].instructions += n;

@@ -147,7 +147,8 @@ impl Filter<'_> {
 
 /// Build the report of `trace` with the views `opts` asks for.
 pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -> Result<Views, PostError> {
-    let collect = Collect { tree: opts.tree, edges: opts.callers.is_some() || opts.callees.is_some(), lines: false };
+    let collect =
+        Collect { tree: opts.tree, edges: opts.callers.is_some() || opts.callees.is_some(), ..Collect::default() };
     let (sink, names, res) = match opts.tid {
         Some(tid) => stacks::build_thread(trace, collect, tid, progress)?,
         None => stacks::build(trace, collect, progress)?,

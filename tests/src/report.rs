@@ -1,7 +1,7 @@
 //! `itrace report --json`, parsed, and the per-function numbers the tests
 //! compare with the oracles (the JSON fields of docs/arc-and-report.md).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::Path;
 
@@ -13,6 +13,20 @@ pub fn report_json(trace: &Path) -> serde_json::Value {
     out.assert_success();
     serde_json::from_str(&out.stdout)
         .unwrap_or_else(|e| panic!("report --json is not valid JSON ({e}):\n{}", tail(&out.stdout, 2000)))
+}
+
+/// The report's functions whose name is in one module only (so a name says which), by name.
+pub fn unique_functions(report: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
+    let functions = report["functions"].as_array().expect("report: `functions` array");
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for f in functions {
+        *seen.entry(f["name"].as_str().expect("function name")).or_default() += 1;
+    }
+    functions
+        .iter()
+        .filter(|f| seen[f["name"].as_str().expect("function name")] == 1)
+        .map(|f| (f["name"].as_str().expect("function name").to_string(), f.clone()))
+        .collect()
 }
 
 /// Self instructions per function name from a report, summed over all the

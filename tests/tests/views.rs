@@ -17,7 +17,7 @@
 
 use itrace_tests::{
     annotate_entry, annotated_calls, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, program,
-    report_json, require_tool, run, test_dir,
+    report_json, require_tool, run, test_dir, unique_functions,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
@@ -81,17 +81,12 @@ fn folded_counts(text: &str) -> (HashMap<String, u64>, HashMap<String, u64>) {
 
 /// The report's functions whose name is in one module only: name -> (self, inclusive).
 fn report_rows(report: &serde_json::Value) -> BTreeMap<String, (u64, u64)> {
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let functions = report["functions"].as_array().expect("functions");
-    for f in functions {
-        *seen.entry(f["name"].as_str().unwrap().to_string()).or_default() += 1;
-    }
-    functions
-        .iter()
-        .filter(|f| seen[f["name"].as_str().unwrap()] == 1)
-        .map(|f| {
+    unique_functions(report)
+        .into_iter()
+        .map(|(name, f)| {
             let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k} of {f}"));
-            (f["name"].as_str().unwrap().to_string(), (n("self"), n("inclusive")))
+            let row = (n("self"), n("inclusive"));
+            (name, row)
         })
         .collect()
 }

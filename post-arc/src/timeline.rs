@@ -1,0 +1,968 @@
+//! `itrace export --format chrome|firefox`: the trace as a timeline of call spans per thread,
+//! for Perfetto and chrome://tracing (Trace Event Format JSON) or the Firefox Profiler (its
+//! processed profile format, through the fxprof-processed-profile crate, as samply writes it).
+//!
+//! The spans are the frames of [`crate::stacks`] (the call stacks `report`, `flamegraph` and
+//! the callgrind export share), told in trace order by [`Collect::events`]: a span opens when a
+//! frame does and ends when it closes. Instructions that run in a function without a frame of
+//! its own (a PLT stub, a jump into the middle of another function) are a *leaf* span above the
+//! newest frame, as they are a leaf in the flame graph. System calls and signal deliveries (the
+//! kernel's `K` records) are instant markers. A call through a PLT stub is held back until the
+//! stub jumps to its target, so that its span carries the target's name.
+//!
+//! Two clocks ([`TimeAxis`]): the instructions each thread ran (exact; one instruction is one
+//! microsecond on the viewers' axis), or the recorded timestamps, interpolated by instruction
+//! count between the records where the clock reading changes (some backends read the clock
+//! once per 64 records). Memory grows with the call depth and the threads, not the trace's
+//! length, for the Chrome format; the Firefox profile is built whole in memory by the crate.
+
+use crate::replay::{replay, Block, Sink, Where};
+use crate::resolve::{Location, Resolver};
+use crate::stacks::{CallStacks, Collect, Opened, StackEvent};
+use crate::threads::Names;
+use crate::{PostError, Trace};
+use itrace_format::{branch_flags, Lost, TraceOff};
+use rustc_hash::FxHashMap;
+use std::io::Write;
+use std::sync::Arc;
+
+/// What the time axis of a timeline counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeAxis {
+    /// Instructions run: each thread's clock is the instructions it ran, started at the
+    /// instructions the whole trace had run when the thread first ran (so later threads start
+    /// later). Exact: a span's length is the instructions run while its frame was open.
+    Instructions,
+    /// The records' timestamps (CLOCK_MONOTONIC, from the trace's start), interpolated by
+    /// instruction count between the records where the reading changes.
+    Timestamps,
+}
+
+/// The file format of a timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimelineFormat {
+    /// Trace Event Format JSON (B/E duration events, instant events, thread name metadata).
+    Chrome,
+    /// The Firefox Profiler's processed profile JSON, gzip-compressed when `gzip`.
+    Firefox { gzip: bool },
+}
+
+/// What a span is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanKind {
+    /// A call (a CALL record, or a call through a PLT stub).
+    Call,
+    /// A jump to another function's first instruction.
+    TailCall,
+    /// A signal handler the kernel ran.
+    SignalHandler,
+    /// The signal trampoline (`__restore_rt`) a handler returned to, until `rt_sigreturn`.
+    SignalTrampoline,
+    /// A function no call was seen into: where a thread's trace starts, or what that returned to.
+    Root,
+    /// Instructions of a function without a frame of its own, above the newest frame.
+    Leaf,
+}
+
+impl SpanKind {
+    /// The name of the kind in the outputs (the Chrome format's `cat`).
+    pub fn category(self) -> &'static str {
+        match self {
+            SpanKind::Call => "call",
+            SpanKind::TailCall => "tail call",
+            SpanKind::SignalHandler => "signal handler",
+            SpanKind::SignalTrampoline => "signal trampoline",
+            SpanKind::Root => "root",
+            SpanKind::Leaf => "leaf",
+        }
+    }
+
+    fn of(how: Opened) -> SpanKind {
+        match how {
+            Opened::Call | Opened::PltCall => SpanKind::Call,
+            Opened::TailCall => SpanKind::TailCall,
+            Opened::SignalHandler => SpanKind::SignalHandler,
+            Opened::SignalTrampoline => SpanKind::SignalTrampoline,
+            Opened::Root => SpanKind::Root,
+        }
+    }
+}
+
+/// What a marker marks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkerKind {
+    /// A system call returned (`sys_write`).
+    Syscall,
+    /// The kernel delivered a signal (`signal_SIGUSR1`).
+    Signal,
+}
+
+impl MarkerKind {
+    pub fn category(self) -> &'static str {
+        match self {
+            MarkerKind::Syscall => "syscall",
+            MarkerKind::Signal => "signal",
+        }
+    }
+}
+
+/// What was written.
+#[derive(Clone, Debug, Default)]
+pub struct TimelineStats {
+    pub threads: usize,
+    pub spans: u64,
+    pub markers: u64,
+    pub total_instructions: u64,
+    /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
+    pub notes: Vec<String>,
+}
+
+/// A timeline format's writer. Per thread, calls come in time order, spans nest (an `end`
+/// ends the newest span of the thread), and `thread` comes before any other call of its tid.
+/// Times are nanoseconds on the chosen axis (an instruction is 1000).
+trait TimelineWriter {
+    /// A thread, when first seen and again at the end (its name may have changed).
+    fn thread(&mut self, pid: u32, tid: u32, process: &str, name: &str) -> Result<(), PostError>;
+    fn begin(&mut self, tid: u32, name: &str, kind: SpanKind, time: u64) -> Result<(), PostError>;
+    fn end(&mut self, tid: u32, time: u64) -> Result<(), PostError>;
+    /// `instructions` ran with the thread's current spans, from `time` on.
+    fn run(&mut self, tid: u32, instructions: u64, time: u64) -> Result<(), PostError>;
+    fn marker(&mut self, tid: u32, name: &str, kind: MarkerKind, number: u16, time: u64) -> Result<(), PostError>;
+    /// The end of the trace: write what is left.
+    fn finish(&mut self) -> Result<(), PostError>;
+}
+
+/// Write the timeline of `trace` to `out`.
+pub fn write_timeline(
+    trace: &Trace,
+    format: TimelineFormat,
+    axis: TimeAxis,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<TimelineStats, PostError> {
+    let header = trace.header();
+    let start_ns = header.start_monotonic_ns;
+    let what = match axis {
+        TimeAxis::Instructions => "instructions (1 us = 1 instruction)",
+        TimeAxis::Timestamps => "timestamps (CLOCK_MONOTONIC from the trace's start)",
+    };
+    let title = trace.path().file_name().map_or_else(|| "trace".to_string(), |n| n.to_string_lossy().into_owned());
+    match format {
+        TimelineFormat::Chrome => {
+            let mut writer = ChromeWriter::new(out, &title, what)?;
+            run_timeline(trace, axis, start_ns, &mut writer, progress)
+        }
+        TimelineFormat::Firefox { gzip } => {
+            let mut writer = FirefoxWriter::new(&title, header.start_realtime_ns);
+            let stats = run_timeline(trace, axis, start_ns, &mut writer, progress)?;
+            if gzip {
+                let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+                writer.write_json(&mut gz)?;
+                gz.finish()?.flush()?;
+            } else {
+                writer.write_json(out)?;
+                out.flush()?;
+            }
+            Ok(stats)
+        }
+    }
+}
+
+fn run_timeline(
+    trace: &Trace,
+    axis: TimeAxis,
+    start_ns: u64,
+    writer: &mut dyn TimelineWriter,
+    progress: &mut dyn FnMut(u64),
+) -> Result<TimelineStats, PostError> {
+    let mut sink = TimelineSink {
+        stacks: CallStacks::new(Collect { events: true, ..Collect::default() }),
+        axis,
+        start_ns,
+        writer,
+        threads: FxHashMap::default(),
+        func_names: Vec::new(),
+        total_instructions: 0,
+        batch: 0,
+        spans: 0,
+        markers: 0,
+    };
+    let (names, res) = replay(trace, false, &mut sink, progress)?;
+    sink.finish(&names)?;
+    Ok(TimelineStats {
+        threads: sink.threads.len(),
+        spans: sink.spans,
+        markers: sink.markers,
+        total_instructions: sink.total_instructions,
+        notes: res.notes().to_vec(),
+    })
+}
+
+/// The time at instruction `count` of a thread whose clock read `t0` at instruction `i0` and
+/// `t1` at `i1` (`i1 > i0`): as if the instructions between ran at an even pace.
+fn interpolate((i0, t0): (u64, u64), (i1, t1): (u64, u64), count: u64) -> u64 {
+    let done = count.clamp(i0, i1) - i0;
+    t0 + (t1.saturating_sub(t0) as u128 * done as u128 / (i1 - i0) as u128) as u64
+}
+
+/// A stack change or marker of one thread, before its time is known.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Open { depth: u32, func: u32, how: Opened },
+    Retarget { depth: u32, func: u32 },
+    Close { depth: u32 },
+    Run { func: u32, n: u32, framed: bool },
+    Marker { func: u32, kind: MarkerKind, number: u16 },
+}
+
+/// An [`Op`] waiting for the clock's next reading.
+struct Queued {
+    op: Op,
+    /// The thread's instructions when it happened.
+    count: u64,
+    /// The record it came from.
+    batch: u64,
+}
+
+/// A writer call, timed, held while a PLT call's target is not known.
+#[derive(Clone, Copy, Debug)]
+enum Out {
+    Begin { func: u32, kind: SpanKind, time: u64 },
+    End { time: u64 },
+    Run { n: u64, time: u64 },
+    Marker { func: u32, kind: MarkerKind, number: u16, time: u64 },
+}
+
+/// An open frame's span.
+struct FrameSpan {
+    /// For a call to a PLT stub whose target is not known yet: its `Begin` in `held`.
+    held_at: Option<usize>,
+}
+
+/// Ops waiting for a clock reading: at most this many per thread; past it they take the last
+/// reading (a clock that stops would otherwise hold the whole trace).
+const MAX_QUEUED: usize = 1 << 16;
+/// Writer calls held for a PLT call's target: at most this many; past it they are written
+/// with the stub's name.
+const MAX_HELD: usize = 1 << 16;
+
+#[derive(Default)]
+struct ThreadLine {
+    pid: u32,
+    /// [`TimeAxis::Instructions`]: the trace's instructions when the thread first ran.
+    offset: u64,
+    /// The last clock reading: (the thread's instructions then, ns).
+    point: Option<(u64, u64)>,
+    last_ts: u64,
+    queue: Vec<Queued>,
+    frames: Vec<FrameSpan>,
+    /// The function of the open leaf span.
+    leaf: Option<u32>,
+    /// Time of the thread's latest op (a leaf ends then).
+    now: u64,
+    /// PLT calls whose span is held.
+    pending: u32,
+    held: Vec<Out>,
+}
+
+struct TimelineSink<'w> {
+    stacks: CallStacks,
+    axis: TimeAxis,
+    start_ns: u64,
+    writer: &'w mut dyn TimelineWriter,
+    threads: FxHashMap<u32, ThreadLine>,
+    /// Function names by id, as far as seen (trace-off records come without the resolver).
+    func_names: Vec<Option<Arc<str>>>,
+    total_instructions: u64,
+    batch: u64,
+    spans: u64,
+    markers: u64,
+}
+
+impl TimelineSink<'_> {
+    fn learn_name(&mut self, func: u32, name: impl FnOnce() -> Arc<str>) {
+        let i = func as usize;
+        if i >= self.func_names.len() {
+            self.func_names.resize(i + 1, None);
+        }
+        if self.func_names[i].is_none() {
+            self.func_names[i] = Some(name());
+        }
+    }
+
+    /// The thread's line, announced to the writer when first seen.
+    fn ensure_thread(&mut self, tid: u32, pid: u32, names: &Names) -> Result<(), PostError> {
+        if !self.threads.contains_key(&tid) {
+            let line = ThreadLine { pid, offset: self.total_instructions, ..ThreadLine::default() };
+            self.threads.insert(tid, line);
+            self.writer.thread(pid, tid, names.process_name(pid), names.thread_name(tid))?;
+        }
+        Ok(())
+    }
+
+    /// The stack changes of the record just replayed, queued for their time.
+    fn take_events(&mut self, res: Option<&Resolver>) {
+        let events: Vec<StackEvent> = self.stacks.drain_events().collect();
+        for e in events {
+            let (tid, op, count) = match e {
+                StackEvent::Open { tid, depth, func, how, at } => (tid, Op::Open { depth, func, how }, at),
+                StackEvent::Retarget { tid, depth, func } => {
+                    let at = self.stacks.threads.get(&tid).map_or(0, |t| t.instructions);
+                    (tid, Op::Retarget { depth, func }, at)
+                }
+                StackEvent::Close { tid, depth, at } => (tid, Op::Close { depth }, at),
+                StackEvent::Run { tid, func, n, framed, at } => {
+                    self.total_instructions += n as u64;
+                    (tid, Op::Run { func, n, framed }, at - n as u64)
+                }
+            };
+            if let (Some(res), Op::Open { func, .. } | Op::Retarget { func, .. } | Op::Run { func, .. }) = (res, op) {
+                self.learn_name(func, || Arc::from(res.func(func).1));
+            }
+            self.queue(tid, op, count);
+        }
+    }
+
+    fn queue(&mut self, tid: u32, op: Op, count: u64) {
+        let batch = self.batch;
+        let th = self.threads.entry(tid).or_default();
+        th.queue.push(Queued { op, count, batch });
+    }
+
+    /// The clock of `tid` read `ts` with the thread at `count` instructions (or nothing new
+    /// when `ts` is none): time the queued ops that can be timed, and pass them on. `flush`
+    /// times them all (the thread's trace ends, or the trace does).
+    fn clock(&mut self, tid: u32, ts: Option<u64>, count: u64, flush: bool) -> Result<(), PostError> {
+        let Some(th) = self.threads.get_mut(&tid) else { return Ok(()) };
+        let timed: Vec<(Op, u64)> = match self.axis {
+            TimeAxis::Instructions => {
+                let offset = th.offset;
+                th.queue.drain(..).map(|q| (q.op, (offset + q.count).saturating_mul(1000))).collect()
+            }
+            TimeAxis::Timestamps => {
+                let new = ts.filter(|&t| th.point.is_none() || t > th.last_ts);
+                let reading = match new {
+                    Some(t) => Some(t),
+                    None if flush || th.queue.len() > MAX_QUEUED => Some(th.point.map_or(0, |p| p.1)),
+                    None => None,
+                };
+                let Some(t1) = reading else { return Ok(()) };
+                let t1 = t1.max(th.point.map_or(0, |p| p.1));
+                let (i0, t0) = th.point.unwrap_or((count, t1));
+                let current = self.batch;
+                let timed = th
+                    .queue
+                    .drain(..)
+                    .map(|q| {
+                        let t = if count > i0 {
+                            interpolate((i0, t0), (count, t1), q.count)
+                        } else if q.batch == current {
+                            t1
+                        } else {
+                            t0
+                        };
+                        (q.op, t)
+                    })
+                    .collect();
+                if let Some(t) = new {
+                    th.last_ts = t;
+                }
+                th.point = Some((count, t1));
+                timed
+            }
+        };
+        for (op, time) in timed {
+            self.apply(tid, op, time)?;
+        }
+        Ok(())
+    }
+
+    /// A timed op of `tid`: spans opened and closed, leaves, held PLT calls.
+    fn apply(&mut self, tid: u32, op: Op, time: u64) -> Result<(), PostError> {
+        let Some(th) = self.threads.get_mut(&tid) else { return Ok(()) };
+        let time = time.max(th.now);
+        th.now = time;
+        let mut out: Vec<Out> = Vec::with_capacity(2);
+        let leaf_ends = match op {
+            Op::Open { .. } | Op::Close { .. } => true,
+            Op::Run { func, framed, .. } => framed || th.leaf != Some(func),
+            Op::Retarget { .. } | Op::Marker { .. } => false,
+        };
+        if leaf_ends && th.leaf.take().is_some() {
+            out.push(Out::End { time });
+        }
+        match op {
+            Op::Open { depth, func, how } => {
+                // The stacks say where the frame is; anything above it was closed already.
+                while th.frames.len() > depth as usize {
+                    if th.frames.pop().is_some_and(|f| f.held_at.is_some()) {
+                        th.pending -= 1;
+                    }
+                    out.push(Out::End { time });
+                }
+                let held = how == Opened::PltCall && th.held.len() < MAX_HELD;
+                if held {
+                    th.pending += 1;
+                }
+                let held_at = held.then(|| th.held.len() + out.len());
+                th.frames.push(FrameSpan { held_at });
+                out.push(Out::Begin { func, kind: SpanKind::of(how), time });
+            }
+            Op::Retarget { depth, func } => {
+                if let Some(i) = th.frames.get_mut(depth as usize).and_then(|f| f.held_at.take()) {
+                    if let Some(Out::Begin { func: f, .. }) = th.held.get_mut(i) {
+                        *f = func;
+                    }
+                    th.pending -= 1;
+                }
+            }
+            Op::Close { depth } => {
+                while th.frames.len() > depth as usize {
+                    if th.frames.pop().is_some_and(|f| f.held_at.is_some()) {
+                        th.pending -= 1;
+                    }
+                    out.push(Out::End { time });
+                }
+            }
+            Op::Run { func, n, framed } => {
+                if !framed && th.leaf.is_none() {
+                    th.leaf = Some(func);
+                    out.push(Out::Begin { func, kind: SpanKind::Leaf, time });
+                }
+                out.push(Out::Run { n: n as u64, time });
+            }
+            Op::Marker { func, kind, number } => out.push(Out::Marker { func, kind, number, time }),
+        }
+        th.held.append(&mut out);
+        let release = th.pending == 0 || th.held.len() >= MAX_HELD;
+        if !release {
+            return Ok(());
+        }
+        if th.pending > 0 {
+            // Too much to hold: the held calls keep the stub's name.
+            th.pending = 0;
+            for f in &mut th.frames {
+                f.held_at = None;
+            }
+        }
+        let held = std::mem::take(&mut th.held);
+        for o in &held {
+            self.write(tid, *o)?;
+        }
+        // Keep the allocation.
+        if let Some(th) = self.threads.get_mut(&tid) {
+            let mut held = held;
+            held.clear();
+            th.held = held;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, tid: u32, o: Out) -> Result<(), PostError> {
+        match o {
+            Out::Begin { func, kind, time } => {
+                self.spans += 1;
+                let name = self.func_names.get(func as usize).and_then(|n| n.clone());
+                self.writer.begin(tid, name.as_deref().unwrap_or("<unknown>"), kind, time)
+            }
+            Out::End { time } => self.writer.end(tid, time),
+            Out::Run { n, time } => self.writer.run(tid, n, time),
+            Out::Marker { func, kind, number, time } => {
+                self.markers += 1;
+                let name = self.func_names.get(func as usize).and_then(|n| n.clone());
+                self.writer.marker(tid, name.as_deref().unwrap_or("kernel"), kind, number, time)
+            }
+        }
+    }
+
+    /// The trace ended: close every frame, time what is left, and name the threads again.
+    fn finish(&mut self, names: &Names) -> Result<(), PostError> {
+        self.stacks.close_all();
+        self.batch += 1;
+        self.take_events(None);
+        let mut tids: Vec<u32> = self.threads.keys().copied().collect();
+        tids.sort_unstable();
+        for &tid in &tids {
+            let count = self.stacks.threads.get(&tid).map_or(0, |t| t.instructions);
+            self.clock(tid, None, count, true)?;
+        }
+        for &tid in &tids {
+            let pid = self.threads[&tid].pid;
+            self.writer.thread(pid, tid, names.process_name(pid), names.thread_name(tid))?;
+        }
+        self.writer.finish()
+    }
+}
+
+impl Sink for TimelineSink<'_> {
+    fn block(&mut self, b: &Block, names: &mut Names, res: &mut Resolver) -> Result<(), PostError> {
+        let br = b.branch;
+        self.batch += 1;
+        self.ensure_thread(br.tid, b.pid, names)?;
+        let before = self.stacks.threads.get(&br.tid).map_or(0, |t| t.instructions);
+        if let Where::Kernel(name) = &b.loc {
+            // The delivery or return comes before what it does to the stack.
+            let kind = if br.flags & branch_flags::SIGNAL != 0 {
+                Some(MarkerKind::Signal)
+            } else if br.flags & branch_flags::SYSCALL != 0 {
+                Some(MarkerKind::Syscall)
+            } else {
+                None
+            };
+            if let Some(kind) = kind {
+                let func = res.kernel_func(name);
+                self.learn_name(func, || Arc::from(name.as_str()));
+                self.queue(br.tid, Op::Marker { func, kind, number: br.aux }, before);
+            }
+        }
+        self.stacks.block(b, names, res)?;
+        self.take_events(Some(res));
+        let count = self.stacks.threads.get(&br.tid).map_or(0, |t| t.instructions);
+        self.clock(br.tid, Some(br.ts.saturating_sub(self.start_ns)), count, false)
+    }
+
+    fn trace_off(
+        &mut self,
+        off: &TraceOff,
+        partial: Option<&Location>,
+        at: &Location,
+        names: &mut Names,
+    ) -> Result<(), PostError> {
+        self.batch += 1;
+        if let Some(l) = partial {
+            self.learn_name(l.func, || l.symbol.clone());
+        }
+        if !self.threads.contains_key(&off.tid) && partial.is_none() {
+            // Nothing of the thread was seen: nothing to show.
+            return self.stacks.trace_off(off, partial, at, names);
+        }
+        self.ensure_thread(off.tid, off.pid, names)?;
+        self.stacks.trace_off(off, partial, at, names)?;
+        self.take_events(None);
+        let count = self.stacks.threads.get(&off.tid).map_or(0, |t| t.instructions);
+        self.clock(off.tid, Some(off.ts.saturating_sub(self.start_ns)), count, true)
+    }
+
+    fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError> {
+        self.stacks.lost(cpu, lost)
+    }
+}
+
+/// Trace Event Format JSON, written as it comes: `B`/`E` duration events per span (in time
+/// order per thread, which the viewers need for spans that start at the same time), `i`
+/// instant events per marker, `M` metadata naming processes and threads.
+struct ChromeWriter<'o> {
+    out: &'o mut dyn Write,
+    first: bool,
+    /// pid by tid.
+    pids: FxHashMap<u32, u32>,
+    /// Names written: threads by tid, processes by pid.
+    thread_names: FxHashMap<u32, String>,
+    process_names: FxHashMap<u32, String>,
+    time_axis: String,
+    title: String,
+}
+
+impl<'o> ChromeWriter<'o> {
+    fn new(out: &'o mut dyn Write, title: &str, time_axis: &str) -> Result<Self, PostError> {
+        out.write_all(b"{\"traceEvents\":[")?;
+        Ok(ChromeWriter {
+            out,
+            first: true,
+            pids: FxHashMap::default(),
+            thread_names: FxHashMap::default(),
+            process_names: FxHashMap::default(),
+            time_axis: time_axis.to_string(),
+            title: title.to_string(),
+        })
+    }
+
+    fn start_event(&mut self) -> Result<(), PostError> {
+        self.out.write_all(if self.first { b"\n" } else { b",\n" })?;
+        self.first = false;
+        Ok(())
+    }
+
+    fn string(&mut self, s: &str) -> Result<(), PostError> {
+        serde_json::to_writer(&mut *self.out, s).map_err(std::io::Error::from)?;
+        Ok(())
+    }
+
+    /// Nanoseconds as the format's microseconds.
+    fn time(&mut self, ns: u64) -> Result<(), PostError> {
+        if ns % 1000 == 0 {
+            write!(self.out, "{}", ns / 1000)?;
+        } else {
+            write!(self.out, "{}.{:03}", ns / 1000, ns % 1000)?;
+        }
+        Ok(())
+    }
+
+    fn pid(&self, tid: u32) -> u32 {
+        self.pids.get(&tid).copied().unwrap_or(tid)
+    }
+
+    fn metadata(&mut self, what: &str, pid: u32, tid: u32, name: &str) -> Result<(), PostError> {
+        self.start_event()?;
+        write!(self.out, "{{\"ph\":\"M\",\"name\":\"{what}\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":")?;
+        self.string(name)?;
+        self.out.write_all(b"}}")?;
+        Ok(())
+    }
+}
+
+impl TimelineWriter for ChromeWriter<'_> {
+    fn thread(&mut self, pid: u32, tid: u32, process: &str, name: &str) -> Result<(), PostError> {
+        self.pids.insert(tid, pid);
+        let process = if process.is_empty() { format!("pid {pid}") } else { process.to_string() };
+        if self.process_names.get(&pid) != Some(&process) {
+            self.metadata("process_name", pid, pid, &process)?;
+            self.process_names.insert(pid, process);
+        }
+        let name = if name.is_empty() { format!("tid {tid}") } else { format!("{name} ({tid})") };
+        if self.thread_names.get(&tid) != Some(&name) {
+            self.metadata("thread_name", pid, tid, &name)?;
+            self.thread_names.insert(tid, name);
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self, tid: u32, name: &str, kind: SpanKind, time: u64) -> Result<(), PostError> {
+        self.start_event()?;
+        let pid = self.pid(tid);
+        write!(self.out, "{{\"ph\":\"B\",\"pid\":{pid},\"tid\":{tid},\"ts\":")?;
+        self.time(time)?;
+        write!(self.out, ",\"cat\":\"{}\",\"name\":", kind.category())?;
+        self.string(name)?;
+        self.out.write_all(b"}")?;
+        Ok(())
+    }
+
+    fn end(&mut self, tid: u32, time: u64) -> Result<(), PostError> {
+        self.start_event()?;
+        let pid = self.pid(tid);
+        write!(self.out, "{{\"ph\":\"E\",\"pid\":{pid},\"tid\":{tid},\"ts\":")?;
+        self.time(time)?;
+        self.out.write_all(b"}")?;
+        Ok(())
+    }
+
+    fn run(&mut self, _tid: u32, _instructions: u64, _time: u64) -> Result<(), PostError> {
+        Ok(())
+    }
+
+    fn marker(&mut self, tid: u32, name: &str, kind: MarkerKind, number: u16, time: u64) -> Result<(), PostError> {
+        self.start_event()?;
+        let pid = self.pid(tid);
+        write!(self.out, "{{\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"ts\":")?;
+        self.time(time)?;
+        write!(self.out, ",\"cat\":\"{}\",\"name\":", kind.category())?;
+        self.string(name)?;
+        write!(self.out, ",\"args\":{{\"number\":{number}}}}}")?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), PostError> {
+        self.out.write_all(b"\n],\"otherData\":{\"trace\":")?;
+        let title = self.title.clone();
+        self.string(&title)?;
+        self.out.write_all(b",\"time\":")?;
+        let axis = self.time_axis.clone();
+        self.string(&axis)?;
+        self.out.write_all(b",\"creator\":")?;
+        self.string(concat!("itrace ", env!("CARGO_PKG_VERSION")))?;
+        self.out.write_all(b"}}\n")?;
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// The Firefox Profiler's processed profile: per thread, a sample at the start of each stretch
+/// of instructions run with one stack, weighted by those instructions (so the call tree and
+/// the flame graph count instructions, and the stack chart shows the spans), and instant
+/// markers for system calls and signals.
+struct FirefoxWriter {
+    profile: fxprof_processed_profile::Profile,
+    processes: FxHashMap<u32, fxprof_processed_profile::ProcessHandle>,
+    threads: FxHashMap<u32, FirefoxThread>,
+    user: fxprof_processed_profile::CategoryHandle,
+    signal: fxprof_processed_profile::CategoryHandle,
+    kernel: fxprof_processed_profile::CategoryHandle,
+}
+
+struct FirefoxThread {
+    handle: fxprof_processed_profile::ThreadHandle,
+    stack: Vec<fxprof_processed_profile::StackHandle>,
+    /// Instructions run with the newest stack so far: (stack, start time, instructions).
+    stretch: Option<(Option<fxprof_processed_profile::StackHandle>, u64, u64)>,
+    started: bool,
+    last_time: u64,
+    /// Time of the latest sample (the CPU was busy with the thread since).
+    last_sample: u64,
+}
+
+impl FirefoxWriter {
+    fn new(title: &str, start_realtime_ns: u64) -> Self {
+        use fxprof_processed_profile::{CategoryColor, Profile, ReferenceTimestamp, SamplingInterval};
+        let reference = ReferenceTimestamp::from_millis_since_unix_epoch(start_realtime_ns as f64 / 1e6);
+        let mut profile = Profile::new(title, reference, SamplingInterval::from_nanos(1000));
+        let user = profile.add_category("User", CategoryColor::Blue);
+        let signal = profile.add_category("Signal", CategoryColor::Orange);
+        let kernel = profile.add_category("Kernel", CategoryColor::Red);
+        FirefoxWriter { profile, processes: FxHashMap::default(), threads: FxHashMap::default(), user, signal, kernel }
+    }
+
+    /// The stretch of `tid` so far as samples (a weight is an i32: a longer stretch is several).
+    fn flush(&mut self, tid: u32) {
+        use fxprof_processed_profile::{CpuDelta, Timestamp};
+        let Some(th) = self.threads.get_mut(&tid) else { return };
+        let Some((stack, time, mut n)) = th.stretch.take() else { return };
+        while n > 0 {
+            let weight = n.min(i32::MAX as u64);
+            n -= weight;
+            let at = Timestamp::from_nanos_since_reference(time);
+            let busy = CpuDelta::from_nanos(time.saturating_sub(th.last_sample));
+            th.last_sample = time;
+            self.profile.add_sample(th.handle, at, stack, busy, weight as i32);
+        }
+    }
+
+    fn touch(&mut self, tid: u32, time: u64) {
+        let Some(th) = self.threads.get_mut(&tid) else { return };
+        if !th.started {
+            th.started = true;
+            th.last_sample = time;
+            let at = fxprof_processed_profile::Timestamp::from_nanos_since_reference(time);
+            self.profile.set_thread_start_time(th.handle, at);
+        }
+        th.last_time = th.last_time.max(time);
+    }
+
+    fn write_json(&self, out: &mut dyn Write) -> Result<(), PostError> {
+        serde_json::to_writer(&mut *out, &self.profile).map_err(std::io::Error::from)?;
+        Ok(())
+    }
+}
+
+impl TimelineWriter for FirefoxWriter {
+    fn thread(&mut self, pid: u32, tid: u32, process: &str, name: &str) -> Result<(), PostError> {
+        use fxprof_processed_profile::Timestamp;
+        let process_name = if process.is_empty() { format!("pid {pid}") } else { process.to_string() };
+        let zero = Timestamp::from_nanos_since_reference(0);
+        let process = match self.processes.get(&pid) {
+            Some(&p) => {
+                self.profile.set_process_name(p, &process_name);
+                p
+            }
+            None => {
+                let p = self.profile.add_process(&process_name, pid, zero);
+                self.processes.insert(pid, p);
+                p
+            }
+        };
+        let handle = match self.threads.get(&tid) {
+            Some(th) => th.handle,
+            None => {
+                let handle = self.profile.add_thread(process, tid, zero, tid == pid);
+                let th = FirefoxThread {
+                    handle,
+                    stack: Vec::new(),
+                    stretch: None,
+                    started: false,
+                    last_time: 0,
+                    last_sample: 0,
+                };
+                self.threads.insert(tid, th);
+                handle
+            }
+        };
+        let name = if name.is_empty() { process_name } else { name.to_string() };
+        self.profile.set_thread_name(handle, &name);
+        Ok(())
+    }
+
+    fn begin(&mut self, tid: u32, name: &str, kind: SpanKind, time: u64) -> Result<(), PostError> {
+        use fxprof_processed_profile::{CategoryHandle, Frame, FrameFlags, FrameInfo};
+        self.flush(tid);
+        self.touch(tid, time);
+        let category = match kind {
+            SpanKind::SignalHandler | SpanKind::SignalTrampoline => self.signal,
+            SpanKind::Leaf => CategoryHandle::OTHER,
+            _ => self.user,
+        };
+        let label = self.profile.intern_string(name);
+        let Some(th) = self.threads.get_mut(&tid) else { return Ok(()) };
+        let info = FrameInfo { frame: Frame::Label(label), category_pair: category.into(), flags: FrameFlags::empty() };
+        let frame = self.profile.intern_frame(th.handle, info);
+        let stack = self.profile.intern_stack(th.handle, th.stack.last().copied(), frame);
+        th.stack.push(stack);
+        Ok(())
+    }
+
+    fn end(&mut self, tid: u32, time: u64) -> Result<(), PostError> {
+        self.flush(tid);
+        self.touch(tid, time);
+        if let Some(th) = self.threads.get_mut(&tid) {
+            th.stack.pop();
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, tid: u32, instructions: u64, time: u64) -> Result<(), PostError> {
+        self.touch(tid, time);
+        let Some(th) = self.threads.get_mut(&tid) else { return Ok(()) };
+        match &mut th.stretch {
+            Some((_, _, n)) => *n += instructions,
+            None => th.stretch = Some((th.stack.last().copied(), time, instructions)),
+        }
+        Ok(())
+    }
+
+    fn marker(&mut self, tid: u32, name: &str, kind: MarkerKind, number: u16, time: u64) -> Result<(), PostError> {
+        use fxprof_processed_profile::{MarkerTiming, Timestamp};
+        self.touch(tid, time);
+        let Some(th) = self.threads.get(&tid) else { return Ok(()) };
+        let handle = th.handle;
+        let marker = KernelMarker {
+            name: self.profile.intern_string(name),
+            kind: self.profile.intern_string(kind.category()),
+            number: number as f64,
+            category: self.kernel,
+        };
+        self.profile.add_marker(handle, MarkerTiming::Instant(Timestamp::from_nanos_since_reference(time)), marker);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), PostError> {
+        use fxprof_processed_profile::Timestamp;
+        let tids: Vec<u32> = self.threads.keys().copied().collect();
+        for tid in tids {
+            self.flush(tid);
+            let th = &self.threads[&tid];
+            self.profile.set_thread_end_time(th.handle, Timestamp::from_nanos_since_reference(th.last_time));
+        }
+        Ok(())
+    }
+}
+
+/// A system call or signal delivery, as a Firefox Profiler marker.
+struct KernelMarker {
+    name: fxprof_processed_profile::StringHandle,
+    kind: fxprof_processed_profile::StringHandle,
+    number: f64,
+    category: fxprof_processed_profile::CategoryHandle,
+}
+
+impl fxprof_processed_profile::StaticSchemaMarker for KernelMarker {
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = "itrace-kernel";
+    const DESCRIPTION: Option<&'static str> = Some("A system call's return or a signal's delivery");
+    const CHART_LABEL: Option<&'static str> = Some("{marker.name}");
+    const TABLE_LABEL: Option<&'static str> = Some("{marker.name} ({marker.data.kind} {marker.data.number})");
+    const FIELDS: &'static [fxprof_processed_profile::StaticSchemaMarkerField] = &[
+        fxprof_processed_profile::StaticSchemaMarkerField {
+            key: "kind",
+            label: "Kind",
+            format: fxprof_processed_profile::MarkerFieldFormat::String,
+            flags: fxprof_processed_profile::MarkerFieldFlags::SEARCHABLE,
+        },
+        fxprof_processed_profile::StaticSchemaMarkerField {
+            key: "number",
+            label: "Number",
+            format: fxprof_processed_profile::MarkerFieldFormat::Integer,
+            flags: fxprof_processed_profile::MarkerFieldFlags::empty(),
+        },
+    ];
+
+    fn name(&self, _profile: &mut fxprof_processed_profile::Profile) -> fxprof_processed_profile::StringHandle {
+        self.name
+    }
+
+    fn category(&self, _profile: &mut fxprof_processed_profile::Profile) -> fxprof_processed_profile::CategoryHandle {
+        self.category
+    }
+
+    fn string_field_value(&self, _field_index: u32) -> fxprof_processed_profile::StringHandle {
+        self.kind
+    }
+
+    fn number_field_value(&self, _field_index: u32) -> f64 {
+        self.number
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-computed: 100 instructions between readings at 1000 ns and 2000 ns.
+    #[test]
+    fn times_between_clock_readings_go_by_instructions() {
+        let (a, b) = ((50, 1000), (150, 2000));
+        assert_eq!(interpolate(a, b, 50), 1000);
+        assert_eq!(interpolate(a, b, 75), 1250);
+        assert_eq!(interpolate(a, b, 150), 2000);
+        // Outside the readings: the nearer one.
+        assert_eq!(interpolate(a, b, 10), 1000);
+        assert_eq!(interpolate(a, b, 900), 2000);
+    }
+
+    /// The stacks of a profile's samples, read back through its tables as the Firefox
+    /// Profiler does: (stack from the root, weight, time in ms).
+    fn samples(thread: &serde_json::Value) -> Vec<(Vec<String>, u64, f64)> {
+        let strings: Vec<&str> =
+            thread["stringArray"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        let (stacks, frames, funcs) = (&thread["stackTable"], &thread["frameTable"], &thread["funcTable"]);
+        let s = &thread["samples"];
+        let mut time = 0.0;
+        let mut out = Vec::new();
+        for i in 0..s["length"].as_u64().unwrap() as usize {
+            time += s["timeDeltas"][i].as_f64().unwrap();
+            let mut names = Vec::new();
+            let mut stack = s["stack"][i].as_u64();
+            while let Some(st) = stack {
+                let frame = stacks["frame"][st as usize].as_u64().unwrap() as usize;
+                let func = frames["func"][frame].as_u64().unwrap() as usize;
+                names.push(strings[funcs["name"][func].as_u64().unwrap() as usize].to_string());
+                stack = stacks["prefix"][st as usize].as_u64();
+            }
+            names.reverse();
+            out.push((names, s["weight"][i].as_u64().unwrap(), time));
+        }
+        out
+    }
+
+    /// Spans and runs through the crate's types and back out of its JSON: a sample per stretch
+    /// of instructions with one stack, weighted by them, at the stretch's start; markers by name.
+    #[test]
+    fn firefox_profile_round_trip() {
+        let mut w = FirefoxWriter::new("t.itr", 0);
+        w.thread(7, 8, "prog", "").unwrap();
+        w.begin(8, "main", SpanKind::Root, 0).unwrap();
+        w.run(8, 10, 0).unwrap();
+        w.begin(8, "work", SpanKind::Call, 10_000).unwrap();
+        w.run(8, 4, 10_000).unwrap();
+        w.run(8, 1, 14_000).unwrap();
+        w.marker(8, "sys_write", MarkerKind::Syscall, 1, 15_000).unwrap();
+        w.end(8, 15_000).unwrap();
+        w.run(8, 3, 15_000).unwrap();
+        w.end(8, 18_000).unwrap();
+        w.thread(7, 8, "prog", "renamed").unwrap();
+        w.finish().unwrap();
+        let mut json = Vec::new();
+        w.write_json(&mut json).unwrap();
+        let profile: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let threads = profile["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 1);
+        let t = &threads[0];
+        // A thread other than the process's main one keeps a name of its own.
+        assert_eq!(t["name"], "renamed");
+        let main = || vec!["main".to_string()];
+        let work = || vec!["main".to_string(), "work".to_string()];
+        assert_eq!(samples(t), vec![(main(), 10, 0.0), (work(), 5, 0.01), (main(), 3, 0.015)]);
+        let m = &t["markers"];
+        assert_eq!(m["length"], 1);
+        let strings = t["stringArray"].as_array().unwrap();
+        assert_eq!(strings[m["name"][0].as_u64().unwrap() as usize], "sys_write");
+        assert_eq!(m["startTime"][0], 0.015);
+    }
+}
