@@ -261,6 +261,7 @@ impl Encoder {
     }
 
     /// Write what is pending (call before the payload leaves).
+    #[inline]
     pub fn finish(&mut self, out: &mut Vec<u8>) {
         if self.run > 0 {
             out.push(tag::REPEAT);

@@ -193,41 +193,46 @@ fn gettid() -> u32 {
 }
 
 /// The state of vCPU `idx`, created on first use. Only its own thread calls this.
-#[inline]
+#[inline(always)]
 fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
     let slot = VCPUS.get(idx as usize)?;
     let mut p = slot.load(Relaxed);
     if p.is_null() {
-        let v = Box::new(Vcpu {
-            stream: idx as u16,
-            tid: 0,
-            active: false,
-            prev: std::ptr::null(),
-            icount: 0,
-            in_syscall: None,
-            mmap: None,
-            sending: 0,
-            buf: Vec::with_capacity(SEGMENT),
-            buf_insns: 0,
-            buf_branches: 0,
-            buf_records: 0,
-            last_ts: 0,
-            ts_left: 0,
-            buf_since: 0,
-            enc: STATE.get().filter(|s| s.cfg.mode == Mode::Continuous).map(|_| Encoder::new()),
-            scratch: Vec::new(),
-            segment: STATE
-                .get()
-                .filter(|s| s.cfg.mode == Mode::Continuous)
-                .map_or(SEGMENT, |s| s.cfg.segment_size.clamp(4096, SEGMENT)),
-        });
-        p = Box::into_raw(v);
-        slot.store(p, Release);
+        p = new_vcpu(idx, slot);
     }
     // SAFETY: p comes from Box::into_raw and is never freed; each vCPU's state is used by that
     // vCPU's thread only (callbacks of one vCPU run on its thread, one at a time), except in
     // `finish_all`, which runs when qemu has stopped every vCPU.
     Some(unsafe { &mut *p })
+}
+
+/// A vCPU's first callback: its state, kept in `slot` from then on.
+#[cold]
+fn new_vcpu(idx: c_uint, slot: &AtomicPtr<Vcpu>) -> *mut Vcpu {
+    let continuous = STATE.get().filter(|s| s.cfg.mode == Mode::Continuous);
+    let v = Box::new(Vcpu {
+        stream: idx as u16,
+        tid: 0,
+        active: false,
+        prev: std::ptr::null(),
+        icount: 0,
+        in_syscall: None,
+        mmap: None,
+        sending: 0,
+        buf: Vec::with_capacity(SEGMENT),
+        buf_insns: 0,
+        buf_branches: 0,
+        buf_records: 0,
+        last_ts: 0,
+        ts_left: 0,
+        buf_since: 0,
+        enc: continuous.map(|_| Encoder::new()),
+        scratch: Vec::new(),
+        segment: continuous.map_or(SEGMENT, |s| s.cfg.segment_size.clamp(4096, SEGMENT)),
+    });
+    let p = Box::into_raw(v);
+    slot.store(p, Release);
+    p
 }
 
 impl Vcpu {

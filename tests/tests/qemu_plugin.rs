@@ -99,6 +99,44 @@ fn modes() {
     }
 }
 
+/// Normal mode with a buffer too small for long_loop: its branches are exactly the first ones
+/// of the whole (continuous) trace, none changed or dropped on the way through the writer,
+/// then a trace-off for the full buffer ends the stream; the program runs on to its end.
+#[test]
+fn normal_mode_full_buffer_keeps_the_first_branches() {
+    let bin = program("long_loop");
+    let dir = test_dir("qemu_plugin-normal-full");
+    // Each branch line of the dump without its offset, timestamp and thread id.
+    let branches = |trace: &Path| -> Vec<String> {
+        let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
+        dump.assert_success();
+        dump.stdout
+            .lines()
+            .filter(|l| matches!(l.split_whitespace().nth(3), Some("U" | "K")))
+            .map(|l| l.split_whitespace().skip(3).filter(|w| !w.starts_with("tid=")).collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    let whole = dir.join("continuous.itr");
+    record(&whole, &["--backend", "qemu", "--segment-size", "64K"], &bin, &[]).assert_success();
+    let small = dir.join("normal.itr");
+    let opts = ["--backend", "qemu", "--mode", "normal", "--buffer-size", "4K", "--segment-size", "64K"];
+    let out = record(&small, &opts, &bin, &[]);
+    out.assert_success();
+    assert!(out.stdout.contains("long_loop: done"), "the program did not run on: {}", out.stdout);
+    let (all, first) = (branches(&whole), branches(&small));
+    // long_loop takes 200,000 branches; 4K holds some thousands of them.
+    assert!(
+        all.len() >= 200_000 && !first.is_empty() && first.len() < all.len() / 2,
+        "{} of {}",
+        first.len(),
+        all.len()
+    );
+    assert_eq!(first[..], all[..first.len()], "normal mode's branches are not the whole trace's first ones");
+    let dump = itrace(["dump".as_ref(), small.as_os_str()]);
+    let last = dump.stdout.lines().rfind(|l| l.contains(" cpu0 ")).unwrap_or_default();
+    assert!(last.contains("TraceOff") && last.contains("reason: BufferFull"), "last record: {last}");
+}
+
 /// libc programs: self counts of the program's own functions, plugin against ptrace stepping
 /// (glibc's own work differs: the emulated CPU's features pick other string routines).
 fn compare_with_ptrace(name: &str, funcs: &[&str]) -> serde_json::Value {
