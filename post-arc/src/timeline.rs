@@ -153,8 +153,9 @@ pub fn write_timeline(
             run_timeline(trace, axis, start_ns, &mut writer, progress)
         }
         TimelineFormat::Firefox { gzip } => {
-            let mut writer = FirefoxWriter::new(&title, header.start_realtime_ns);
-            let stats = run_timeline(trace, axis, start_ns, &mut writer, progress)?;
+            let mut writer = FirefoxWriter::new(&title, header.start_realtime_ns, firefox_window(trace));
+            let mut stats = run_timeline(trace, axis, start_ns, &mut writer, progress)?;
+            stats.notes.extend(writer.notes());
             if gzip {
                 let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
                 writer.write_json(&mut gz)?;
@@ -681,7 +682,38 @@ impl TimelineWriter for ChromeWriter<'_> {
 /// of instructions run with one stack, weighted by those instructions (so the call tree and
 /// the flame graph count instructions, and the stack chart shows the spans), and instant
 /// markers for system calls and signals.
+/// Taken branches up to which a Firefox profile gets a sample per stretch of instructions with
+/// one stack. The crate holds the whole profile in memory (about 100 bytes a sample), so a
+/// longer trace's samples are merged per window of instructions: see [`firefox_window`].
+const FIREFOX_EXACT_BRANCHES: u64 = 1 << 21;
+
+/// About how many windows a long trace's Firefox profile is cut into (all threads together).
+const FIREFOX_WINDOWS: u64 = 1 << 18;
+
+/// Markers (system calls, signals) a Firefox profile keeps; later ones are counted, not kept.
+const FIREFOX_MARKERS: u64 = 1 << 20;
+
+/// Instructions per sample window of a Firefox profile of `trace` (0: a sample per stretch).
+/// From the trace's end summary (taken branches and instructions), or, for a trace cut short,
+/// from its size (format 3.0 takes at least a byte a branch; 5 instructions a branch).
+fn firefox_window(trace: &Trace) -> u64 {
+    let (branches, instructions) = match trace.summary() {
+        Some(s) => (s.records.iter().sum::<u64>(), s.instructions),
+        None => (trace.trace_bytes(), trace.trace_bytes().saturating_mul(5)),
+    };
+    if branches <= FIREFOX_EXACT_BRANCHES {
+        0
+    } else {
+        (instructions / FIREFOX_WINDOWS).max(1)
+    }
+}
+
 struct FirefoxWriter {
+    /// Instructions of a thread per sample window; 0: a sample per stretch.
+    window: u64,
+    /// Markers left to keep, and those dropped past [`FIREFOX_MARKERS`].
+    markers_left: u64,
+    markers_dropped: u64,
     profile: fxprof_processed_profile::Profile,
     processes: FxHashMap<u32, fxprof_processed_profile::ProcessHandle>,
     threads: FxHashMap<u32, FirefoxThread>,
@@ -699,31 +731,55 @@ struct FirefoxThread {
     last_time: u64,
     /// Time of the latest sample (the CPU was busy with the thread since).
     last_sample: u64,
+    /// Window mode: the thread's instructions so far and where its window started.
+    ran: u64,
+    window_start: u64,
+    /// Window mode: per stack in this window, (stack, time of its first stretch, instructions),
+    /// in the order first seen.
+    pending: Vec<(Option<fxprof_processed_profile::StackHandle>, u64, u64)>,
+    pending_at: FxHashMap<Option<fxprof_processed_profile::StackHandle>, usize>,
 }
 
 impl FirefoxWriter {
-    fn new(title: &str, start_realtime_ns: u64) -> Self {
+    fn new(title: &str, start_realtime_ns: u64, window: u64) -> Self {
         use fxprof_processed_profile::{CategoryColor, Profile, ReferenceTimestamp, SamplingInterval};
         let reference = ReferenceTimestamp::from_millis_since_unix_epoch(start_realtime_ns as f64 / 1e6);
         let mut profile = Profile::new(title, reference, SamplingInterval::from_nanos(1000));
         let user = profile.add_category("User", CategoryColor::Blue);
         let signal = profile.add_category("Signal", CategoryColor::Orange);
         let kernel = profile.add_category("Kernel", CategoryColor::Red);
-        FirefoxWriter { profile, processes: FxHashMap::default(), threads: FxHashMap::default(), user, signal, kernel }
+        FirefoxWriter {
+            window,
+            markers_left: FIREFOX_MARKERS,
+            markers_dropped: 0,
+            profile,
+            processes: FxHashMap::default(),
+            threads: FxHashMap::default(),
+            user,
+            signal,
+            kernel,
+        }
     }
 
-    /// The stretch of `tid` so far as samples (a weight is an i32: a longer stretch is several).
+    /// The stretch of `tid` so far as samples, or into its window's (window mode: a window's
+    /// samples are written when the thread has run past it, or at the end).
     fn flush(&mut self, tid: u32) {
-        use fxprof_processed_profile::{CpuDelta, Timestamp};
         let Some(th) = self.threads.get_mut(&tid) else { return };
-        let Some((stack, time, mut n)) = th.stretch.take() else { return };
-        while n > 0 {
-            let weight = n.min(i32::MAX as u64);
-            n -= weight;
-            let at = Timestamp::from_nanos_since_reference(time);
-            let busy = CpuDelta::from_nanos(time.saturating_sub(th.last_sample));
-            th.last_sample = time;
-            self.profile.add_sample(th.handle, at, stack, busy, weight as i32);
+        let Some((stack, time, n)) = th.stretch.take() else { return };
+        if self.window == 0 {
+            add_samples(&mut self.profile, th, stack, time, n);
+            return;
+        }
+        match th.pending_at.get(&stack) {
+            Some(&i) => th.pending[i].2 += n,
+            None => {
+                th.pending_at.insert(stack, th.pending.len());
+                th.pending.push((stack, time, n));
+            }
+        }
+        th.ran += n;
+        if th.ran - th.window_start >= self.window {
+            flush_window(&mut self.profile, th);
         }
     }
 
@@ -736,6 +792,26 @@ impl FirefoxWriter {
             self.profile.set_thread_start_time(th.handle, at);
         }
         th.last_time = th.last_time.max(time);
+    }
+
+    /// What the profile left out or merged, for the user.
+    fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.window > 0 {
+            notes.push(format!(
+                "note: a long trace: the Firefox profile has a sample per stack and window of {} instructions of a \
+                 thread (the call tree and flame graph stay exact; the stack chart shows windows, not calls)",
+                self.window
+            ));
+        }
+        if self.markers_dropped > 0 {
+            notes.push(format!(
+                "note: the Firefox profile keeps the first {FIREFOX_MARKERS} system call and signal markers; {} more \
+                 were left out",
+                self.markers_dropped
+            ));
+        }
+        notes
     }
 
     fn write_json(&self, out: &mut dyn Write) -> Result<(), PostError> {
@@ -771,6 +847,10 @@ impl TimelineWriter for FirefoxWriter {
                     started: false,
                     last_time: 0,
                     last_sample: 0,
+                    ran: 0,
+                    window_start: 0,
+                    pending: Vec::new(),
+                    pending_at: FxHashMap::default(),
                 };
                 self.threads.insert(tid, th);
                 handle
@@ -822,6 +902,11 @@ impl TimelineWriter for FirefoxWriter {
         use fxprof_processed_profile::{MarkerTiming, Timestamp};
         self.touch(tid, time);
         let Some(th) = self.threads.get(&tid) else { return Ok(()) };
+        if self.markers_left == 0 {
+            self.markers_dropped += 1;
+            return Ok(());
+        }
+        self.markers_left -= 1;
         let handle = th.handle;
         let marker = KernelMarker {
             name: self.profile.intern_string(name),
@@ -838,11 +923,44 @@ impl TimelineWriter for FirefoxWriter {
         let tids: Vec<u32> = self.threads.keys().copied().collect();
         for tid in tids {
             self.flush(tid);
-            let th = &self.threads[&tid];
+            let Some(th) = self.threads.get_mut(&tid) else { continue };
+            flush_window(&mut self.profile, th);
             self.profile.set_thread_end_time(th.handle, Timestamp::from_nanos_since_reference(th.last_time));
         }
         Ok(())
     }
+}
+
+/// `n` instructions run with `stack` from `time` on, as samples of thread `th` (a weight is an
+/// i32: more instructions are several samples).
+fn add_samples(
+    profile: &mut fxprof_processed_profile::Profile,
+    th: &mut FirefoxThread,
+    stack: Option<fxprof_processed_profile::StackHandle>,
+    time: u64,
+    mut n: u64,
+) {
+    use fxprof_processed_profile::{CpuDelta, Timestamp};
+    while n > 0 {
+        let weight = n.min(i32::MAX as u64);
+        n -= weight;
+        let at = Timestamp::from_nanos_since_reference(time);
+        let busy = CpuDelta::from_nanos(time.saturating_sub(th.last_sample));
+        th.last_sample = time;
+        profile.add_sample(th.handle, at, stack, busy, weight as i32);
+    }
+}
+
+/// Window mode: the samples of `th`'s window so far, one per stack at its first time.
+fn flush_window(profile: &mut fxprof_processed_profile::Profile, th: &mut FirefoxThread) {
+    let pending = std::mem::take(&mut th.pending);
+    th.pending_at.clear();
+    for &(stack, time, n) in &pending {
+        add_samples(profile, th, stack, time, n);
+    }
+    th.pending = pending;
+    th.pending.clear();
+    th.window_start = th.ran;
 }
 
 /// A system call or signal delivery, as a Firefox Profiler marker.
@@ -935,7 +1053,7 @@ mod tests {
     /// of instructions with one stack, weighted by them, at the stretch's start; markers by name.
     #[test]
     fn firefox_profile_round_trip() {
-        let mut w = FirefoxWriter::new("t.itr", 0);
+        let mut w = FirefoxWriter::new("t.itr", 0, 0);
         w.thread(7, 8, "prog", "").unwrap();
         w.begin(8, "main", SpanKind::Root, 0).unwrap();
         w.run(8, 10, 0).unwrap();
@@ -964,5 +1082,48 @@ mod tests {
         let strings = t["stringArray"].as_array().unwrap();
         assert_eq!(strings[m["name"][0].as_u64().unwrap() as usize], "sys_write");
         assert_eq!(m["startTime"][0], 0.015);
+    }
+
+    /// A long trace's windows: per stack the same instructions as a sample per stretch gives
+    /// (hand count: 20 calls of `work`, 1 instruction of main and 2 of work each), in at most
+    /// two samples (two stacks) per window of 10 instructions, in time order.
+    #[test]
+    fn firefox_windows_keep_each_stacks_instructions() {
+        let profile_of = |window: u64| {
+            let mut w = FirefoxWriter::new("t.itr", 0, window);
+            w.thread(7, 7, "prog", "").unwrap();
+            w.begin(7, "main", SpanKind::Root, 0).unwrap();
+            let mut t = 0;
+            for _ in 0..20 {
+                w.run(7, 1, t).unwrap();
+                t += 1000;
+                w.begin(7, "work", SpanKind::Call, t).unwrap();
+                w.run(7, 2, t).unwrap();
+                t += 2000;
+                w.end(7, t).unwrap();
+            }
+            w.end(7, t).unwrap();
+            w.finish().unwrap();
+            let mut json = Vec::new();
+            w.write_json(&mut json).unwrap();
+            let profile: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            samples(&profile["threads"][0])
+        };
+        let per_stack = |samples: &[(Vec<String>, u64, f64)]| {
+            let mut sums = std::collections::BTreeMap::new();
+            for (stack, weight, _) in samples {
+                *sums.entry(stack.join(";")).or_insert(0) += weight;
+            }
+            sums
+        };
+        let exact = profile_of(0);
+        let windowed = profile_of(10);
+        assert_eq!(exact.len(), 40);
+        let want: std::collections::BTreeMap<String, u64> =
+            [("main".to_string(), 20), ("main;work".to_string(), 40)].into();
+        assert_eq!(per_stack(&exact), want);
+        assert_eq!(per_stack(&windowed), want);
+        assert!(windowed.len() <= 2 * (60 / 10 + 1), "{} samples: {windowed:?}", windowed.len());
+        assert!(windowed.windows(2).all(|p| p[0].2 <= p[1].2), "times go back: {windowed:?}");
     }
 }
