@@ -27,8 +27,9 @@ fn max_rss_kb(args: &[&str], trace: &Path, out: &Path) -> u64 {
     cmd.args(args).arg(trace).stdin(Stdio::null());
     cmd.stdout(File::create(out).expect("create the output file"));
     cmd.stderr(File::create(out.with_extension("stderr")).expect("create the stderr file"));
-    let child = cmd.spawn().expect("start itrace");
-    let pid = child.id() as libc::pid_t;
+    // Reaped by the wait4 below, which also says the child's peak memory (Child::wait does not).
+    #[allow(clippy::zombie_processes)]
+    let pid = cmd.spawn().expect("start itrace").id() as libc::pid_t;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let mut status = 0;
