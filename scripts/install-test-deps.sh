@@ -20,6 +20,7 @@ PACKAGES=(
     file                  # identifying binaries when debugging failures
     coreutils             # env -i, sleep
     mount                 # mount/umount of a small tmpfs for the disk-full test
+    chromium              # renders a flame graph SVG headless: screenshot and DOM (tests/views.rs)
     libc6-dbg             # separate debug info of libc (post-arc symbol tests)
     gcc-powerpc64-linux-gnu  # big-endian ELFv1 and ELF32 symbol tests (post-arc); ppc64 cross tests
     libc6-dev-ppc64-cross    # static glibc for the ppc64 cross test program

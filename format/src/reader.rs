@@ -13,6 +13,7 @@ use crate::{FileHeader, FormatError, Record, HEADER_LEN, RECORD_HEADER_LEN};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A stream: a CPU number, or [`STREAM_MTE`].
 pub type StreamId = u16;
@@ -41,15 +42,35 @@ pub struct TraceFile {
 }
 
 enum Data {
-    Map(memmap2::Mmap),
+    /// The file mapped, and the bytes read from it since its pages were last let go.
+    Map(memmap2::Mmap, AtomicU64),
     Empty,
 }
+
+/// Read this many bytes of a mapped trace, and its pages are let go: the resident memory of
+/// a reader stays bounded, not growing with the trace's length (a mapped file's pages that
+/// were read count in the process's resident set until it unmaps them or lets them go).
+const RELEASE_EVERY: u64 = 8 << 20;
 
 impl Data {
     fn bytes(&self) -> &[u8] {
         match self {
-            Data::Map(m) => m,
+            Data::Map(m, _) => m,
             Data::Empty => &[],
+        }
+    }
+
+    /// `n` more bytes of the map were read: every [`RELEASE_EVERY`] bytes, drop the map's
+    /// pages from this process (the next read of a page maps it again from the page cache).
+    fn note_read(&self, n: usize) {
+        let Data::Map(m, read) = self else { return };
+        if read.fetch_add(n as u64, Ordering::Relaxed) + n as u64 >= RELEASE_EVERY {
+            read.store(0, Ordering::Relaxed);
+            // SAFETY: the map is private and read-only, so this process never wrote to it and
+            // holds no changed copy of a page that DONTNEED would throw away: the pages it
+            // drops read back with the file's same bytes, and slices into the map stay valid.
+            // (Failure only means the pages stay: memory, not correctness.)
+            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
         }
     }
 }
@@ -92,7 +113,7 @@ impl TraceFile {
             // SAFETY: the map is read-only and private to this process; itrace
             // never writes a trace while reading it. A file truncated by another
             // process while mapped could fault, as with any mapped reader.
-            Data::Map(unsafe { memmap2::Mmap::map(&file) }.map_err(open_err)?)
+            Data::Map(unsafe { memmap2::Mmap::map(&file) }.map_err(open_err)?, AtomicU64::new(0))
         };
         let header = FileHeader::decode(path, data.bytes())?;
         let mut t =
@@ -157,6 +178,7 @@ impl TraceFile {
             if !truncated && crate::writer::crc32(&b[start..start + want]) != payload_crc {
                 return Err(corrupt(off, format!("checksum mismatch in the {want}-byte chunk of stream {stream}")));
             }
+            self.data.note_read(have);
             let info = ChunkInfo { offset: off as u64, stream, flags, len: have, truncated };
             if stream == STREAM_END {
                 end_chunk = Some(info.clone());
@@ -213,6 +235,7 @@ impl TraceFile {
                     return Err(corrupt(off, format!("checksum mismatch in the {want}-byte chunk of stream {stream}")));
                 }
             }
+            self.data.note_read(have);
             let info = ChunkInfo { offset: off as u64, stream, flags, len: have, truncated };
             if stream == STREAM_END {
                 end_chunk = Some(info.clone());
@@ -484,6 +507,7 @@ impl<'a> StreamRecords<'a> {
         let h = &self.file.header;
         let compact = h.version_major >= 3 && c.stream < h.ncpu;
         let base = c.offset as usize + self.file.chunk_header_len();
+        self.file.data.note_read(c.len);
         let mut cur = Cursor {
             base,
             pos: 0,

@@ -334,11 +334,16 @@ impl CallStacks {
     }
 
     fn func(&mut self, id: u32) -> &mut FuncStats {
+        Self::func_in(&mut self.funcs, id)
+    }
+
+    /// [`Self::func`] on the field alone, for callers that hold a thread's stack meanwhile.
+    fn func_in(funcs: &mut Vec<FuncStats>, id: u32) -> &mut FuncStats {
         let i = id as usize;
-        if i >= self.funcs.len() {
-            self.funcs.resize(i + 1, FuncStats::default());
+        if i >= funcs.len() {
+            funcs.resize(i + 1, FuncStats::default());
         }
-        &mut self.funcs[i]
+        &mut funcs[i]
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -534,51 +539,36 @@ impl CallStacks {
     /// returning); close them.
     fn unwind_to(&mut self, tid: u32, loc: &Location) {
         // Most blocks are in the newest frame's function, or in one with no frame at all.
+        // (The cheap test first: this runs for every block.)
         let Some(th) = self.threads.get(&tid) else { return };
-        if !th.has_frame_of(loc.func) || &*loc.symbol == "<unknown>" {
-            return;
-        }
         match th.stack.last() {
             Some(top) if top.func != loc.func => {}
             _ => return,
+        }
+        if !th.has_frame_of(loc.func) || &*loc.symbol == "<unknown>" {
+            return;
         }
         if let Some(i) = th.stack.iter().rposition(|f| f.func == loc.func && !f.plt_pending) {
             self.pop_to(tid, i + 1);
         }
     }
 
-    /// Close the frames of `tid` from index `i` up.
+    /// Close the frames of `tid` from index `i` up, newest first.
     fn pop_to(&mut self, tid: u32, i: usize) {
         let th = self.threads.entry(tid).or_default();
-        if i >= th.stack.len() {
-            return;
-        }
         let total = th.instructions;
         let mut in_handlers = th.in_handlers;
-        let frames: Vec<Frame> = th.stack.drain(i..).collect();
-        if self.record_events {
-            // Newest first, as they close.
-            self.events.extend((i..i + frames.len()).rev().map(|d| StackEvent::Close {
-                tid,
-                depth: d as u32,
-                at: total,
-            }));
-        }
-        // The (function, node) each closed frame was called from: the frame below it, the
-        // signal for a handler, none below a root.
-        let below = th.stack.last().map(|f| (f.func, f.node));
-        let callers: Vec<Option<u32>> = frames
-            .iter()
-            .enumerate()
-            .map(|(j, f)| match f.signal {
-                Some(signal) => Some(signal),
-                None if j == 0 => below.map(|b| b.0),
-                None => Some(frames[j - 1].func),
-            })
-            .collect();
-        let parent_nodes: Vec<u32> =
-            (0..frames.len()).map(|j| if j == 0 { below.map_or(ROOT, |b| b.1) } else { frames[j - 1].node }).collect();
-        for ((fr, caller), parent_node) in frames.into_iter().zip(callers).zip(parent_nodes).rev() {
+        // One frame at a time, without collecting them: this runs at every return.
+        while th.stack.len() > i {
+            let Some(fr) = th.stack.pop() else { break };
+            if self.record_events {
+                // Newest first, as they close.
+                self.events.push(StackEvent::Close { tid, depth: th.stack.len() as u32, at: total });
+            }
+            // The frame below is the caller's (the signal for a handler; none below a root).
+            let below = th.stack.last();
+            let caller = fr.signal.or(below.map(|b| b.func));
+            let parent_node = below.map_or(ROOT, |b| b.node);
             // Instructions run while the frame was open, less those of signal handlers that
             // interrupted it.
             // (Saturating: a damaged trace must not make it wrap.)
@@ -606,25 +596,29 @@ impl CallStacks {
             }
             if fr.plt_pending {
                 // Its own instructions are already in its inclusive count (it had no frame).
-                self.func(fr.func).calls += 1;
+                Self::func_in(&mut self.funcs, fr.func).calls += 1;
                 continue;
             }
-            let th = self.threads.entry(tid).or_default();
             let outermost = th.leave(fr.func);
             if fr.signal.is_some() {
                 th.open.pop();
             }
             if outermost {
-                self.func(fr.func).inclusive += spent;
+                Self::func_in(&mut self.funcs, fr.func).inclusive += spent;
             }
         }
-        self.threads.entry(tid).or_default().in_handlers = in_handlers;
+        th.in_handlers = in_handlers;
     }
 
     /// `n` instructions of `tid` in `loc` (the newest frame is the one they run in).
     fn add_self(&mut self, tid: u32, pid: u32, loc: &Location, n: u32) {
         let n = n as u64;
-        let own_frame = self.threads.get(&tid).is_some_and(|th| th.runs_in_own_frame(loc.func));
+        // The newest frame's function is open at the current level (every frame but a pending
+        // PLT call's entered it there): the common case needs no lookup.
+        let own_frame = self.threads.get(&tid).is_some_and(|th| match th.stack.last() {
+            Some(top) if top.func == loc.func && !top.plt_pending => true,
+            _ => th.runs_in_own_frame(loc.func),
+        });
         let f = self.func(loc.func);
         f.self_instructions += n;
         if !own_frame {

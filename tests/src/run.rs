@@ -71,6 +71,7 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("strace", "strace"),
     ("env", "coreutils"),
     ("sleep", "coreutils"),
+    ("chromium", "chromium"),
 ];
 
 fn find_in_path(tool: &str) -> Option<PathBuf> {

@@ -242,6 +242,80 @@ fn svg_frame_widths_are_inclusive_shares() {
     }
 }
 
+/// Chromium's flags for a headless run as root on a machine without a network: no sandbox (root),
+/// no GPU, and none of its background connections.
+const CHROMIUM_FLAGS: &[&str] = &[
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
+/// The distinct colours of a PNG's pixels (decoded by the png crate, not by Chromium).
+fn png_colours(path: &Path) -> (u32, u32, usize) {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    decoder.set_transformations(png::Transformations::EXPAND);
+    let mut reader = decoder.read_info().unwrap_or_else(|e| panic!("{} is not a PNG: {e}", path.display()));
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let bytes_per_pixel = info.color_type.samples() * if info.bit_depth == png::BitDepth::Sixteen { 2 } else { 1 };
+    let colours: HashSet<&[u8]> = buf[..info.buffer_size()].chunks(bytes_per_pixel).collect();
+    (info.width, info.height, colours.len())
+}
+
+/// The texts of the `<text>` elements in Chromium's dump of a page's DOM.
+fn dom_texts(dom: &str) -> Vec<&str> {
+    let mut texts = Vec::new();
+    let mut rest = dom;
+    while let Some(at) = rest.find("<text") {
+        let Some(open_end) = rest[at..].find('>') else { break };
+        let body = &rest[at + open_end + 1..];
+        let Some(close) = body.find("</text>") else { break };
+        texts.push(body[..close].trim());
+        rest = &body[close..];
+    }
+    texts
+}
+
+/// Headless Chromium renders fib's flame graph: its screenshot (kept at
+/// target/test-output/views-chromium-fib/flame.png) is a picture of many colours, not a blank
+/// page, and after the page's script has fitted each frame's label to the frame's drawn width
+/// (in a window as wide as the screenshot's), the labels of the frames of main, fib, fib_asm
+/// and __libc_start_main are those names whole (Chromium's DOM dump says what the labels are).
+#[test]
+fn svg_renders_in_headless_chromium() {
+    let chromium = require_tool("chromium");
+    let trace = traced("chromium", "fib");
+    let dir = trace.parent().expect("test dir").to_path_buf();
+    let svg = dir.join("flame.svg");
+    flamegraph(&trace, &[], &svg);
+    let url = format!("file://{}", svg.display());
+    let browse = |what: &str, options: &[&str]| {
+        let mut cmd = Command::new(&chromium);
+        cmd.args(CHROMIUM_FLAGS).arg(format!("--user-data-dir={}", dir.join(format!("chromium-{what}")).display()));
+        cmd.arg("--window-size=1200,400").args(options).arg(&url);
+        run(&mut cmd).assert_success().stdout.clone()
+    };
+    let png = dir.join("flame.png");
+    browse("screenshot", &[&format!("--screenshot={}", png.display())]);
+    eprintln!("the screenshot of the flame graph: {}", png.display());
+    let (width, height, colours) = png_colours(&png);
+    assert_eq!((width, height), (1200, 400), "the screenshot's size");
+    // The background's gradient and the frames' colours: a blank or one-colour page has few.
+    assert!(colours >= 20, "the screenshot {} has {colours} colours: nothing was drawn", png.display());
+    let dom = browse("dom", &["--dump-dom"]);
+    std::fs::write(dir.join("flame.dom"), &dom).expect("save the DOM dump");
+    let labels: HashSet<&str> = dom_texts(&dom).into_iter().collect();
+    for name in ["main", "fib", "fib_asm", "__libc_start_main"] {
+        assert!(labels.contains(name), "no frame is labelled {name} in Chromium's DOM ({labels:?})");
+    }
+}
+
 /// Bad input: one line on stderr, a non-zero exit, no output file.
 #[test]
 fn bad_input_is_one_line() {
