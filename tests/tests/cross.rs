@@ -390,3 +390,90 @@ fn ctrl_c_detaches_from_the_stub() {
     let traced = report["total_instructions"].as_u64().unwrap();
     assert!(traced > 100 && traced < LONG_LOOP_INSTRUCTIONS, "traced {traced} of {LONG_LOOP_INSTRUCTIONS}");
 }
+
+/// The views on a foreign trace (issue 18: every architecture): the libc program traced by the
+/// plugin, its flame graph, call graph and Chrome timeline against qemu's own log (fib's self
+/// instructions, per function from the log's pcs and nm) and the hand count of the source:
+/// fib(10) makes 177 calls (1 from main, 176 recursive) nested 10 deep, and calls nothing, so
+/// its inclusive count is its self count; sum_list(8) calls twice and thrice 4 times each
+/// through its function pointers.
+fn check_views(arch: &str) {
+    let bin = cross_program(&format!("{arch}-libc"));
+    let dir = test_dir(&format!("cross-views-{arch}"));
+    let pcs = cross_qemu_pcs(arch, &bin);
+    let want = cross_function_counts(arch, &bin, &pcs, &["fib"]);
+    let fib_self = want["fib"];
+    let trace = record_plugin(arch, &bin, &dir);
+
+    let folded = itrace(["flamegraph".as_ref(), "--folded".as_ref(), trace.as_os_str()]);
+    folded.assert_success();
+    let (mut leaf_fib, mut deepest) = (0u64, 0usize);
+    for line in folded.stdout.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("folded line: STACK COUNT");
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.last() == Some(&"fib") {
+            leaf_fib += count.parse::<u64>().expect("count");
+            assert!(stack.contains(";main;fib"), "{arch}: fib below something other than main: {line}");
+        }
+        let run = frames.iter().rev().take_while(|f| **f == "fib").count();
+        deepest = deepest.max(run);
+    }
+    assert_eq!(leaf_fib, fib_self, "{arch}: fib's instructions in the flame graph against qemu's log");
+    assert_eq!(deepest, 10, "{arch}: fib's deepest recursion in the flame graph");
+
+    let graph = itrace(["report".as_ref(), "--json".as_ref(), "--callers".as_ref(), "fib".as_ref(), trace.as_os_str()]);
+    graph.assert_success();
+    let graph: serde_json::Value = serde_json::from_str(&graph.stdout).expect("report json");
+    let fib = &graph["call_graph"][0];
+    assert_eq!((fib["calls"].as_u64(), fib["inclusive"].as_u64()), (Some(177), Some(fib_self)), "{arch}: {fib}");
+    let callers: Vec<(String, u64)> = fib["callers"]
+        .as_array()
+        .expect("callers")
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap_or("").to_string(), c["calls"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(callers, [("fib".to_string(), 176), ("main".to_string(), 1)], "{arch}: fib's callers");
+    for f in ["twice", "thrice"] {
+        let o = itrace(["report".as_ref(), "--json".as_ref(), "--callers".as_ref(), f.as_ref(), trace.as_os_str()]);
+        o.assert_success();
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("report json");
+        let callers = &v["call_graph"][0]["callers"];
+        assert_eq!(callers[0]["name"], "sum_list", "{arch}: {f}'s callers: {callers}");
+        assert_eq!(callers[0]["calls"].as_u64(), Some(4), "{arch}: {f}'s callers: {callers}");
+    }
+
+    let json = dir.join("t.json");
+    itrace([
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--format".as_ref(),
+        "chrome".as_ref(),
+        "-o".as_ref(),
+        json.as_os_str(),
+    ])
+    .assert_success();
+    let events: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("read chrome json")).expect("chrome json");
+    let events = events["traceEvents"].as_array().expect("traceEvents");
+    let fib_spans = events.iter().filter(|e| e["ph"] == "B" && e["name"] == "fib").count();
+    assert_eq!(fib_spans, 177, "{arch}: fib's spans in the Chrome timeline");
+    assert!(
+        events.iter().any(|e| e["ph"] == "i" && e["name"] == "sys_write"),
+        "{arch}: no sys_write marker in the Chrome timeline"
+    );
+}
+
+#[test]
+fn views_ppc64le() {
+    check_views("ppc64le");
+}
+
+#[test]
+fn views_ppc64_big_endian() {
+    check_views("ppc64");
+}
+
+#[test]
+fn views_s390x() {
+    check_views("s390x");
+}
