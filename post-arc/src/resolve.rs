@@ -354,6 +354,25 @@ impl Resolver {
         self.archived.get(path).cloned().unwrap_or_else(|| path.clone())
     }
 
+    /// Whether `addr` in process `pid` is the local entry point of the ELF function it is in
+    /// (64-bit PowerPC ELFv2: where calls and tail calls from the same module enter, past the
+    /// TOC set-up); false where functions have one entry point.
+    pub fn is_local_entry(&mut self, pid: u32, addr: u64) -> bool {
+        let Some(seg) = self.spaces.get(&pid).and_then(|space| {
+            let i = space.segs.partition_point(|g| g.end <= addr);
+            space.segs.get(i).filter(|g| g.start <= addr && g.path.starts_with('/')).cloned()
+        }) else {
+            return false;
+        };
+        if self.stale.contains(&seg.path) {
+            return false;
+        }
+        let Some(ms) = self.symbols_for(&seg.path) else { return false };
+        let file_offset = (addr - seg.start).wrapping_add(seg.offset);
+        let va = ms.file_vaddr(seg.start, seg.offset, addr).unwrap_or(file_offset);
+        ms.lookup(va).is_some_and(|h| h.local_entry != 0 && h.offset == u64::from(h.local_entry))
+    }
+
     /// Resolve `addr` in process `pid`.
     pub fn resolve(&mut self, pid: u32, addr: u64) -> Rc<Location> {
         let slot = ((addr ^ (pid as u64) << 48).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize % RECENT_SLOTS;

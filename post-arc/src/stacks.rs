@@ -477,7 +477,11 @@ impl CallStacks {
         }
         // Every taken conditional jump comes here: look without copying the location.
         let target = res.resolve(pid, to);
-        if target.offset != 0 || target.func == from.func || target.plt.is_some() || &*target.symbol == "<unknown>" {
+        if target.func == from.func || target.plt.is_some() || &*target.symbol == "<unknown>" {
+            return;
+        }
+        // At a function's first instruction, or (64-bit PowerPC ELFv2) at its local entry.
+        if target.offset != 0 && !(target.offset <= 64 && res.is_local_entry(pid, to)) {
             return;
         }
         let target_func = target.func;

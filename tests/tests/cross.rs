@@ -477,3 +477,37 @@ fn views_ppc64_big_endian() {
 fn views_s390x() {
     check_views("s390x");
 }
+
+/// A tail call on 64-bit PowerPC ELFv2: gcc -O2 ends tc_mid with a branch to tc_inner's local
+/// entry, 8 bytes past its symbol (the cross objdump shows it), and it is a call of tc_inner
+/// from tc_mid as on x86_64 (callgrind's way): 3 calls (the hand count of main's loop), and
+/// tc_inner's inclusive count is its own and tc_leaf's instructions from qemu's log.
+#[test]
+fn tail_call_to_a_local_entry_ppc64le() {
+    let arch = "ppc64le";
+    let bin = cross_program(&format!("{arch}-tailcall"));
+    let dir = test_dir("cross-tailcall-ppc64le");
+    let insns = cross_objdump(arch, &bin);
+    let inner = cross_code_symbols(arch, &bin).into_iter().find(|(_, n)| n == "tc_inner").expect("nm: tc_inner").0;
+    let local_entry = format!("{:x}", inner + 8);
+    assert!(
+        insns.values().any(|i| i.mnemonic == "b" && i.operands == local_entry),
+        "{arch}: no branch to tc_inner's local entry ({local_entry}) in the cross objdump"
+    );
+    let pcs = cross_qemu_pcs(arch, &bin);
+    let want = cross_function_counts(arch, &bin, &pcs, &["tc_inner", "tc_leaf"]);
+    let trace = record_plugin(arch, &bin, &dir);
+    let o =
+        itrace(["report".as_ref(), "--json".as_ref(), "--callers".as_ref(), "tc_inner".as_ref(), trace.as_os_str()]);
+    o.assert_success();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("report json");
+    let inner = &v["call_graph"][0];
+    assert_eq!(inner["calls"].as_u64(), Some(3), "{arch}: {inner}");
+    assert_eq!(inner["inclusive"].as_u64(), Some(want["tc_inner"] + want["tc_leaf"]), "{arch}: {inner}");
+    let callers = &inner["callers"];
+    assert_eq!(
+        (callers[0]["name"].as_str(), callers[0]["calls"].as_u64()),
+        (Some("tc_mid"), Some(3)),
+        "{arch}: {callers}"
+    );
+}

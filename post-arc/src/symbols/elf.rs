@@ -87,6 +87,8 @@ pub(crate) struct RawSym {
     pub size: u64,
     pub st_type: u8,
     pub bind: u8,
+    /// st_other: visibility, and on 64-bit PowerPC ELFv2 the local entry point's offset.
+    pub other: u8,
     pub shndx: usize,
 }
 
@@ -244,6 +246,7 @@ impl ElfFile {
                 size: s.st_size,
                 st_type: s.st_type(),
                 bind: s.st_bind(),
+                other: s.st_other,
                 shndx: s.st_shndx,
             })
             .collect();

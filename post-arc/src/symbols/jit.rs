@@ -76,6 +76,7 @@ impl JitSymbols {
             start: p.sym_start,
             offset: addr - p.sym_start,
             plt: None,
+            local_entry: 0,
         })
     }
 

@@ -40,6 +40,9 @@ pub struct SymbolHit<'a> {
     pub offset: u64,
     /// Set when the address is in a PLT.
     pub plt: Option<PltPart>,
+    /// Offset of the function's local entry point from `start` (64-bit PowerPC ELFv2: past
+    /// the TOC set-up, where calls and tail calls within the module enter); 0 elsewhere.
+    pub local_entry: u8,
 }
 
 /// Why an image could not be loaded.

@@ -153,7 +153,13 @@ impl ModuleSymbols {
     #[inline]
     pub fn lookup(&self, vaddr: u64) -> Option<SymbolHit<'_>> {
         if let Some(e) = plt::lookup(&self.plt, vaddr) {
-            return Some(SymbolHit { name: &e.name, start: e.start, offset: vaddr - e.start, plt: Some(e.part) });
+            return Some(SymbolHit {
+                name: &e.name,
+                start: e.start,
+                offset: vaddr - e.start,
+                plt: Some(e.part),
+                local_entry: 0,
+            });
         }
         self.table.lookup(vaddr)
     }

@@ -35,6 +35,8 @@ impl Opd {
 
 struct Entry {
     addr: u64,
+    /// The local entry point's offset (64-bit PowerPC ELFv2), else 0.
+    local_entry: u8,
     raw: Box<str>,
     /// Filled on first lookup: demangling every symbol of a large C++
     /// library up front would cost seconds for names nobody asks for.
@@ -71,6 +73,7 @@ pub(crate) struct SymbolTable {
 
 struct Candidate {
     addr: u64,
+    local_entry: u8,
     size: u64,
     name: String,
     rank: (u8, u8),
@@ -83,6 +86,8 @@ impl SymbolTable {
     /// symbol covers become functions named `{prefix}+0x{start:x}`.
     pub fn build(elf: &ElfFile, syms: Vec<RawSym>, opd: Option<&Opd>, frames: &[(u64, u64)], prefix: &str) -> Self {
         let mut cands: Vec<Candidate> = Vec::new();
+        // ELFv2 has no function descriptors (.opd): its symbols point at the global entry.
+        let ppc64_elfv2 = elf.machine == goblin::elf::header::EM_PPC64 && opd.is_none();
         for s in syms {
             if s.name.is_empty() || s.shndx == 0 || s.shndx >= SHN_LORESERVE {
                 continue;
@@ -108,7 +113,8 @@ impl SymbolTable {
                 },
                 _ => s.value,
             };
-            cands.push(Candidate { addr, size: s.size, name: s.name, rank: (bind_rank, type_rank) });
+            let local_entry = if ppc64_elfv2 { ppc64_local_entry(s.other) } else { 0 };
+            cands.push(Candidate { addr, local_entry, size: s.size, name: s.name, rank: (bind_rank, type_rank) });
         }
         add_unnamed_frames(&mut cands, frames, prefix);
         // Best name first at each address: global over weak over local,
@@ -123,11 +129,14 @@ impl SymbolTable {
         });
 
         // One entry per address; the size is the largest any alias declares.
-        let mut uniq: Vec<(u64, u64, String)> = Vec::with_capacity(cands.len());
+        let mut uniq: Vec<(u64, u64, String, u8)> = Vec::with_capacity(cands.len());
         for c in cands {
             match uniq.last_mut() {
-                Some(last) if last.0 == c.addr => last.1 = last.1.max(c.size),
-                _ => uniq.push((c.addr, c.size, c.name)),
+                Some(last) if last.0 == c.addr => {
+                    last.1 = last.1.max(c.size);
+                    last.3 = last.3.max(c.local_entry);
+                }
+                _ => uniq.push((c.addr, c.size, c.name, c.local_entry)),
             }
         }
 
@@ -146,7 +155,7 @@ impl SymbolTable {
         };
 
         let mut ends = Vec::with_capacity(uniq.len());
-        for (i, &(addr, size, _)) in uniq.iter().enumerate() {
+        for (i, &(addr, size, _, _)) in uniq.iter().enumerate() {
             let end = if size > 0 {
                 addr.saturating_add(size)
             } else {
@@ -163,7 +172,12 @@ impl SymbolTable {
 
         let entries: Vec<Entry> = uniq
             .into_iter()
-            .map(|(addr, _, name)| Entry { addr, raw: name.into_boxed_str(), demangled: OnceLock::new() })
+            .map(|(addr, _, name, local_entry)| Entry {
+                addr,
+                local_entry,
+                raw: name.into_boxed_str(),
+                demangled: OnceLock::new(),
+            })
             .collect();
         let (starts, owners) = flatten(&entries, &ends);
         SymbolTable { entries, starts, owners }
@@ -175,7 +189,7 @@ impl SymbolTable {
         let i = self.starts.partition_point(|&s| s <= addr).checked_sub(1)?;
         let owner = self.owners[i];
         let e = self.entries.get(owner as usize)?;
-        Some(SymbolHit { name: e.name(), start: e.addr, offset: addr - e.addr, plt: None })
+        Some(SymbolHit { name: e.name(), start: e.addr, offset: addr - e.addr, plt: None, local_entry: e.local_entry })
     }
 
     pub fn len(&self) -> usize {
@@ -189,6 +203,15 @@ impl SymbolTable {
             .find(|e| &*e.raw == name)
             .or_else(|| self.entries.iter().find(|e| e.name() == name))
             .map(|e| e.addr)
+    }
+}
+
+/// The local entry point's offset in bytes from a 64-bit PowerPC ELFv2 symbol's `st_other`
+/// (PPC64_LOCAL_ENTRY_OFFSET of the ABI: bits 5-7; 0 and 1 mean one entry point).
+fn ppc64_local_entry(other: u8) -> u8 {
+    match other >> 5 {
+        v @ 2..=6 => 1 << v >> 2 << 2,
+        _ => 0,
     }
 }
 
@@ -212,7 +235,13 @@ fn add_unnamed_frames(cands: &mut Vec<Candidate>, frames: &[(u64, u64)], prefix:
         if i > 0 && reach[i - 1] > start {
             continue;
         }
-        cands.push(Candidate { addr: start, size: len, name: format!("{prefix}+{start:#x}"), rank: (4, 2) });
+        cands.push(Candidate {
+            addr: start,
+            local_entry: 0,
+            size: len,
+            name: format!("{prefix}+{start:#x}"),
+            rank: (4, 2),
+        });
     }
 }
 
@@ -264,4 +293,18 @@ fn flatten(entries: &[Entry], ends: &[u64]) -> (Vec<u64>, Vec<u32>) {
         emit(top_end, stack.last().map_or(NONE, |t| t.1));
     }
     (starts, owners)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ppc64_local_entry;
+
+    /// The ELFv2 ABI's table for st_other bits 5-7: 0 and 1 one entry point, 2..6 an offset of
+    /// 4, 8, 16, 32, 64 bytes, 7 reserved; the other bits (visibility) do not count.
+    #[test]
+    fn local_entry_offsets_of_the_elfv2_abi() {
+        let got: Vec<u8> = (0..8u8).map(|v| ppc64_local_entry(v << 5)).collect();
+        assert_eq!(got, [0, 0, 4, 8, 16, 32, 64, 0]);
+        assert_eq!(ppc64_local_entry((3 << 5) | 2), 8, "STV_HIDDEN beside a local entry of 8");
+    }
 }
