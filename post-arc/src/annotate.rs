@@ -159,7 +159,8 @@ impl AnnotateSink<'_> {
         icount: u32,
         end: Option<u64>,
     ) -> Result<Option<Vec<u64>>, PostError> {
-        let mut addrs = Vec::with_capacity(icount as usize);
+        // Capped: a damaged trace may claim any count; the Vec grows as the code decodes.
+        let mut addrs = Vec::with_capacity((icount as usize).min(4096));
         let mut pc = start;
         let func_start = start.wrapping_sub(start_offset);
         for _ in 0..icount {
