@@ -313,7 +313,8 @@ fn nothing_listening_is_one_line() {
 #[test]
 fn stub_killed_mid_trace_leaves_a_valid_trace() {
     let arch = "ppc64le";
-    let bin = cross_program("ppc64le-libc");
+    // A loop that runs until killed: the stub dies mid-trace however fast the machine is.
+    let bin = cross_program("ppc64le-loop");
     let dir = test_dir("cross-stub-killed");
     let trace = dir.join("t.itr");
     let port = free_port();
@@ -321,6 +322,7 @@ fn stub_killed_mid_trace_leaves_a_valid_trace() {
         .env_clear()
         .args(["-g", &port.to_string()])
         .arg(&bin)
+        .arg("forever")
         .stdout(Stdio::null())
         .spawn()
         .expect("start qemu");
