@@ -170,14 +170,15 @@ pub fn restore_signal_defaults() {
 /// JIT symbols a process wrote to `/tmp/perf-PID.map` (the convention of V8, the JVM's
 /// perf-map-agent and others): lines of `START SIZE name`, hexadecimal.
 /// A map last written before the process started belongs to an earlier process that had the
-/// same pid, and is not read.
-pub fn perf_map(pid: i32) -> Vec<(u64, u64, String)> {
+/// same pid, and is not read. `started` is the start the caller saw while the process lived
+/// ([`process_start`]); maps are read at the end, often after the process is gone, when
+/// `/proc` can no longer tell. Without a start time, no map is read.
+pub fn perf_map(pid: i32, started: Option<std::time::SystemTime>) -> Vec<(u64, u64, String)> {
     let path = format!("/tmp/perf-{pid}.map");
     let written = fs::metadata(&path).and_then(|m| m.modified()).ok();
-    if let (Some(written), Some(started)) = (written, process_start(pid)) {
-        if written < started {
-            return Vec::new();
-        }
+    let Some(started) = started.or_else(|| process_start(pid)) else { return Vec::new() };
+    if written.is_none_or(|w| w < started) {
+        return Vec::new();
     }
     fs::read_to_string(path).map(|t| parse_perf_map(&t)).unwrap_or_default()
 }
@@ -185,7 +186,7 @@ pub fn perf_map(pid: i32) -> Vec<(u64, u64, String)> {
 /// When process `pid` started, by the clock of file times: the boot time of `/proc/stat`
 /// (whole seconds, so up to a second early) plus the start in clock ticks of
 /// `/proc/PID/stat` (field 22).
-fn process_start(pid: i32) -> Option<std::time::SystemTime> {
+pub fn process_start(pid: i32) -> Option<std::time::SystemTime> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command name in parentheses (which may hold spaces), field 3 is first.
     let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(22 - 3)?.parse().ok()?;
@@ -220,12 +221,25 @@ mod perf_map_tests {
         assert!(started <= std::time::SystemTime::now());
         let path = format!("/tmp/perf-{me}.map");
         std::fs::write(&path, "7f00 10 fresh\n").unwrap();
-        assert_eq!(super::perf_map(me).len(), 1, "a map written by this process is read");
+        assert_eq!(super::perf_map(me, None).len(), 1, "a map written by this process is read");
         // Back-date it to before this process started: an earlier process's map.
         let old = std::fs::File::options().write(true).open(&path).unwrap();
         old.set_modified(started - std::time::Duration::from_secs(5)).unwrap();
         drop(old);
-        assert!(super::perf_map(me).is_empty(), "a map older than the process is read");
+        assert!(super::perf_map(me, None).is_empty(), "a map older than the process is read");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A process gone by the end of the trace: /proc cannot tell its start, so the start seen
+    /// while it lived decides, and without one no map is read (it may be an older process's).
+    #[test]
+    fn a_gone_process_needs_the_start_seen_while_it_lived() {
+        let gone = 4_194_305; // above the largest pid_max: no such process
+        let path = format!("/tmp/perf-{gone}.map");
+        std::fs::write(&path, "7f00 10 fresh\n").unwrap();
+        assert!(super::perf_map(gone, None).is_empty(), "a map of a process of unknown start is read");
+        let before = std::time::SystemTime::now() - std::time::Duration::from_secs(5);
+        assert_eq!(super::perf_map(gone, Some(before)).len(), 1, "a map written after the start is not read");
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -106,7 +106,8 @@ struct Drain<'a> {
     closed: HashMap<u32, u64>,
     modules: ModuleTable,
     named: HashSet<u32>,
-    pids: HashSet<u32>,
+    /// Processes seen, with their start times (for their JIT maps, read at the end).
+    pids: HashMap<u32, Option<std::time::SystemTime>>,
     /// The MTE stream must not go back in time either.
     last_mte_ts: u64,
     /// Thread names read while the program ran (normal and wrap modes turn slots into
@@ -129,7 +130,8 @@ impl Drain<'_> {
     fn refresh(&mut self, pid: u32, at: u64) {
         let ts = at.saturating_sub(1).max(self.last_mte_ts);
         self.last_mte_ts = ts;
-        if self.pids.insert(pid) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.pids.entry(pid) {
+            e.insert(procfs::process_start(pid as i32));
             let name = procfs::comm(pid as i32, pid as i32);
             let ppid = procfs::ppid(pid as i32).unwrap_or(0) as u32;
             self.mte(Mte::ProcessName { ts, pid, ppid, name });
@@ -174,7 +176,7 @@ impl Drain<'_> {
             }
             shm::SLOT_TRACE_ON => {
                 let pid = s.aux;
-                if !self.pids.contains(&pid) {
+                if !self.pids.contains_key(&pid) {
                     self.refresh(pid, ts);
                 }
                 if self.named.insert(s.tid) {
@@ -288,7 +290,7 @@ pub fn record(
         closed: HashMap::new(),
         modules: ModuleTable::default(),
         named: HashSet::new(),
-        pids: HashSet::new(),
+        pids: HashMap::new(),
         last_mte_ts: 0,
         thread_names: HashMap::new(),
     };
@@ -361,9 +363,9 @@ pub fn record(
         let off = TraceOff { ts: now_ns(), reason, pid, tid, pc, icount: 0, value };
         d.control(cpu, Record::TraceOff(off));
     }
-    let pids: Vec<u32> = d.pids.iter().copied().collect();
-    for pid in pids {
-        for (start, size, name) in procfs::perf_map(pid as i32) {
+    let pids: Vec<(u32, Option<std::time::SystemTime>)> = d.pids.iter().map(|(&p, &s)| (p, s)).collect();
+    for (pid, started) in pids {
+        for (start, size, name) in procfs::perf_map(pid as i32, started) {
             d.mte(Mte::JitSymbol { ts: now_ns(), pid, start, size, name });
         }
     }

@@ -192,7 +192,8 @@ pub(super) struct Session<'a> {
     pub(super) detaching: Option<StopReason>,
     pub(super) launched: Option<i32>,
     /// Every process traced, for the JIT symbol maps read at the end.
-    pub(super) seen_pids: Vec<i32>,
+    /// Processes traced, with their start times (for their JIT maps, read at the end).
+    pub(super) seen_pids: Vec<(i32, Option<std::time::SystemTime>)>,
     /// The architecture's own state of the session (none on ppc64).
     #[allow(dead_code)]
     pub(super) arch: SessionArch,

@@ -93,7 +93,7 @@ impl Session<'_> {
                     path: m.path.clone(),
                 });
             }
-            self.seen_pids.push(child_pid);
+            self.seen_pids.push((child_pid, crate::procfs::process_start(child_pid)));
             let mut p = Process::new(maps, code, name);
             if let Some(pp) = self.procs.get(&parent_pid) {
                 // The child's memory is a copy, our breakpoints and traps included.

@@ -14,8 +14,8 @@ impl Session<'_> {
     /// when they are complete; the files outlive the processes).
     pub(super) fn save_jit_maps(&mut self) {
         let ts = now_ns();
-        for pid in std::mem::take(&mut self.seen_pids) {
-            for (start, size, name) in procfs::perf_map(pid) {
+        for (pid, started) in std::mem::take(&mut self.seen_pids) {
+            for (start, size, name) in procfs::perf_map(pid, started) {
                 self.emit_mte(Mte::JitSymbol { ts, pid: pid as u32, start, size, name });
             }
         }
@@ -23,8 +23,8 @@ impl Session<'_> {
 
     /// Module-table records for a process seen for the first time (attach, exec, fork).
     pub(super) fn new_process(&mut self, pid: i32, ts: u64, ppid: i32) {
-        if !self.seen_pids.contains(&pid) {
-            self.seen_pids.push(pid);
+        if !self.seen_pids.iter().any(|&(p, _)| p == pid) {
+            self.seen_pids.push((pid, procfs::process_start(pid)));
         }
         let name = procfs::comm(pid, pid);
         self.emit_mte(Mte::ProcessName { ts, pid: pid as u32, ppid: ppid as u32, name: name.clone() });
