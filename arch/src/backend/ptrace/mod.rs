@@ -34,6 +34,7 @@ mod cpus;
 mod engine;
 mod events;
 mod launch;
+mod probe_child;
 mod region;
 mod tables;
 

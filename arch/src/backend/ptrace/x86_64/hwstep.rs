@@ -85,7 +85,8 @@
 
 use super::engine::*;
 use super::getregs;
-use super::probe::wait_no_eintr;
+use super::probe::{probe_start, probe_target};
+use super::probe_child::{wait_no_eintr, ProbeChild};
 use itrace_decoders::{x86, Flow, Insn};
 use nix::errno::Errno;
 use nix::sys::ptrace;
@@ -136,7 +137,7 @@ pub fn set_dr(tid: i32, n: usize, value: u64) -> Result<(), Errno> {
 /// must execute it (with RF set by us if the kernel does not), and moving DR0 away must let
 /// the child run on to its exit.
 pub fn probe_hw_breakpoints() -> HwBreak {
-    let child = match super::probe::ProbeChild::start() {
+    let child = match ProbeChild::start(probe_start(), probe_target()) {
         Ok(c) => c,
         Err(why) => return HwBreak::Unavailable(why),
     };

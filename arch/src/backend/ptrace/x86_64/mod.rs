@@ -12,7 +12,7 @@ mod probe;
 mod step;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
-use super::{engine, region, tables};
+use super::{engine, probe_child, region, tables};
 
 use super::PtraceRecorder;
 use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
@@ -27,7 +27,8 @@ use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use probe::{probe_singleblock, BlockStep};
+use probe::probe_singleblock;
+use probe_child::BlockStep;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 

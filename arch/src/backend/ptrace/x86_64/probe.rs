@@ -2,21 +2,10 @@
 //! hypervisors ignore the branch-trap flag (DEBUGCTL.BTF) and the request
 //! then steps single instructions: find out by stepping a known sequence.
 
+use super::probe_child::{wait_no_eintr, BlockStep, ProbeChild};
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
-use nix::sys::wait::{waitpid, WaitStatus};
-use nix::unistd::Pid;
-
-/// What PTRACE_SINGLEBLOCK does on this machine.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BlockStep {
-    /// It stops at the target of the next taken branch: block stepping works.
-    Works,
-    /// It stops after every instruction, like PTRACE_SINGLESTEP.
-    StepsEachInstruction,
-    /// The probe could not run (the reason says why); single-step.
-    Unavailable(String),
-}
+use nix::sys::wait::WaitStatus;
 
 // A straight run of three instructions, then a jump over one: with a working
 // branch trap, one block step from the start lands on `itrace_probe_target`.
@@ -46,61 +35,19 @@ extern "C" {
 /// The request number (arch/x86/include/uapi/asm/ptrace-abi.h); the libc crate lacks it.
 pub const PTRACE_SINGLEBLOCK: libc::c_uint = 33;
 
-/// A forked child stopped under ptrace with its pc at `itrace_probe_start`, for the start-up
-/// probes (PTRACE_SINGLEBLOCK here, debug registers in `hwstep`); killed and reaped on drop.
-pub(super) struct ProbeChild {
-    pub pid: Pid,
-    /// The addresses of `itrace_probe_start` and `itrace_probe_target`.
-    pub start: u64,
-    pub target: u64,
+/// Where the probe sequence begins (`itrace_probe_start`).
+pub(super) fn probe_start() -> u64 {
+    itrace_probe_start as *const () as usize as u64
 }
 
-impl ProbeChild {
-    pub(super) fn start() -> Result<ProbeChild, String> {
-        let start = itrace_probe_start as *const () as usize as u64;
-        let target = itrace_probe_target as *const () as usize as u64;
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
-        // SAFETY: the child only calls async-signal-safe functions before it is stopped and
-        // moved onto the probe code, which exits with a raw system call.
-        let pid = match unsafe { libc::fork() } {
-            -1 => return Err("fork failed".into()),
-            // SAFETY: in the child: prctl, getppid, PTRACE_TRACEME, raise and _exit are
-            // async-signal-safe system calls.
-            0 => unsafe {
-                // Never left stopped and traced by nobody if itrace dies during the probe.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-                if libc::getppid() != parent {
-                    libc::_exit(0);
-                }
-                libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
-                libc::raise(libc::SIGSTOP);
-                libc::_exit(0);
-            },
-            pid => Pid::from_raw(pid),
-        };
-        let child = ProbeChild { pid, start, target };
-        match wait_no_eintr(pid) {
-            Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => {}
-            other => return Err(format!("probe child did not stop: {other:?}")),
-        }
-        let mut regs = ptrace::getregs(pid).map_err(|e| format!("PTRACE_GETREGS failed: {e}"))?;
-        regs.rip = start;
-        ptrace::setregs(pid, regs).map_err(|e| format!("PTRACE_SETREGS failed: {e}"))?;
-        Ok(child)
-    }
-}
-
-impl Drop for ProbeChild {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
-        let _ = wait_no_eintr(self.pid);
-    }
+/// The instruction a working branch trap stops the first block step on (`itrace_probe_target`).
+pub(super) fn probe_target() -> u64 {
+    itrace_probe_target as *const () as usize as u64
 }
 
 /// Probe PTRACE_SINGLEBLOCK with a forked child.
 pub fn probe_singleblock() -> BlockStep {
-    let child = match ProbeChild::start() {
+    let child = match ProbeChild::start(probe_start(), probe_target()) {
         Ok(c) => c,
         Err(why) => return BlockStep::Unavailable(why),
     };
@@ -119,15 +66,5 @@ pub fn probe_singleblock() -> BlockStep {
         Ok(r) if r.rip == start + 1 => BlockStep::StepsEachInstruction,
         Ok(r) => BlockStep::Unavailable(format!("block step stopped at an unexpected pc {:#x}", r.rip)),
         Err(e) => BlockStep::Unavailable(format!("PTRACE_GETREGS failed: {e}")),
-    }
-}
-
-/// waitpid, through the signals (Ctrl-C, the tick) that interrupt it.
-pub(super) fn wait_no_eintr(pid: Pid) -> nix::Result<WaitStatus> {
-    loop {
-        match waitpid(pid, None) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            r => return r,
-        }
     }
 }
