@@ -14,6 +14,11 @@
  * counted once per iteration, as the CPU traps after each one).
  * seconds runs from the stop at exec to the exit.  Exit status: the
  * workload's, or 125 on a tracing error.
+ *
+ * With RAW_STEP_BLOCK=1 in its environment it block-steps instead
+ * (PTRACE_SINGLEBLOCK: a stop after each branch where the CPU's branch trace
+ * works), the floor for a block-stepping tracer; steps then counts stops, and
+ * the line ends with request=singleblock.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -69,12 +74,24 @@ int main(int argc, char **argv)
     /* Kill the tracee if we die. */
     ptrace(PTRACE_SETOPTIONS, pid, NULL, (void *)(long)PTRACE_O_EXITKILL);
 
+    int request = PTRACE_SINGLESTEP;
+    const char *block = getenv("RAW_STEP_BLOCK");
+    if (block && strcmp(block, "1") == 0) {
+#ifdef PT_STEPBLOCK
+        request = PT_STEPBLOCK;
+#else
+        fprintf(stderr, "raw_step: no PTRACE_SINGLEBLOCK on this architecture\n");
+        kill(pid, SIGKILL);
+        return 125;
+#endif
+    }
+
     double t0 = now();
     unsigned long long steps = 0;
     int sig = 0;
     for (;;) {
-        if (ptrace(PTRACE_SINGLESTEP, pid, NULL, (void *)(long)sig) != 0) {
-            fprintf(stderr, "raw_step: PTRACE_SINGLESTEP: %s\n", strerror(errno));
+        if (ptrace(request, pid, NULL, (void *)(long)sig) != 0) {
+            fprintf(stderr, "raw_step: ptrace step request %d: %s\n", request, strerror(errno));
             kill(pid, SIGKILL);
             return 125;
         }
@@ -95,7 +112,8 @@ int main(int argc, char **argv)
     double secs = now() - t0;
 
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    fprintf(stderr, "raw_step steps=%llu seconds=%.6f rate=%.0f status=%d\n",
-            steps, secs, secs > 0 ? steps / secs : 0.0, code);
+    fprintf(stderr, "raw_step steps=%llu seconds=%.6f rate=%.0f status=%d%s\n",
+            steps, secs, secs > 0 ? steps / secs : 0.0, code,
+            request == PTRACE_SINGLESTEP ? "" : " request=singleblock");
     return code;
 }

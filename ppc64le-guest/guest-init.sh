@@ -46,10 +46,15 @@ WHAT=$(cat /etc/what)
 echo "PPC64: kernel $(uname -r) $(grep -m1 '^cpu' /proc/cpuinfo) [$(now) s]"
 
 if [ "$WHAT" = test ]; then
+    # The default step method (block steps, which the probe finds working in this guest), and
+    # single steps (--step instruction) for the same programs: both must equal qemu's log.
     record asm -- /t/ppc64le-asm
+    record asm-step --step instruction -- /t/ppc64le-asm
     record libc -- /t/ppc64le-libc
+    record libc-step --step instruction -- /t/ppc64le-libc
     record dynamic -- /t/ppc64le-dynamic
     record signal -- /t/ppc64le-signal
+    record signal-step --step instruction -- /t/ppc64le-signal
     record threads -- /t/threads
     record forkexec --follow-forks -- /t/forkexec
     # The three modes: normal above; continuous writes segments as it goes; wrap keeps the last.
@@ -92,15 +97,22 @@ if [ "$WHAT" = test ]; then
     done
 fi
 
-# The benchmark (bench/ppc64le.sh): raw_step (the ptrace single-step loop with nothing else)
-# and itrace on the same freestanding loop, alternately, twice each.
+# The benchmark (bench/ppc64le.sh): raw_step (the ptrace single-step loop with nothing else,
+# and its PTRACE_SINGLEBLOCK variant) and itrace (its default, block steps, and --step instruction) on the same freestanding loop,
+# alternately, twice each.
 [ "$WHAT" = bench ] && for round in 1 2; do
     /t/raw_step /t/loop > /dev/null 2> /tmp/raw.err
     echo "BENCH raw $(cat /tmp/raw.err)"
+    RAW_STEP_BLOCK=1 /t/raw_step /t/loop > /dev/null 2> /tmp/raw.err
+    echo "BENCH rawblock $(cat /tmp/raw.err)"
     a=$(now)
     itrace record -o /tmp/bench.itr -- /t/loop > /dev/null 2> /tmp/bench.err
     b=$(now)
     echo "BENCH itrace seconds=$(echo "$a $b" | awk '{ printf "%.2f", $2 - $1 }') $(tail -1 /tmp/bench.err)"
+    a=$(now)
+    itrace record --step instruction -o /tmp/bench.itr -- /t/loop > /dev/null 2> /tmp/bench.err
+    b=$(now)
+    echo "BENCH itrace-step seconds=$(echo "$a $b" | awk '{ printf "%.2f", $2 - $1 }') $(tail -1 /tmp/bench.err)"
     # itrace's fixed cost: start-up, module table, trace file, on a 47-instruction program.
     a=$(now)
     itrace record -o /tmp/fixed.itr -- /t/ppc64le-asm > /dev/null 2>&1

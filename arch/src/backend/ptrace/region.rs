@@ -32,8 +32,9 @@ use nix::unistd::Pid;
 pub(super) struct RegionThread {
     /// Nesting depth of ITraceOn calls.
     depth: u32,
-    /// Breakpoints were lifted for this thread's step: put them back at its next stop.
-    lifted_bps: bool,
+    /// Breakpoints were lifted for this thread's step: put them back at its next stop (other
+    /// threads could pass them while they are out, so that step is kept short).
+    pub(super) lifted_bps: bool,
     /// Running thread stepping once over a lifted breakpoint, then running on.
     step_once: bool,
     /// That step was started: the SIGTRAP it ends with is ours.

@@ -17,14 +17,17 @@
 //!   point (after the TOC set-up of its global entry), which calls from its own module
 //!   (`bl func+8`) and from others (PLT stubs, r12 set) both pass; a region started there
 //!   begins at the local entry;
-//! - no block stepping (PowerPC's branch trace is not offered by Linux's ptrace). The in-process
-//!   backend is not offered: user space cannot set MSR[SE].
+//! - block stepping (`PTRACE_SINGLEBLOCK`, MSR[BE]: a stop after every branch, taken or not)
+//!   where the start-up probe sees it work, the straight runs between branches counted from the
+//!   decoded code (`block.rs`); single steps otherwise, or with `--step instruction`. The
+//!   in-process backend is not offered: user space cannot set MSR[SE] or MSR[BE].
 
+mod block;
 mod regs;
 mod step;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
-use super::{engine, launch, region, tables};
+use super::{engine, launch, probe_child, region, tables};
 
 use super::PtraceRecorder;
 use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
@@ -37,6 +40,7 @@ use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
+use probe_child::BlockStep;
 use procfs::Mapping;
 use regs::{getregs, poke_insn, read_nip, setregs, TRAP};
 use std::sync::atomic::AtomicBool;
@@ -107,9 +111,13 @@ pub(super) fn return_to_caller(tid: i32, value: Option<u64>) -> Option<u64> {
     Some(regs.nip)
 }
 
-/// How threads are stepped: one instruction at a time, nothing to choose.
+/// How threads are stepped.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct StepOptions;
+pub(super) struct StepOptions {
+    /// Block by block (`PTRACE_SINGLEBLOCK`), which the start-up probe saw work; else one
+    /// instruction at a time.
+    block: bool,
+}
 
 /// A thread's PowerPC64 state.
 #[derive(Default)]
@@ -121,6 +129,8 @@ pub(super) struct ThreadArch {
     /// The pending system call was interrupted: resume with PTRACE_SYSCALL (with the signal,
     /// unless it has a handler) so that a restart of it stops again.
     restart_via_syscall: bool,
+    /// Block stepping: the block this resume runs, until its stop.
+    block: Option<block::BlockRun>,
 }
 
 impl ThreadArch {
@@ -166,14 +176,24 @@ impl ProcessArch {
     }
 }
 
-/// The session's PowerPC64 state: none.
+/// The session's PowerPC64 state.
 #[derive(Default)]
-pub(super) struct SessionArch;
+pub(super) struct SessionArch {
+    /// Block stepping: stops off the planned block (counts may be off; warned at the end).
+    block_lost: u64,
+}
 
 impl PtraceArch for Session<'_> {
-    /// Resume a thread: one more step (or an atomic sequence's run) while tracing, or detach
+    /// Resume a thread: one more step, block or atomic sequence's run while tracing, or detach
     /// it once tracing is ending.
     fn resume(&mut self, tid: i32, sig: i32) {
+        if let Some(run) = self.threads.get_mut(&tid).and_then(|t| t.arch.block.take()) {
+            // The block ended at a stop the engine handled without asking us (none is known to):
+            // count what ran up to where the thread is.
+            if let Ok(pc) = read_nip(tid) {
+                self.block_stopped_at(tid, &run, pc);
+            }
+        }
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = false;
         let pid = Pid::from_raw(tid);
@@ -208,6 +228,13 @@ impl PtraceArch for Session<'_> {
             ptrace::syscall(pid, sig_opt)
         } else if sig == 0 && stepping && self.start_atomic(tid) {
             ptrace::cont(pid, None)
+        } else if sig == 0 && stepping && self.opts.step.block {
+            match self.plan_block(tid) {
+                // Straight to the system call: its entry stop ends the block.
+                Some(run) if run.to_syscall() => ptrace::syscall(pid, None),
+                Some(_) => block::singleblock(tid),
+                None => ptrace::step(pid, None),
+            }
         } else {
             ptrace::step(pid, sig_opt)
         };
@@ -219,6 +246,9 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        if let Some(run) = self.threads.get_mut(&tid).and_then(|t| t.arch.block.take()) {
+            return self.block_stop(tid, sig, &run);
+        }
         if sig == libc::SIGTRAP && self.threads[&tid].arch.atomic.is_none() {
             // A plain step: the instruction tells where it ended (no registers to read), or
             // the pc alone does (one word by PTRACE_PEEKUSER, not the 48 of PTRACE_GETREGS).
@@ -259,6 +289,11 @@ impl PtraceArch for Session<'_> {
 
     fn at_interrupt(&mut self, tid: i32) {
         self.stopped_in_atomic(tid);
+        if let Some(run) = self.threads.get_mut(&tid).and_then(|t| t.arch.block.take()) {
+            if let Ok(pc) = read_nip(tid) {
+                self.block_stopped_at(tid, &run, pc);
+            }
+        }
     }
 
     fn at_exec(&mut self, _tid: i32) {}
@@ -310,7 +345,14 @@ impl PtraceArch for Session<'_> {
         self.remove_breakpoints_via(tid);
     }
 
-    fn warn_at_end(&self) {}
+    fn warn_at_end(&self) {
+        if self.arch.block_lost > 0 {
+            eprintln!(
+                "itrace: warning: {} stops off the decoded path in block mode; instruction counts may be off",
+                self.arch.block_lost
+            );
+        }
+    }
 }
 
 impl Session<'_> {
@@ -342,12 +384,28 @@ impl Session<'_> {
 impl Recorder for PtraceRecorder {
     fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
         let s = &self.settings;
-        if s.step == StepChoice::Block || s.emulate_block_step {
-            return Err(BackendError::Settings(
-                "--step block: PowerPC64 steps by instruction only (use --step auto)".into(),
-            ));
+        if s.emulate_block_step {
+            return Err(BackendError::Settings("block-step emulation is an x86_64 test hook".into()));
         }
-        let step = StepMethod::PtraceSingleStep;
+        // Block steps only where the probe saw them stop after every branch.
+        let block = match s.step {
+            StepChoice::Instruction => false,
+            StepChoice::Auto => block::probe_singleblock() == BlockStep::Works,
+            StepChoice::Block => match block::probe_singleblock() {
+                BlockStep::Works => true,
+                BlockStep::StepsEachInstruction => {
+                    return Err(BackendError::Settings(
+                        "--step block: PTRACE_SINGLEBLOCK stops after every instruction here; use --step auto".into(),
+                    ))
+                }
+                BlockStep::Unavailable(why) => {
+                    return Err(BackendError::Settings(format!(
+                        "--step block: PTRACE_SINGLEBLOCK does not work here ({why}); use --step auto"
+                    )))
+                }
+            },
+        };
+        let step = if block { StepMethod::PtraceSingleBlock } else { StepMethod::PtraceSingleStep };
         let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
         let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
         let wanted = region::wanted_triggers(s);
@@ -358,7 +416,7 @@ impl Recorder for PtraceRecorder {
             follow_forks: s.follow_forks,
             follow_threads: s.follow_threads,
             stop,
-            step: StepOptions,
+            step: StepOptions { block },
             triggers: if wanted.is_empty() { None } else { Some(&resolve) },
         };
         output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))

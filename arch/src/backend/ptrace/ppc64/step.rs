@@ -137,6 +137,14 @@ impl Session<'_> {
             self.resume(tid, 0);
             return;
         };
+        if let Some(run) = self.threads.get_mut(&tid).and_then(|t| t.arch.block.take()) {
+            // The system call that ends the block (the pc is after it): the block ran up to it.
+            if run.to_syscall() && regs.nip == run.end.wrapping_add(4) {
+                self.block_ended(tid, &run);
+            } else {
+                self.block_stopped_at(tid, &run, regs.nip.wrapping_sub(4));
+            }
+        }
         let t = self.threads.get_mut(&tid).expect("thread exists");
         if !t.arch.in_syscall {
             t.arch.in_syscall = true;
