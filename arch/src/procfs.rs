@@ -138,8 +138,6 @@ pub fn prepare_child_for_exec(aslr: bool) {
     }
 }
 
-/// In a child between fork and exec: the default disposition for the signals itrace catches or
-/// ignores (an ignored SIGPIPE or SIGXFSZ would be inherited through exec).
 /// In a child between fork and exec: die (SIGKILL) when the itrace thread that forked it
 /// does, so a helper process itrace started (qemu waiting for its debugger, say) is never left
 /// behind. Not for a launched program, which must outlive a detach. Async-signal-safe.
@@ -148,6 +146,27 @@ pub fn die_with_parent() {
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
 }
 
+/// A process's pidfd (`pidfd_open`, Linux 5.3), which becomes readable when the process ends:
+/// waiting on it with a timeout sees the end at once, where a sleep between looks would not.
+/// `None` where the kernel lacks it.
+pub fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags, no pointers.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a non-negative result is a new descriptor that nothing else owns.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Wait up to `ms` milliseconds for the process of `pidfd` to end (or a signal); whether it did.
+pub fn pidfd_wait(pidfd: &std::os::fd::OwnedFd, ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+/// In a child between fork and exec: the default disposition for the signals itrace catches or
+/// ignores (an ignored SIGPIPE or SIGXFSZ would be inherited through exec).
 pub fn restore_signal_defaults() {
     for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
         // SAFETY: signal is async-signal-safe and takes no pointers.

@@ -293,6 +293,8 @@ impl Recorder for QemuRecorder {
         // program's next block and leaves it running under qemu, untraced.
         let mut asked: Option<std::time::Instant> = None;
         let mut told = false;
+        // Its end seen at once (a sleep between looks added up to 50 ms to every run).
+        let pidfd = crate::procfs::pidfd_open(child.id() as i32);
         let exit = loop {
             match child.try_wait() {
                 Ok(Some(st)) => break Some(st),
@@ -317,7 +319,12 @@ impl Recorder for QemuRecorder {
                             told = true;
                         }
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    match &pidfd {
+                        Some(fd) => {
+                            crate::procfs::pidfd_wait(fd, 50);
+                        }
+                        None => std::thread::sleep(std::time::Duration::from_millis(50)),
+                    }
                 }
                 Err(e) => return Err(BackendError::io(format!("waiting for {}", qemu.display()), e)),
             }
