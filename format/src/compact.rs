@@ -81,6 +81,12 @@ impl Edge {
         }
     }
 
+    /// Equality as one test of the four words' differences (no branch per field).
+    #[inline(always)]
+    fn same(&self, o: &Edge) -> bool {
+        (self.from ^ o.from) | (self.to ^ o.to) | (self.ids ^ o.ids) | (self.meta ^ o.meta) == 0
+    }
+
     #[inline]
     fn valid(&self) -> bool {
         self.meta & EDGE_VALID != 0
@@ -232,6 +238,10 @@ pub struct Encoder {
     s: State,
     /// Times the last branch was repeated and not yet written.
     run: u64,
+    /// The last branch as an edge and its timestamp (the decoder's `last`, kept in the form
+    /// the run check compares fastest): no valid edge when there is no last branch.
+    last_edge: Edge,
+    last_ts: u64,
 }
 
 impl Default for Encoder {
@@ -242,13 +252,14 @@ impl Default for Encoder {
 
 impl Encoder {
     pub fn new() -> Self {
-        Encoder { s: State::new(), run: 0 }
+        Encoder { s: State::new(), run: 0, last_edge: Edge::default(), last_ts: 0 }
     }
 
     /// Start a new chunk: nothing before it is referred to.
     pub fn reset(&mut self) {
         self.s.clear();
         self.run = 0;
+        self.last_edge = Edge::default();
     }
 
     /// Bytes not yet in the output: a run being counted.
@@ -273,7 +284,8 @@ impl Encoder {
     /// Append a branch.
     #[inline]
     pub fn branch(&mut self, out: &mut Vec<u8>, b: &Branch) {
-        if self.s.last.as_ref() == Some(b) {
+        let e = Edge::of(b);
+        if self.last_edge.same(&e) && self.last_ts == b.ts {
             if self.run == MAX_RUN {
                 self.finish(out);
             }
@@ -287,7 +299,6 @@ impl Encoder {
             self.s.ts = b.ts;
         }
         let dts = b.ts - self.s.ts;
-        let e = Edge::of(b);
         let (set, far) = places(e.hash());
         let (a, c) = (2 * set, 2 * set + 1);
         let hit = if self.s.table[a] == e {
@@ -353,7 +364,9 @@ impl Encoder {
                 put_varint(out, b.icount as u64);
             }
         }
-        self.s.after_branch(b);
+        // The decoder's after_branch, with the last branch kept as its edge.
+        (self.s.ts, self.s.tid, self.s.from, self.s.to) = (b.ts, b.tid, b.from, b.to);
+        (self.last_edge, self.last_ts) = (e, b.ts);
     }
 
     /// Append a record carried whole: `bytes` is its 16-byte-header encoding, `r` the record.
@@ -362,6 +375,7 @@ impl Encoder {
         out.push(tag::RECORD);
         out.extend_from_slice(bytes);
         self.s.after_record(r);
+        self.last_edge = Edge::default();
     }
 }
 
