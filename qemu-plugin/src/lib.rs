@@ -7,9 +7,11 @@
 //! block's start with where the previous block of the same vCPU would have
 //! fallen through: a block that starts elsewhere (or follows an
 //! unconditional transfer) means the previous block ended with a taken
-//! branch, and a 40-byte record goes into the vCPU's own segment. Blocks
-//! qemu cut for its own reasons (size limits, page ends) fall through and
-//! their counts merge. Full segments go to a writer thread ([`writer`]).
+//! branch, which goes into the vCPU's own batch (continuous mode; 40-byte
+//! records in the normal and wrap modes). Blocks qemu cut for its own reasons
+//! (size limits, page ends) fall through and their counts merge. Full batches
+//! go to the writer thread ([`writer`]), which encodes them on the other core
+//! while this one runs the program: encoding was the larger half of the work.
 //!
 //! In qemu-user each guest thread is a vCPU with its own index: the index is
 //! the trace stream. System calls come from the plugin API's syscall
@@ -17,7 +19,7 @@
 //! the thread resumes); executable file mappings from the mmap calls seen
 //! there, plus the program and its loader from their ELF headers.
 //!
-//! Why about 720 lines: the plugin is one cdylib whose callbacks share its per-vCPU state
+//! Why about 900 lines: the plugin is one cdylib whose callbacks share its per-vCPU state
 //! through qemu's C API; the trace writer is in `writer.rs`.
 
 pub mod config;
@@ -27,9 +29,8 @@ pub mod writer;
 use config::Config;
 use itrace_decoders::Flow;
 use itrace_format::{
-    branch_flags,
-    compact::{Encoder, MAX_BRANCH_ITEM},
-    Arch, Branch, BranchKind, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN,
+    branch_flags, Arch, Branch, BranchKind, Mode, Mte, Record, StopReason, TraceOff, TraceOn, TraceOnReason,
+    BRANCH_RECORD_LEN,
 };
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -37,7 +38,7 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Mutex, OnceLock};
-use writer::{now_ns, Msg, Totals};
+use writer::{now_ns, Batch, Msg, Totals};
 
 /// Most vCPUs (guest threads alive at once, in qemu-user) the plugin keeps apart.
 pub const MAX_VCPUS: usize = 1024;
@@ -161,23 +162,16 @@ struct Vcpu {
     /// The signal the pending system call sends (kill, tkill, tgkill), 0 otherwise.
     sending: u16,
     buf: Vec<u8>,
-    /// Instructions and branch records in `buf`.
-    buf_insns: u64,
-    buf_branches: u64,
-    buf_records: u64,
     last_ts: u64,
     /// Records left before the clock is read again (reading it costs more than a block).
     ts_left: u32,
     /// The clock when `buf` got its oldest record.
     buf_since: u64,
-    /// Continuous mode: `buf` holds format 3.0's compact items, encoded here (on the vCPU's
-    /// thread, in parallel with the others and the writer), one chunk's worth; other modes
-    /// hand 40-byte records to the writer, whose buffers decide what to keep.
-    enc: Option<Encoder>,
-    scratch: Vec<u8>,
-    /// Bytes of `buf` handed over at a time: in continuous mode a chunk, at most the trace's
-    /// segment size.
-    segment: usize,
+    /// Continuous mode: the records as they come, handed to the writer thread a batch at a
+    /// time for it to encode (on the other core, while this thread runs the program);
+    /// `buf` stays empty. Other modes hand 40-byte records in `buf` to the writer, whose
+    /// buffers decide what to keep.
+    batch: Option<Batch>,
 }
 
 /// Branch records that share one clock reading: their timestamps are those of the first.
@@ -220,15 +214,10 @@ fn new_vcpu(idx: c_uint, slot: &AtomicPtr<Vcpu>) -> *mut Vcpu {
         mmap: None,
         sending: 0,
         buf: Vec::with_capacity(SEGMENT),
-        buf_insns: 0,
-        buf_branches: 0,
-        buf_records: 0,
         last_ts: 0,
         ts_left: 0,
         buf_since: 0,
-        enc: continuous.map(|_| Encoder::new()),
-        scratch: Vec::new(),
-        segment: continuous.map_or(SEGMENT, |s| s.cfg.segment_size.clamp(4096, SEGMENT)),
+        batch: continuous.map(|_| writer::batch()),
     });
     let p = Box::into_raw(v);
     slot.store(p, Release);
@@ -254,92 +243,88 @@ impl Vcpu {
         self.last_ts
     }
 
+    /// Nothing waits to be handed over.
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.buf.is_empty() && self.batch.as_ref().is_none_or(|i| i.is_empty())
+    }
+
     #[inline]
     fn push_branch(&mut self, s: &State, b: Branch) {
-        if self.buf.is_empty() {
+        if self.is_empty() {
             self.buf_since = self.last_ts;
         }
-        let room = match &mut self.enc {
-            Some(enc) => {
-                enc.branch(&mut self.buf, &b);
-                MAX_BRANCH_ITEM
+        let full = match &mut self.batch {
+            Some(batch) => {
+                batch.push_branch(&b);
+                batch.is_full()
             }
             None => {
                 let mut a = [0u8; BRANCH_RECORD_LEN];
                 b.encode_into(&mut a);
                 self.buf.extend_from_slice(&a);
-                BRANCH_RECORD_LEN
+                self.buf.len() + BRANCH_RECORD_LEN > SEGMENT
             }
         };
-        self.buf_insns += b.icount as u64;
-        self.buf_branches += 1;
-        self.buf_records += 1;
         // ts_left is full right after a clock reading: only then is the age worth a look.
-        if self.buf.len() + room > self.segment || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
+        if full || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
             self.flush(s);
         }
     }
 
-    /// Whether the oldest record in `buf` is `ns` old, as of the last clock reading.
+    /// Whether the oldest record not handed over is `ns` old, as of the last clock reading.
     #[inline]
     fn waited(&self, ns: u64) -> bool {
-        !self.buf.is_empty() && self.last_ts.saturating_sub(self.buf_since) >= ns
+        !self.is_empty() && self.last_ts.saturating_sub(self.buf_since) >= ns
     }
 
     fn push_control(&mut self, s: &State, r: Record) {
-        if self.buf.is_empty() {
+        if self.is_empty() {
             self.buf_since = self.last_ts;
         }
-        if let Record::TraceOff(off) = &r {
-            self.buf_insns += off.icount as u64;
-        }
-        let stored = match &mut self.enc {
-            Some(enc) => {
-                self.scratch.clear();
-                let ok = r.encode(&mut self.scratch).is_ok();
-                if ok {
-                    enc.record(&mut self.buf, &self.scratch, &r);
-                }
-                ok
+        let full = match &mut self.batch {
+            Some(batch) => {
+                batch.push_control(r);
+                batch.is_full()
             }
-            None => r.encode(&mut self.buf).is_ok(),
+            None => {
+                let _ = r.encode(&mut self.buf);
+                self.buf.len() + 64 > SEGMENT
+            }
         };
-        if stored {
-            self.buf_records += 1;
-        }
-        if self.buf.len() + 64 > self.segment {
+        if full {
             self.flush(s);
         }
     }
 
     fn flush(&mut self, s: &State) {
+        if let Some(pending) = &mut self.batch {
+            if !pending.is_empty() {
+                let batch = std::mem::replace(pending, writer::batch());
+                let _ = s.tx.send(Msg::Batch { stream: self.stream, batch });
+            }
+            return;
+        }
         if self.buf.is_empty() {
             return;
         }
-        if let Some(enc) = &mut self.enc {
-            // The chunk is complete: the next starts from a fresh state.
-            enc.finish(&mut self.buf);
-            enc.reset();
-        }
         let data = std::mem::replace(&mut self.buf, writer::segment_buffer(SEGMENT));
-        let instructions = std::mem::take(&mut self.buf_insns);
-        let branches = std::mem::take(&mut self.buf_branches);
-        let records = std::mem::take(&mut self.buf_records);
-        let _ = s.tx.send(Msg::Records { stream: self.stream, data, records, instructions, branches });
+        let _ = s.tx.send(Msg::Records { stream: self.stream, data });
     }
 
+    #[inline]
     fn branch(&mut self, s: &State, from: u64, to: u64, kind: BranchKind) {
-        let b = Branch {
-            ts: self.branch_ts(),
-            kernel: false,
-            kind,
-            flags: 0,
-            aux: 0,
-            from,
-            to,
-            tid: self.tid,
-            icount: std::mem::take(&mut self.icount),
-        };
+        let ts = self.branch_ts();
+        let icount = std::mem::take(&mut self.icount);
+        // Continuous mode, a batch under way (its age is known): straight into it.
+        if let Some(batch) = self.batch.as_mut().filter(|b| !b.is_empty()) {
+            batch.push_plain(ts, self.tid, from, to, icount, kind);
+            if batch.is_full() || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
+                self.flush(s);
+            }
+            return;
+        }
+        let b = Branch { ts, kernel: false, kind, flags: 0, aux: 0, from, to, tid: self.tid, icount };
         self.push_branch(s, b);
     }
 

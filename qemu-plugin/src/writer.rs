@@ -1,9 +1,13 @@
-//! The writer thread: vCPU threads hand it full segments of encoded records;
-//! it owns the per-stream [`Buffers`] (the three collection modes) and the
-//! trace file, so no vCPU ever waits on the disk unless the channel is full.
+//! The writer thread: vCPU threads hand it their records, and it owns the
+//! per-stream [`Buffers`] (the three collection modes) and the trace file, so
+//! no vCPU ever waits on the disk unless the channel is full. In continuous
+//! mode it also encodes (format 3.0's compact items): the vCPU threads only
+//! find the taken branches, and the encoding, the larger half of the work,
+//! runs on another core in parallel with the program.
 
 use crate::config::Config;
 use itrace_format::{
+    compact::{Encoder, MAX_BRANCH_ITEM},
     major, Branch, BranchKind, BufferConfig, Buffers, Endian, FileHeader, Push, Record, StepMethod, StopReason,
     Summary, TraceOff, TraceWriter, BRANCH_RECORD_LEN, FLAG_ICOUNT,
 };
@@ -16,12 +20,102 @@ const CHANNEL_DEPTH: usize = 32;
 /// writes a segment whose oldest record is half a second old).
 const TICK: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// Records a vCPU hands over at a time in continuous mode: a batch large enough that handing
+/// it over (a channel message) costs little per record, small enough to stay in the caches.
+pub const BATCH: usize = 8192;
+/// A continuous-mode chunk is ended when it cannot take one more item of this many bytes (a
+/// branch, or a whole trace-on or trace-off record) within the segment size.
+const MAX_ITEM: usize = if MAX_BRANCH_ITEM > 128 { MAX_BRANCH_ITEM } else { 128 };
+/// The largest chunk of continuous mode (a smaller `--segment-size` makes them smaller).
+const CHUNK_MAX: usize = 256 * 1024;
+/// A chunk of continuous mode is written once its oldest record is this old, full or not
+/// (looked at every [`TICK`]), so that a trace read while it is recorded is never far behind.
+const CHUNK_MAX_AGE_NS: u64 = 250_000_000;
+
+/// A vCPU's records in continuous mode, as handed to the writer: plain taken branches
+/// packed in 24 bytes (the fields a user-space branch without flags has that the next one
+/// may not share), and, each before the plain branch of its index, the rest: a new clock
+/// reading or thread for the plain branches after it, a branch with flags (system call,
+/// signal, return from the kernel), a whole record.
+pub struct Batch {
+    plain: Vec<Plain>,
+    events: Vec<(usize, Event)>,
+    ts: u64,
+    tid: u32,
+}
+
+#[derive(Clone, Copy)]
+struct Plain {
+    from: u64,
+    to: u64,
+    icount: u32,
+    kind: BranchKind,
+}
+
+enum Event {
+    Ts(u64),
+    Tid(u32),
+    Branch(Branch),
+    Control(Box<Record>),
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch { plain: Vec::with_capacity(BATCH), events: Vec::new(), ts: u64::MAX, tid: u32::MAX }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plain.is_empty() && self.events.is_empty()
+    }
+
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.plain.len() >= BATCH || self.events.len() >= BATCH
+    }
+
+    #[inline]
+    pub fn push_branch(&mut self, b: &Branch) {
+        let at = self.plain.len();
+        if b.kernel || b.flags != 0 || b.aux != 0 {
+            self.events.push((at, Event::Branch(*b)));
+            return;
+        }
+        self.push_plain(b.ts, b.tid, b.from, b.to, b.icount, b.kind);
+    }
+
+    /// A user-space branch without flags (the hot path's).
+    #[inline]
+    pub fn push_plain(&mut self, ts: u64, tid: u32, from: u64, to: u64, icount: u32, kind: BranchKind) {
+        let at = self.plain.len();
+        if ts != self.ts {
+            self.ts = ts;
+            self.events.push((at, Event::Ts(ts)));
+        }
+        if tid != self.tid {
+            self.tid = tid;
+            self.events.push((at, Event::Tid(tid)));
+        }
+        self.plain.push(Plain { from, to, icount, kind });
+    }
+
+    pub fn push_control(&mut self, r: Record) {
+        self.events.push((self.plain.len(), Event::Control(Box::new(r))));
+    }
+
+    fn clear(&mut self) {
+        self.plain.clear();
+        self.events.clear();
+        (self.ts, self.tid) = (u64::MAX, u32::MAX);
+    }
+}
+
 /// Work for the writer.
 pub enum Msg {
-    /// Encoded records of one stream, in order (branch, trace-on and trace-off records), with
-    /// the instructions and branch records among them: in continuous mode one whole chunk of
-    /// format 3.0's compact items, else records of the 16-byte-header layout.
-    Records { stream: u16, data: Vec<u8>, records: u64, instructions: u64, branches: u64 },
+    /// Records of one stream of the 16-byte-header layout, in order (branch, trace-on and
+    /// trace-off records): normal and wrap modes, whose buffers decide what to keep.
+    Records { stream: u16, data: Vec<u8> },
+    /// Records of one stream, in order, for the writer to encode (continuous mode).
+    Batch { stream: u16, batch: Batch },
     /// A module-table record.
     Mte(Record),
     /// Write what is buffered and the summary, then stop; `stop` says why tracing ended when
@@ -70,11 +164,12 @@ pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), Stri
         mte_size: cfg.mte_size,
     };
     let buffers = Buffers::new(bcfg, writer).map_err(|e| e.to_string())?;
-    let continuous = cfg.mode == itrace_format::Mode::Continuous;
+    // Chunks of at most 256 KiB: a chunk is the unit a reader decodes and a crash can lose.
+    let chunk_size = cfg.segment_size.clamp(4096, CHUNK_MAX);
     let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
     let h = std::thread::Builder::new()
         .name("itrace-writer".into())
-        .spawn(move || run(buffers, rx, continuous))
+        .spawn(move || run(buffers, rx, chunk_size))
         .map_err(|e| format!("cannot start the writer thread: {e}"))?;
     Ok((tx, h))
 }
@@ -86,8 +181,21 @@ struct Writer {
     full: Vec<bool>,
     /// Tracing stopped for good (MTE buffer full, write error).
     stopped: bool,
-    /// Continuous mode: nothing is refused, records are copied in runs.
-    buffers_continuous: bool,
+    /// Continuous mode: the chunk each stream is encoding.
+    chunks: Vec<Chunk>,
+    chunk_size: usize,
+    scratch: Vec<u8>,
+}
+
+/// A stream's chunk being encoded (continuous mode).
+struct Chunk {
+    enc: Encoder,
+    data: Vec<u8>,
+    records: u64,
+    branches: u64,
+    instructions: u64,
+    /// When its first record came (the clock of the writer).
+    since: u64,
 }
 
 /// A branch record of the 40-byte layout the vCPUs write ([`Branch::encode_into`], native
@@ -134,10 +242,34 @@ pub fn segment_buffer(cap: usize) -> Vec<u8> {
     POOL.lock().ok().and_then(|mut p| p.pop()).unwrap_or_else(|| Vec::with_capacity(cap))
 }
 
-fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
+/// Spare batches, handed back to the vCPUs (as [`POOL`]).
+static BATCH_POOL: std::sync::Mutex<Vec<Batch>> = std::sync::Mutex::new(Vec::new());
+
+fn recycle_batch(mut b: Batch) {
+    b.clear();
+    if let Ok(mut p) = BATCH_POOL.lock() {
+        if p.len() < POOL_MAX {
+            p.push(b);
+        }
+    }
+}
+
+/// An empty batch, from the pool when one is there.
+pub fn batch() -> Batch {
+    BATCH_POOL.lock().ok().and_then(|mut p| p.pop()).unwrap_or_else(Batch::new)
+}
+
+fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
     let n = buffers.records().len();
-    let mut w =
-        Writer { buffers, t: Totals::default(), full: vec![false; n], stopped: false, buffers_continuous: continuous };
+    let mut w = Writer {
+        buffers,
+        t: Totals::default(),
+        full: vec![false; n],
+        stopped: false,
+        chunks: Vec::new(),
+        chunk_size,
+        scratch: Vec::new(),
+    };
     let mut end_ts = 0;
     loop {
         let m = match rx.recv_timeout(TICK) {
@@ -149,13 +281,13 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         };
         match m {
-            Msg::Records { stream, data, records, instructions, branches } => {
-                if w.buffers_continuous {
-                    w.bulk(stream as usize, &data, records, instructions, branches);
-                } else {
-                    w.records(stream as usize, &data);
-                }
+            Msg::Records { stream, data } => {
+                w.records(stream as usize, &data);
                 recycle(data);
+            }
+            Msg::Batch { stream, batch } => {
+                w.batch(stream as usize, &batch);
+                recycle_batch(batch);
             }
             Msg::Mte(r) => w.mte(&r),
             Msg::Finish { ts, stop } => {
@@ -167,6 +299,9 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, continuous: bool) -> Totals {
             }
         }
         w.tick();
+    }
+    for stream in 0..w.chunks.len() {
+        w.end_chunk(stream);
     }
     let Writer { buffers, mut t, .. } = w;
     t.records = buffers.records().iter().sum();
@@ -203,6 +338,15 @@ impl Writer {
         if self.stopped {
             return;
         }
+        if !self.chunks.is_empty() {
+            let now = now_ns();
+            for stream in 0..self.chunks.len() {
+                let c = &self.chunks[stream];
+                if c.records > 0 && now.saturating_sub(c.since) >= CHUNK_MAX_AGE_NS {
+                    self.end_chunk(stream);
+                }
+            }
+        }
         if let Err(err) = self.buffers.flush_if_due() {
             self.failed(err.to_string());
         }
@@ -220,6 +364,132 @@ impl Writer {
             }
             Err(err) => self.failed(err.to_string()),
         }
+    }
+
+    /// Continuous mode: encode a vCPU's batch into its stream's chunk, writing each chunk
+    /// that fills.
+    fn batch(&mut self, stream: usize, batch: &Batch) {
+        if self.stopped || stream >= self.full.len() {
+            return;
+        }
+        if self.chunks.len() <= stream {
+            let n = self.full.len();
+            self.chunks.resize_with(n, || Chunk {
+                enc: Encoder::new(),
+                data: Vec::new(),
+                records: 0,
+                branches: 0,
+                instructions: 0,
+                since: 0,
+            });
+        }
+        let (mut ts, mut tid) = (0, 0);
+        let mut done = 0;
+        for (at, e) in &batch.events {
+            self.encode_plain(stream, &batch.plain[done..*at], ts, tid);
+            done = *at;
+            match e {
+                Event::Ts(t) => ts = *t,
+                Event::Tid(t) => tid = *t,
+                Event::Branch(b) => self.encode_branch(stream, b),
+                Event::Control(r) => self.encode_control(stream, r),
+            }
+        }
+        self.encode_plain(stream, &batch.plain[done..], ts, tid);
+    }
+
+    /// Plain branches of one thread and clock reading: the writer's hot loop, which holds
+    /// the chunk and its counts for as long as it has room.
+    fn encode_plain(&mut self, stream: usize, plain: &[Plain], ts: u64, tid: u32) {
+        let mut rest = plain;
+        let size = self.chunk_size;
+        while !rest.is_empty() {
+            let Some(c) = self.chunk_for(stream) else { return };
+            // Items that surely fit before the chunk must end (at least one: chunk_for made
+            // room): the chunk ends where a check before every item would end it.
+            let room = (size - c.data.len() - c.enc.pending()) / MAX_ITEM;
+            let (now, later) = rest.split_at(room.clamp(1, rest.len()));
+            let mut instructions = 0;
+            for p in now {
+                let b = Branch {
+                    ts,
+                    kernel: false,
+                    kind: p.kind,
+                    flags: 0,
+                    aux: 0,
+                    from: p.from,
+                    to: p.to,
+                    tid,
+                    icount: p.icount,
+                };
+                c.enc.branch(&mut c.data, &b);
+                instructions += p.icount as u64;
+            }
+            c.branches += now.len() as u64;
+            c.records += now.len() as u64;
+            c.instructions += instructions;
+            rest = later;
+        }
+    }
+
+    /// Make room for one more item in `stream`'s chunk (ending the chunk when it is full).
+    #[inline]
+    fn chunk_for(&mut self, stream: usize) -> Option<&mut Chunk> {
+        let c = &self.chunks[stream];
+        if c.data.len() + c.enc.pending() + MAX_ITEM > self.chunk_size {
+            self.end_chunk(stream);
+            if self.stopped {
+                return None;
+            }
+        }
+        let c = &mut self.chunks[stream];
+        if c.records == 0 {
+            c.since = now_ns();
+            c.data.reserve(self.chunk_size);
+        }
+        Some(c)
+    }
+
+    #[inline]
+    fn encode_branch(&mut self, stream: usize, b: &Branch) {
+        let Some(c) = self.chunk_for(stream) else { return };
+        c.enc.branch(&mut c.data, b);
+        c.branches += 1;
+        c.instructions += b.icount as u64;
+        c.records += 1;
+    }
+
+    fn encode_control(&mut self, stream: usize, r: &Record) {
+        self.scratch.clear();
+        if r.encode(&mut self.scratch).is_err() {
+            return;
+        }
+        let scratch = std::mem::take(&mut self.scratch);
+        if let Some(c) = self.chunk_for(stream) {
+            c.enc.record(&mut c.data, &scratch, r);
+            if let Record::TraceOff(off) = r {
+                c.instructions += off.icount as u64;
+            }
+            c.records += 1;
+        }
+        self.scratch = scratch;
+    }
+
+    /// Continuous mode: write `stream`'s chunk; the next starts from a fresh encoder state.
+    fn end_chunk(&mut self, stream: usize) {
+        let c = &mut self.chunks[stream];
+        if c.records == 0 {
+            return;
+        }
+        c.enc.finish(&mut c.data);
+        c.enc.reset();
+        let (records, branches, instructions) =
+            (std::mem::take(&mut c.records), std::mem::take(&mut c.branches), std::mem::take(&mut c.instructions));
+        let data = std::mem::take(&mut c.data);
+        self.bulk(stream, &data, records, instructions, branches);
+        let mut data = data;
+        data.clear();
+        self.chunks[stream].data = data;
     }
 
     fn records(&mut self, stream: usize, data: &[u8]) {
