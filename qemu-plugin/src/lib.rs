@@ -312,7 +312,8 @@ impl Vcpu {
         let _ = s.tx.send(Msg::Records { stream: self.stream, data });
     }
 
-    #[inline]
+    /// A taken branch (the hot path: inlined into the block callback).
+    #[inline(always)]
     fn branch(&mut self, s: &State, from: u64, to: u64, kind: BranchKind) {
         let ts = self.branch_ts();
         let icount = std::mem::take(&mut self.icount);
@@ -324,6 +325,12 @@ impl Vcpu {
             }
             return;
         }
+        self.first_branch(s, ts, from, to, kind, icount);
+    }
+
+    /// A taken branch into an empty batch, or in the normal and wrap modes.
+    #[inline(never)]
+    fn first_branch(&mut self, s: &State, ts: u64, from: u64, to: u64, kind: BranchKind, icount: u32) {
         let b = Branch { ts, kernel: false, kind, flags: 0, aux: 0, from, to, tid: self.tid, icount };
         self.push_branch(s, b);
     }
