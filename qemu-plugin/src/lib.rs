@@ -22,10 +22,12 @@
 //! Why about 900 lines: the plugin is one cdylib whose callbacks share its per-vCPU state
 //! through qemu's C API; the trace writer is in `writer.rs`.
 
+mod blocks;
 pub mod config;
 mod ffi;
 pub mod writer;
 
+use blocks::{Packed, TbInfo};
 use config::Config;
 use itrace_decoders::Flow;
 use itrace_format::{
@@ -55,39 +57,6 @@ const SYSCALL_FLUSH_NS: u64 = 50_000_000;
 /// The plugin API version we need; qemu refuses to load a plugin outside its supported range.
 #[no_mangle]
 pub static qemu_plugin_version: c_int = ffi::API_VERSION;
-
-/// One translated block, as its executions need it.
-struct TbInfo {
-    start: u64,
-    insns: u32,
-    /// Address of the last instruction.
-    last: u64,
-    /// Where execution continues when the last instruction does not branch.
-    fall: u64,
-    flow: Flow,
-    /// The last instruction is a branch to itself (`jmp .`, `loop .`).
-    self_loop: bool,
-    /// It always transfers control (a branch even to the next instruction).
-    always: bool,
-    /// The record kind when control does not fall through.
-    kind: BranchKind,
-    /// Where a direct branch goes (jump, call, conditional jump).
-    target: Option<u64>,
-    /// The last instruction can send control somewhere other than the next instruction.
-    can_branch: bool,
-}
-
-impl TbInfo {
-    /// Whether the block's last instruction can have sent control to `to`; when it cannot, a
-    /// signal was delivered between the blocks.
-    #[inline]
-    fn reaches(&self, to: u64) -> bool {
-        match self.target {
-            Some(t) => to == t || to == self.fall,
-            None => self.can_branch,
-        }
-    }
-}
 
 /// System call numbers the plugin acts on, per architecture.
 struct Syscalls {
@@ -150,10 +119,18 @@ struct PendingMmap {
 /// Per-vCPU state, touched only by the vCPU's own thread (and at exit, when qemu has stopped
 /// the others).
 struct Vcpu {
+    /// The block callback's fast path may run: the thread is active, not in a system call,
+    /// and in continuous mode with a primed batch (its clock reading and thread are the
+    /// batch's). Set where the batch gets primed, cleared wherever one of those may change.
+    fast: bool,
     stream: u16,
     tid: u32,
     active: bool,
     prev: *const TbInfo,
+    /// Where the previous block falls through to: its `fall`, or [`NEVER`] when its last
+    /// instruction always transfers control. The fast path's one comparison for a block that
+    /// follows without a taken branch.
+    fall: u64,
     /// Instructions since the last record.
     icount: u32,
     /// The system call whose return to user space is recorded at the next block.
@@ -173,6 +150,9 @@ struct Vcpu {
     /// buffers decide what to keep.
     batch: Option<Batch>,
 }
+
+/// No block starts here (an address past the end of any address space qemu-user emulates).
+const NEVER: u64 = u64::MAX;
 
 /// Branch records that share one clock reading: their timestamps are those of the first.
 const TS_EVERY: u32 = 64;
@@ -200,15 +180,25 @@ fn vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
     Some(unsafe { &mut *p })
 }
 
+/// The state of vCPU `idx` if it has had a callback before. Only its own thread calls this.
+#[inline(always)]
+fn existing_vcpu(idx: c_uint) -> Option<&'static mut Vcpu> {
+    let p = VCPUS.get(idx as usize)?.load(Relaxed);
+    // SAFETY: as in `vcpu`.
+    (!p.is_null()).then(|| unsafe { &mut *p })
+}
+
 /// A vCPU's first callback: its state, kept in `slot` from then on.
 #[cold]
 fn new_vcpu(idx: c_uint, slot: &AtomicPtr<Vcpu>) -> *mut Vcpu {
     let continuous = STATE.get().filter(|s| s.cfg.mode == Mode::Continuous);
     let v = Box::new(Vcpu {
+        fast: false,
         stream: idx as u16,
         tid: 0,
         active: false,
         prev: std::ptr::null(),
+        fall: NEVER,
         icount: 0,
         in_syscall: None,
         mmap: None,
@@ -225,11 +215,22 @@ fn new_vcpu(idx: c_uint, slot: &AtomicPtr<Vcpu>) -> *mut Vcpu {
 }
 
 impl Vcpu {
+    /// The block that ran last.
+    #[inline(always)]
+    fn set_prev(&mut self, tb: &'static TbInfo) {
+        self.prev = tb;
+        self.fall = if tb.always { NEVER } else { tb.fall };
+    }
+
     /// A fresh reading of the clock (for system calls, thread start and end, MTE records).
     fn ts(&mut self) -> u64 {
         let t = now_ns().max(self.last_ts);
         self.last_ts = t;
         self.ts_left = TS_EVERY;
+        if let Some(batch) = &mut self.batch {
+            batch.primed = false;
+        }
+        self.fast = false;
         t
     }
 
@@ -297,7 +298,16 @@ impl Vcpu {
         }
     }
 
+    /// [`Vcpu::flush`] from the fast path, which has not looked up the state.
+    #[inline(never)]
+    fn flush_now(&mut self) {
+        if let Some(s) = state() {
+            self.flush(s);
+        }
+    }
+
     fn flush(&mut self, s: &State) {
+        self.fast = false;
         if let Some(pending) = &mut self.batch {
             if !pending.is_empty() {
                 let batch = std::mem::replace(pending, writer::batch());
@@ -312,27 +322,33 @@ impl Vcpu {
         let _ = s.tx.send(Msg::Records { stream: self.stream, data });
     }
 
-    /// A taken branch (the hot path: inlined into the block callback).
-    #[inline(always)]
-    fn branch(&mut self, s: &State, from: u64, to: u64, kind: BranchKind) {
+    /// A taken branch from the end of block `from` to block `to` off the fast path: the clock
+    /// is due, the batch is not primed or is full, the blocks or count do not pack, or the
+    /// normal and wrap modes. Primes the batch, which puts the vCPU back on the fast path.
+    #[inline(never)]
+    fn branch(&mut self, s: &State, from: &'static TbInfo, to: &TbInfo) {
         let ts = self.branch_ts();
         let icount = std::mem::take(&mut self.icount);
-        // Continuous mode, a batch under way (its age is known): straight into it.
-        if let Some(batch) = self.batch.as_mut().filter(|b| !b.is_empty()) {
-            batch.push_plain(ts, self.tid, from, to, icount, kind);
-            if batch.is_full() || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
-                self.flush(s);
+        match (&mut self.batch, Packed::new(from, to.start, icount)) {
+            (Some(batch), Some(packed)) => {
+                if batch.is_empty() {
+                    self.buf_since = self.last_ts;
+                }
+                if !batch.primed {
+                    batch.prime(ts, self.tid);
+                }
+                batch.push_packed(packed);
+                if batch.is_full() || (self.ts_left == TS_EVERY && self.waited(VCPU_FLUSH_NS)) {
+                    self.flush(s);
+                }
             }
-            return;
+            _ => {
+                let (kind, from, to, tid) = (from.kind, from.last, to.start, self.tid);
+                let b = Branch { ts, kernel: false, kind, flags: 0, aux: 0, from, to, tid, icount };
+                self.push_branch(s, b);
+            }
         }
-        self.first_branch(s, ts, from, to, kind, icount);
-    }
-
-    /// A taken branch into an empty batch, or in the normal and wrap modes.
-    #[inline(never)]
-    fn first_branch(&mut self, s: &State, ts: u64, from: u64, to: u64, kind: BranchKind, icount: u32) {
-        let b = Branch { ts, kernel: false, kind, flags: 0, aux: 0, from, to, tid: self.tid, icount };
-        self.push_branch(s, b);
+        self.fast = self.batch.as_ref().is_some_and(|b| b.primed);
     }
 
     /// The kernel's return to user space at `to` (after a system call or signal delivery).
@@ -361,6 +377,7 @@ impl Vcpu {
 
     /// The thread's first block: trace-on (and, for the process's first thread, its module table).
     fn start(&mut self, s: &State, tb: &TbInfo) {
+        self.fast = false;
         self.tid = gettid();
         self.active = true;
         self.icount = 0;
@@ -382,6 +399,7 @@ impl Vcpu {
             return;
         }
         self.active = false;
+        self.fast = false;
         let off = TraceOff {
             ts: self.ts(),
             reason,
@@ -393,6 +411,7 @@ impl Vcpu {
         };
         self.push_control(s, Record::TraceOff(off));
         self.prev = std::ptr::null();
+        self.fall = NEVER;
         self.flush(s);
     }
 
@@ -478,7 +497,9 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         let data = ffi::qemu_plugin_insn_data(last) as *const u8;
         let bytes = if data.is_null() { &[][..] } else { std::slice::from_raw_parts(data, size) };
         let insn = s.arch.decode(pc, bytes);
-        let info = Box::new(TbInfo {
+        // Kept for the rest of the process: qemu may run the block until the end, and a batch
+        // may name it after qemu dropped it.
+        let info: &'static TbInfo = Box::leak(Box::new(TbInfo {
             start: ffi::qemu_plugin_tb_vaddr(tb),
             insns: n as u32,
             last: pc,
@@ -489,15 +510,48 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
             kind: insn.flow.branch_kind(),
             target: insn.target,
             can_branch: !matches!(insn.flow, Flow::Next | Flow::RepString),
-        });
-        // Leaked on purpose: qemu may run the block until the end of the process.
-        let udata = Box::into_raw(info) as *mut c_void;
+        }));
+        let udata = info as *const TbInfo as *mut c_void;
         ffi::qemu_plugin_register_vcpu_tb_exec_cb(tb, on_tb_exec, ffi::CB_NO_REGS, udata);
     }
 }
 
-/// One execution of a block: the hot path.
+/// One execution of a block: the hot path, which handles a fall-through and a taken branch
+/// that packs into a primed batch with room, and leaves the rest to [`on_tb_exec_slow`].
 extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
+    // SAFETY: udata is the TbInfo registered in on_tb_trans for this block.
+    let tb = unsafe { &*(udata as *const TbInfo) };
+    if PHASE.load(Relaxed) == TRACING {
+        if let Some(v) = existing_vcpu(idx).filter(|v| v.fast) {
+            debug_assert!(v.active && v.in_syscall.is_none() && v.batch.as_ref().is_some_and(|b| b.primed));
+            // SAFETY: a fast vCPU is active: its prev is a registered TbInfo.
+            let p = unsafe { &*v.prev };
+            if tb.start == v.fall {
+                v.icount = v.icount.saturating_add(tb.insns);
+                v.set_prev(tb);
+                return;
+            }
+            if tb.start != p.last && p.reaches(tb.start) && v.ts_left != 0 {
+                if let (Some(batch), Some(b)) = (&mut v.batch, Packed::new(p, tb.start, v.icount)) {
+                    batch.push_packed(b);
+                    let full = batch.is_full();
+                    v.ts_left -= 1;
+                    v.icount = tb.insns;
+                    v.set_prev(tb);
+                    if full {
+                        v.flush_now();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+    on_tb_exec_slow(idx, tb);
+}
+
+/// A block execution off the fast path.
+#[inline(never)]
+fn on_tb_exec_slow(idx: c_uint, tb: &'static TbInfo) {
     let phase = PHASE.load(Relaxed);
     if phase != TRACING {
         if phase == STOP_ASKED {
@@ -506,17 +560,15 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
         return;
     }
     let (Some(s), Some(v)) = (state(), vcpu(idx)) else { return };
-    // SAFETY: udata is the TbInfo leaked in on_tb_trans for this block.
-    let tb = unsafe { &*(udata as *const TbInfo) };
     if v.active && v.in_syscall.is_none() {
-        // SAFETY: an active vCPU's prev is a leaked TbInfo.
+        // SAFETY: an active vCPU's prev is a registered TbInfo.
         let p = unsafe { &*v.prev };
         if tb.start != p.last && (tb.start == p.fall || p.reaches(tb.start)) {
             if tb.start != p.fall || p.always {
-                v.branch(s, p.last, tb.start, p.kind);
+                v.branch(s, p, tb);
             }
             v.icount = v.icount.saturating_add(tb.insns);
-            v.prev = tb;
+            v.set_prev(tb);
             return;
         }
     }
@@ -550,7 +602,7 @@ fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
         } else if tb.start == p.last && p.flow == Flow::RepString {
             // Another iteration of a rep string instruction: qemu ends the block after each.
             v.icount = v.icount.saturating_add(tb.insns - 1);
-            v.prev = tb;
+            v.set_prev(tb);
             return;
         } else if tb.start == p.last && !p.self_loop {
             // qemu 7.2 cut the block before an instruction crossing a page boundary but still
@@ -558,11 +610,11 @@ fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
             // starts this one.
             v.icount = v.icount.saturating_sub(1);
         } else if tb.start != p.fall || p.always {
-            v.branch(s, p.last, tb.start, p.kind);
+            v.branch(s, p, tb);
         }
     }
     v.icount = v.icount.saturating_add(tb.insns);
-    v.prev = tb;
+    v.set_prev(tb);
 }
 
 /// A system call: the `U` record now, the `K` record at the block it returns to.
@@ -615,6 +667,7 @@ extern "C" fn on_syscall(
         return;
     }
     v.in_syscall = Some(num);
+    v.fast = false;
     let k = s.nr.kill;
     v.sending = if num == k[2] {
         a3 as u16

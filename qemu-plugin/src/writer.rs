@@ -5,13 +5,14 @@
 //! find the taken branches, and the encoding, the larger half of the work,
 //! runs on another core in parallel with the program.
 
+use crate::blocks::Packed;
 use crate::config::Config;
 use itrace_format::{
     compact::{Encoder, MAX_BRANCH_ITEM},
     major, Branch, BranchKind, BufferConfig, Buffers, Endian, FileHeader, Push, Record, StepMethod, StopReason,
     Summary, TraceOff, TraceWriter, BRANCH_RECORD_LEN, FLAG_ICOUNT,
 };
-use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::thread::JoinHandle;
 
 /// Segments in flight between the vCPUs and the writer: bounds memory when the disk is slower.
@@ -32,24 +33,17 @@ const CHUNK_MAX: usize = 256 * 1024;
 /// (looked at every [`TICK`]), so that a trace read while it is recorded is never far behind.
 const CHUNK_MAX_AGE_NS: u64 = 250_000_000;
 
-/// A vCPU's records in continuous mode, as handed to the writer: plain taken branches
-/// packed in 24 bytes (the fields a user-space branch without flags has that the next one
-/// may not share), and, each before the plain branch of its index, the rest: a new clock
-/// reading or thread for the plain branches after it, a branch with flags (system call,
-/// signal, return from the kernel), a whole record.
+/// A vCPU's records in continuous mode, as handed to the writer: user-space taken branches
+/// without flags in 16 bytes each ([`Packed`]: the block they leave, where they go and the
+/// instructions before them), and, each before the packed branch of its index, the
+/// rest: a clock reading or thread for the packed branches after it, a whole branch (with
+/// flags, from the kernel, or whose numbers do not fit), a whole record.
 pub struct Batch {
-    plain: Vec<Plain>,
+    packed: Vec<Packed>,
     events: Vec<(usize, Event)>,
-    ts: u64,
-    tid: u32,
-}
-
-#[derive(Clone, Copy)]
-struct Plain {
-    from: u64,
-    to: u64,
-    icount: u32,
-    kind: BranchKind,
+    /// The last clock reading and thread in `events` are the vCPU's current ones: a packed
+    /// branch may go in as it is. The vCPU unprimes it at every clock reading.
+    pub primed: bool,
 }
 
 enum Event {
@@ -61,51 +55,45 @@ enum Event {
 
 impl Batch {
     fn new() -> Batch {
-        Batch { plain: Vec::with_capacity(BATCH), events: Vec::new(), ts: u64::MAX, tid: u32::MAX }
+        Batch { packed: Vec::with_capacity(BATCH), events: Vec::new(), primed: false }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.plain.is_empty() && self.events.is_empty()
+        self.packed.is_empty() && self.events.is_empty()
     }
 
     #[inline]
     pub fn is_full(&self) -> bool {
-        self.plain.len() >= BATCH || self.events.len() >= BATCH
+        self.packed.len() >= BATCH || self.events.len() >= BATCH
     }
 
-    #[inline]
+    /// A packed branch (the hot path's) of the primed clock reading and thread.
+    #[inline(always)]
+    pub fn push_packed(&mut self, b: Packed) {
+        self.packed.push(b);
+    }
+
+    /// The clock reading and thread of the packed branches that follow.
+    pub fn prime(&mut self, ts: u64, tid: u32) {
+        let at = self.packed.len();
+        self.events.push((at, Event::Ts(ts)));
+        self.events.push((at, Event::Tid(tid)));
+        self.primed = true;
+    }
+
+    /// A branch with all its fields.
     pub fn push_branch(&mut self, b: &Branch) {
-        let at = self.plain.len();
-        if b.kernel || b.flags != 0 || b.aux != 0 {
-            self.events.push((at, Event::Branch(*b)));
-            return;
-        }
-        self.push_plain(b.ts, b.tid, b.from, b.to, b.icount, b.kind);
-    }
-
-    /// A user-space branch without flags (the hot path's).
-    #[inline]
-    pub fn push_plain(&mut self, ts: u64, tid: u32, from: u64, to: u64, icount: u32, kind: BranchKind) {
-        let at = self.plain.len();
-        if ts != self.ts {
-            self.ts = ts;
-            self.events.push((at, Event::Ts(ts)));
-        }
-        if tid != self.tid {
-            self.tid = tid;
-            self.events.push((at, Event::Tid(tid)));
-        }
-        self.plain.push(Plain { from, to, icount, kind });
+        self.events.push((self.packed.len(), Event::Branch(*b)));
     }
 
     pub fn push_control(&mut self, r: Record) {
-        self.events.push((self.plain.len(), Event::Control(Box::new(r))));
+        self.events.push((self.packed.len(), Event::Control(Box::new(r))));
     }
 
     fn clear(&mut self) {
-        self.plain.clear();
+        self.packed.clear();
         self.events.clear();
-        (self.ts, self.tid) = (u64::MAX, u32::MAX);
+        self.primed = false;
     }
 }
 
@@ -274,11 +262,11 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
     loop {
         let m = match rx.recv_timeout(TICK) {
             Ok(m) => m,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Err(RecvTimeoutError::Timeout) => {
                 w.tick();
                 continue;
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => break,
         };
         match m {
             Msg::Records { stream, data } => {
@@ -386,7 +374,7 @@ impl Writer {
         let (mut ts, mut tid) = (0, 0);
         let mut done = 0;
         for (at, e) in &batch.events {
-            self.encode_plain(stream, &batch.plain[done..*at], ts, tid);
+            self.encode_packed(stream, &batch.packed[done..*at], ts, tid);
             done = *at;
             match e {
                 Event::Ts(t) => ts = *t,
@@ -395,13 +383,13 @@ impl Writer {
                 Event::Control(r) => self.encode_control(stream, r),
             }
         }
-        self.encode_plain(stream, &batch.plain[done..], ts, tid);
+        self.encode_packed(stream, &batch.packed[done..], ts, tid);
     }
 
-    /// Plain branches of one thread and clock reading: the writer's hot loop, which holds
+    /// Packed branches of one thread and clock reading: the writer's hot loop, which holds
     /// the chunk and its counts for as long as it has room.
-    fn encode_plain(&mut self, stream: usize, plain: &[Plain], ts: u64, tid: u32) {
-        let mut rest = plain;
+    fn encode_packed(&mut self, stream: usize, packed: &[Packed], ts: u64, tid: u32) {
+        let mut rest = packed;
         let size = self.chunk_size;
         while !rest.is_empty() {
             let Some(c) = self.chunk_for(stream) else { return };
@@ -411,19 +399,20 @@ impl Writer {
             let (now, later) = rest.split_at(room.clamp(1, rest.len()));
             let mut instructions = 0;
             for p in now {
+                let icount = p.icount();
                 let b = Branch {
                     ts,
                     kernel: false,
-                    kind: p.kind,
+                    kind: p.from.kind,
                     flags: 0,
                     aux: 0,
-                    from: p.from,
-                    to: p.to,
+                    from: p.from.last,
+                    to: p.to(),
                     tid,
-                    icount: p.icount,
+                    icount,
                 };
                 c.enc.branch(&mut c.data, &b);
-                instructions += p.icount as u64;
+                instructions += icount as u64;
             }
             c.branches += now.len() as u64;
             c.records += now.len() as u64;
