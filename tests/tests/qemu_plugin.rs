@@ -77,6 +77,16 @@ fn long_loop() {
     assert_eq!(lines.iter().filter(|l| !l.kernel).count(), LONG_LOOP_BLOCKS, "hand count of blocks");
 }
 
+/// One taken branch after 70,001 instructions, more than the 16 bits of a branch the plugin's
+/// vCPU hands to its writer packed: it travels whole, its count exact (straight_line.S's hand
+/// count, and qemu's single-step log through `check_freestanding`).
+#[test]
+fn straight_line_past_the_packed_count() {
+    let lines = check_freestanding("straight_line");
+    let counts: Vec<u64> = lines.iter().map(|l| l.count).collect();
+    assert_eq!(counts, vec![70_001, 3], "hand count: the jmp after 70,000 nops, then the exit");
+}
+
 /// The three collection modes: the same long_loop, whole (continuous, normal with room) or its
 /// most recent records (wrap), each read back without error. Its 200,000 taken branches take
 /// about 22 KB in format 3.0 (a loop of runs), so the ring of wrap mode is 4K.
