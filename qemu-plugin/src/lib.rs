@@ -127,10 +127,6 @@ struct Vcpu {
     tid: u32,
     active: bool,
     prev: *const TbInfo,
-    /// Where the previous block falls through to: its `fall`, or [`NEVER`] when its last
-    /// instruction always transfers control. The fast path's one comparison for a block that
-    /// follows without a taken branch.
-    fall: u64,
     /// Instructions since the last record.
     icount: u32,
     /// The system call whose return to user space is recorded at the next block.
@@ -150,9 +146,6 @@ struct Vcpu {
     /// buffers decide what to keep.
     batch: Option<Batch>,
 }
-
-/// No block starts here (an address past the end of any address space qemu-user emulates).
-const NEVER: u64 = u64::MAX;
 
 /// Branch records that share one clock reading: their timestamps are those of the first.
 const TS_EVERY: u32 = 64;
@@ -198,7 +191,6 @@ fn new_vcpu(idx: c_uint, slot: &AtomicPtr<Vcpu>) -> *mut Vcpu {
         tid: 0,
         active: false,
         prev: std::ptr::null(),
-        fall: NEVER,
         icount: 0,
         in_syscall: None,
         mmap: None,
@@ -215,13 +207,6 @@ fn new_vcpu(idx: c_uint, slot: &AtomicPtr<Vcpu>) -> *mut Vcpu {
 }
 
 impl Vcpu {
-    /// The block that ran last.
-    #[inline(always)]
-    fn set_prev(&mut self, tb: &'static TbInfo) {
-        self.prev = tb;
-        self.fall = if tb.always { NEVER } else { tb.fall };
-    }
-
     /// A fresh reading of the clock (for system calls, thread start and end, MTE records).
     fn ts(&mut self) -> u64 {
         let t = now_ns().max(self.last_ts);
@@ -411,7 +396,6 @@ impl Vcpu {
         };
         self.push_control(s, Record::TraceOff(off));
         self.prev = std::ptr::null();
-        self.fall = NEVER;
         self.flush(s);
     }
 
@@ -526,9 +510,9 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
             debug_assert!(v.active && v.in_syscall.is_none() && v.batch.as_ref().is_some_and(|b| b.primed));
             // SAFETY: a fast vCPU is active: its prev is a registered TbInfo.
             let p = unsafe { &*v.prev };
-            if tb.start == v.fall {
+            if tb.start == p.fall && !p.always {
                 v.icount = v.icount.saturating_add(tb.insns);
-                v.set_prev(tb);
+                v.prev = tb;
                 return;
             }
             if tb.start != p.last && p.reaches(tb.start) && v.ts_left != 0 {
@@ -537,7 +521,7 @@ extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
                     let full = batch.is_full();
                     v.ts_left -= 1;
                     v.icount = tb.insns;
-                    v.set_prev(tb);
+                    v.prev = tb;
                     if full {
                         v.flush_now();
                     }
@@ -568,7 +552,7 @@ fn on_tb_exec_slow(idx: c_uint, tb: &'static TbInfo) {
                 v.branch(s, p, tb);
             }
             v.icount = v.icount.saturating_add(tb.insns);
-            v.set_prev(tb);
+            v.prev = tb;
             return;
         }
     }
@@ -602,7 +586,7 @@ fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
         } else if tb.start == p.last && p.flow == Flow::RepString {
             // Another iteration of a rep string instruction: qemu ends the block after each.
             v.icount = v.icount.saturating_add(tb.insns - 1);
-            v.set_prev(tb);
+            v.prev = tb;
             return;
         } else if tb.start == p.last && !p.self_loop {
             // qemu 7.2 cut the block before an instruction crossing a page boundary but still
@@ -614,7 +598,7 @@ fn exec_unusual(s: &State, v: &mut Vcpu, tb: &'static TbInfo) {
         }
     }
     v.icount = v.icount.saturating_add(tb.insns);
-    v.set_prev(tb);
+    v.prev = tb;
 }
 
 /// A system call: the `U` record now, the `K` record at the block it returns to.

@@ -37,7 +37,7 @@ const CHUNK_MAX_AGE_NS: u64 = 250_000_000;
 /// without flags in 16 bytes each ([`Packed`]: the block they leave, where they go and the
 /// instructions before them), and, each before the packed branch of its index, the
 /// rest: a clock reading or thread for the packed branches after it, a whole branch (with
-/// flags, from the kernel, or whose numbers do not fit), a whole record.
+/// flags, from the kernel, or whose target or count does not pack), a whole record.
 pub struct Batch {
     packed: Vec<Packed>,
     events: Vec<(usize, Event)>,
