@@ -503,12 +503,12 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
 /// One execution of a block: the hot path, which handles a fall-through and a taken branch
 /// that packs into a primed batch with room, and leaves the rest to [`on_tb_exec_slow`].
 extern "C" fn on_tb_exec(idx: c_uint, udata: *mut c_void) {
-    // SAFETY: udata is the TbInfo registered in on_tb_trans for this block.
+    // SAFETY: udata is the TbInfo on_tb_trans leaked for this block (never freed).
     let tb = unsafe { &*(udata as *const TbInfo) };
     if PHASE.load(Relaxed) == TRACING {
         if let Some(v) = existing_vcpu(idx).filter(|v| v.fast) {
             debug_assert!(v.active && v.in_syscall.is_none() && v.batch.as_ref().is_some_and(|b| b.primed));
-            // SAFETY: a fast vCPU is active: its prev is a registered TbInfo.
+            // SAFETY: a fast vCPU is active: its prev is a TbInfo leaked in on_tb_trans.
             let p = unsafe { &*v.prev };
             if tb.start == p.fall && !p.always {
                 v.icount = v.icount.saturating_add(tb.insns);
@@ -545,7 +545,7 @@ fn on_tb_exec_slow(idx: c_uint, tb: &'static TbInfo) {
     }
     let (Some(s), Some(v)) = (state(), vcpu(idx)) else { return };
     if v.active && v.in_syscall.is_none() {
-        // SAFETY: an active vCPU's prev is a registered TbInfo.
+        // SAFETY: an active vCPU's prev is a leaked TbInfo.
         let p = unsafe { &*v.prev };
         if tb.start != p.last && (tb.start == p.fall || p.reaches(tb.start)) {
             if tb.start != p.fall || p.always {
