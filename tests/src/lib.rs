@@ -21,6 +21,7 @@ pub use arc::*;
 pub use oracle::binutils::*;
 pub use oracle::callgrind::*;
 pub use oracle::cross::*;
+pub use oracle::glibc_pin::*;
 pub use oracle::qemu::*;
 pub use programs::*;
 pub use report::*;

@@ -16,8 +16,8 @@
 //! annotation.
 
 use itrace_tests::{
-    annotated_edges, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, program, report_json, require_tool,
-    run, test_dir,
+    annotated_edges, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, pinned, program, report_json, run,
+    test_dir, valgrind_command,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -25,15 +25,9 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The same glibc string functions in both runs (valgrind's virtual CPU has no AVX-512 and no
-/// RTM), every PLT slot bound before main (see tests/views.rs).
-const ENV: &[(&str, &str)] = &[
-    (
-        "GLIBC_TUNABLES",
-        "glibc.cpu.hwcaps=-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-RTM,-AVX_Fast_Unaligned_Load",
-    ),
-    ("LD_BIND_NOW", "1"),
-];
+/// Both runs with glibc's CPU-dependent choices pinned (tests/src/oracle/glibc_pin.rs) and
+/// every PLT slot bound before main (see tests/views.rs).
+const ENV: &[(&str, &str)] = &[("LD_BIND_NOW", "1")];
 
 /// The program's own functions compared with callgrind (main is left out: printf's stdout
 /// buffer allocation runs differently under valgrind, see tests/views.rs).
@@ -44,7 +38,7 @@ fn traced(test: &str, name: &str) -> PathBuf {
     let dir = test_dir(&format!("calltree-{test}-{name}"));
     let trace = dir.join("t.itr");
     let mut cmd = Command::new(itrace_bin());
-    cmd.envs(ENV.iter().copied()).arg("record").arg("-o").arg(&trace).arg("--").arg(program(name));
+    pinned(&mut cmd).envs(ENV.iter().copied()).arg("record").arg("-o").arg(&trace).arg("--").arg(program(name));
     run(&mut cmd).assert_success();
     trace
 }
@@ -162,7 +156,7 @@ fn fib_asm_tree_and_call_graph_are_the_hand_counts() {
 /// callgrind_annotate's caller edges of valgrind's run of `name`: (caller, callee) -> (calls, inclusive).
 fn callgrind_edges(name: &str, dir: &Path) -> HashMap<(String, String), (u64, u64)> {
     let out = dir.join("valgrind.callgrind.out");
-    let mut cmd = Command::new(require_tool("valgrind"));
+    let mut cmd = valgrind_command();
     cmd.envs(ENV.iter().copied())
         .args(["-q", "--tool=callgrind", "--skip-plt=no", "--separate-recs=1"])
         .arg(format!("--callgrind-out-file={}", out.display()))
@@ -361,7 +355,7 @@ fn annotate_matches_callgrind_lines_and_hand_counts() {
         assert!(mine.len() >= 3, "{name}: {func} ran on {mine:?}");
 
         let out = trace.with_file_name("valgrind.callgrind.out");
-        let mut cmd = Command::new(require_tool("valgrind"));
+        let mut cmd = valgrind_command();
         cmd.envs(ENV.iter().copied())
             .args(["-q", "--tool=callgrind"])
             .arg(format!("--callgrind-out-file={}", out.display()))

@@ -2,23 +2,22 @@
 //! counts and inclusive counts of printf, malloc, strcpy, strcmp and free (called by
 //! pltcalls.c through its PLT) equal callgrind's, which attributes PLT calls to their targets.
 //!
-//! Both runs get the same environment: GLIBC_TUNABLES keeps glibc's string functions to the
-//! SSE2/SSE4.2 versions (valgrind's virtual CPU has no AVX-512 and no RTM, so without it the
-//! two runs would pick different implementations), and LD_BIND_NOW=1 binds every stub before
-//! main, so that a stub is its own instructions and not, on a first call, the dynamic linker's
-//! resolver (which callgrind counts as a call of its own).
+//! Both runs get the same environment: glibc's CPU-dependent choices pinned (GLIBC_PIN:
+//! valgrind's virtual CPU is not this one, and without the pin the two runs would run other
+//! string functions; the pin is checked, see tests/src/oracle/glibc_pin.rs), and LD_BIND_NOW=1
+//! binds every stub before main, so that a stub is its own instructions and not, on a first
+//! call, the dynamic linker's resolver (which callgrind counts as a call of its own).
 //!
 //! callgrind charges a stub's instructions to the caller; itrace counts them in the call
 //! (the frame opens at the call instruction): itrace's inclusive count is callgrind's plus
 //! the stub's instructions (objdump: from the stub's entry to its first jump) per call.
 
-use itrace_tests::{callgrind_profile_through_plt, itrace_bin, program, report_json, require_tool, run, test_dir};
+use itrace_tests::{
+    callgrind_profile_through_plt, itrace_bin, pinned, program, report_json, require_tool, run, test_dir,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-
-const TUNABLES: &str =
-    "glibc.cpu.hwcaps=-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-RTM,-AVX_Fast_Unaligned_Load";
 
 /// Instructions a bound call runs in each `NAME@plt` stub of `binary`: objdump's count from
 /// the stub's label to its first `jmp`, inclusive.
@@ -54,12 +53,12 @@ fn stub_lengths(binary: &Path) -> BTreeMap<String, u64> {
     lengths
 }
 
-/// Traces pltcalls with `env` and returns its report.
+/// Traces pltcalls with `env` and glibc pinned as under callgrind, and returns its report.
 fn traced(name: &str, env: &[(&str, &str)]) -> serde_json::Value {
     let dir = test_dir(name);
     let trace = dir.join("t.itr");
     let mut cmd = Command::new(itrace_bin());
-    cmd.envs(env.iter().copied()).arg("record").arg("-o").arg(&trace).arg("--").arg(program("pltcalls"));
+    pinned(&mut cmd).envs(env.iter().copied()).arg("record").arg("-o").arg(&trace).arg("--").arg(program("pltcalls"));
     run(&mut cmd).assert_success();
     report_json(&trace)
 }
@@ -91,7 +90,7 @@ fn strcmp_impl(report: &serde_json::Value) -> String {
 #[test]
 fn plt_calls_are_charged_to_their_targets_like_callgrind() {
     let bin = program("pltcalls");
-    let env = [("LD_BIND_NOW", "1"), ("GLIBC_TUNABLES", TUNABLES)];
+    let env = [("LD_BIND_NOW", "1")];
     let report = traced("plt_calls-bound", &env);
     let cg = callgrind_profile_through_plt(&bin, &[], &env);
     let stubs = stub_lengths(&bin);
@@ -116,7 +115,12 @@ fn plt_calls_are_charged_to_their_targets_like_callgrind() {
             ));
         }
     }
-    assert!(diffs.is_empty(), "itrace and callgrind differ:\n{}", diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "itrace and callgrind differ:\n{}\nfunctions whose self counts differ:\n{}",
+        diffs.join("\n"),
+        cg.self_differences(&report, 12).join("\n")
+    );
     // The stubs keep their own instructions under their own names, and no call.
     let stub_row = report["functions"].as_array().unwrap().iter().find(|f| f["name"] == "printf@plt");
     let stub_row = stub_row.unwrap_or_else(|| panic!("no printf@plt row: {}", report["functions"]));
@@ -129,7 +133,7 @@ fn plt_calls_are_charged_to_their_targets_like_callgrind() {
 #[test]
 fn lazily_bound_plt_calls_count_like_callgrind() {
     let bin = program("pltcalls");
-    let env = [("GLIBC_TUNABLES", TUNABLES)];
+    let env: [(&str, &str); 0] = [];
     let report = traced("plt_calls-lazy", &env);
     let cg = callgrind_profile_through_plt(&bin, &[], &env);
     let strcmp = strcmp_impl(&report);

@@ -16,22 +16,18 @@
 //! callgrind counts when it runs the program.
 
 use itrace_tests::{
-    annotate_entry, annotated_calls, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, program,
-    report_json, require_tool, run, test_dir, unique_functions,
+    annotate_entry, annotated_calls, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, pinned, program,
+    report_json, require_tool, run, test_dir, unique_functions, valgrind_command,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Both runs get the same glibc string functions (valgrind's virtual CPU has no AVX-512 and
-/// no RTM; see tests/plt_calls.rs).
-const TUNABLES: &str =
-    "glibc.cpu.hwcaps=-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-RTM,-AVX_Fast_Unaligned_Load";
-
-/// The environment of both runs: the tunables, and every PLT slot bound before main (the lazy
-/// resolver differs under valgrind, whose CPU has no XSAVEC).
-const ENV: &[(&str, &str)] = &[("GLIBC_TUNABLES", TUNABLES), ("LD_BIND_NOW", "1")];
+/// The environment of both runs, with glibc's CPU-dependent choices pinned in both (valgrind's
+/// virtual CPU is not this one; see tests/src/oracle/glibc_pin.rs): every PLT slot bound
+/// before main (the lazy resolver differs under valgrind).
+const ENV: &[(&str, &str)] = &[("LD_BIND_NOW", "1")];
 
 /// Where printf allocates stdout's buffer.
 const STDOUT_BUFFER: &str = "_IO_file_doallocate";
@@ -59,7 +55,14 @@ fn traced_with(test: &str, name: &str, options: &[&str]) -> PathBuf {
     let dir = test_dir(&format!("views-{test}-{name}"));
     let trace = dir.join("t.itr");
     let mut cmd = Command::new(itrace_bin());
-    cmd.envs(ENV.iter().copied()).arg("record").arg("-o").arg(&trace).args(options).arg("--").arg(program(name));
+    pinned(&mut cmd)
+        .envs(ENV.iter().copied())
+        .arg("record")
+        .arg("-o")
+        .arg(&trace)
+        .args(options)
+        .arg("--")
+        .arg(program(name));
     run(&mut cmd).assert_success();
     trace
 }
@@ -100,6 +103,7 @@ fn flamegraph(trace: &Path, options: &[&str], out: &Path) {
 #[test]
 fn folded_stacks_add_up_to_the_report_and_callgrind() {
     let mut diffs = Vec::new();
+    let mut explained = None;
     for (name, own) in CASES {
         let trace = traced("folded", name);
         let folded_path = trace.with_extension("folded");
@@ -136,9 +140,16 @@ fn folded_stacks_add_up_to_the_report_and_callgrind() {
             }
             if fi != cg_inclusive {
                 diffs.push(format!("{name}: {f}: folded inclusive {fi}, callgrind {cg_inclusive}"));
+                explained.get_or_insert_with(|| {
+                    format!(
+                        "{name}: functions whose self counts differ:\n{}",
+                        cg.self_differences(&report, 12).join("\n")
+                    )
+                });
             }
         }
     }
+    diffs.extend(explained);
     assert!(diffs.is_empty(), "differences:\n{}", diffs.join("\n"));
 }
 
@@ -403,7 +414,7 @@ fn callgrind_export_reads_in_callgrind_annotate_like_the_report() {
         // The same calls as valgrind's callgrind sees, between the program's own functions.
         let dir = trace.parent().expect("trace dir");
         let cg_out = dir.join("valgrind.callgrind.out");
-        let mut cmd = Command::new(require_tool("valgrind"));
+        let mut cmd = valgrind_command();
         cmd.envs(ENV.iter().copied())
             .args(["-q", "--tool=callgrind", "--skip-plt=no"])
             .arg(format!("--callgrind-out-file={}", cg_out.display()))

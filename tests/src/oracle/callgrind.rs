@@ -7,6 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::oracle::glibc_pin::pinned;
 use crate::run::{require_tool, run};
 
 /// Self Ir per (object, function) from one or more callgrind output files.
@@ -41,6 +42,36 @@ impl CallgrindProfile {
             m.iter().filter(|((o, f), _)| *o == *object && f.split('@').next() == Some(function)).map(|(_, v)| v).sum()
         };
         (sum(&self.calls), sum(&self.by_object) + sum(&self.called_cost))
+    }
+
+    /// The functions whose self counts differ between an itrace report (`report --json`) and
+    /// this profile, the largest differences first, at most `most`: for failure messages, so
+    /// that a comparison that fails says where the two runs went apart. The dynamic loader is
+    /// left out (its start-up runs differently under valgrind by design), and so are
+    /// callgrind's recursion levels (`f'2`) and symbol versions (`f@GLIBC_2.2.5`), folded into
+    /// their function.
+    pub fn self_differences(&self, report: &serde_json::Value, most: usize) -> Vec<String> {
+        let file = |m: &str| Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut counts: HashMap<(String, String), (u64, u64)> = HashMap::new();
+        for ((o, f), v) in &self.by_object {
+            let name = f.split(['@', '\'']).next().unwrap_or(f).to_string();
+            counts.entry((file(o), name)).or_default().1 += v;
+        }
+        for f in report["functions"].as_array().into_iter().flatten() {
+            let (Some(name), Some(module), Some(n)) = (f["name"].as_str(), f["module"].as_str(), f["self"].as_u64())
+            else {
+                continue;
+            };
+            counts.entry((file(module), name.to_string())).or_default().0 += n;
+        }
+        let mut diffs: Vec<((String, String), (u64, u64))> =
+            counts.into_iter().filter(|((m, _), (a, b))| a != b && !m.starts_with("ld-linux")).collect();
+        diffs.sort_by_key(|(k, (a, b))| (std::cmp::Reverse(a.abs_diff(*b)), k.clone()));
+        diffs
+            .into_iter()
+            .take(most)
+            .map(|((m, f), (a, b))| format!("  {f} ({m}): itrace self {a}, callgrind {b} ({:+})", a as i64 - b as i64))
+            .collect()
     }
 
     /// Self Ir per function name of one object (the path as valgrind saw it).
@@ -85,6 +116,15 @@ pub fn callgrind_profile_through_plt(binary: &Path, args: &[&str], env: &[(&str,
     run_callgrind(binary, args, false, &[], env)
 }
 
+/// `valgrind` with glibc's CPU-dependent choices pinned: valgrind's virtual CPU is not this
+/// one, and the pin makes the libc code it runs the code a pinned native run does (see
+/// [`crate::oracle::glibc_pin`]). Every valgrind run the tests compare with goes through here.
+pub fn valgrind_command() -> Command {
+    let mut cmd = Command::new(require_tool("valgrind"));
+    pinned(&mut cmd);
+    cmd
+}
+
 fn run_callgrind(
     binary: &Path,
     args: &[&str],
@@ -92,9 +132,8 @@ fn run_callgrind(
     options: &[&str],
     env: &[(&str, &str)],
 ) -> CallgrindProfile {
-    let valgrind = require_tool("valgrind");
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = Command::new(valgrind);
+    let mut cmd = valgrind_command();
     cmd.args(["-q", "--tool=callgrind", "--collect-jumps=yes", "--separate-recs=1"])
         .args(options)
         .envs(env.iter().copied())

@@ -5,4 +5,5 @@
 pub mod binutils;
 pub mod callgrind;
 pub mod cross;
+pub mod glibc_pin;
 pub mod qemu;
