@@ -179,29 +179,36 @@ fn which(tool: &str) -> bool {
 /// file holds all but the last few KiB of the free space: exit 1 saying the file system is
 /// full, a file that `info`, `report` and `dump` read without complaint, the totals the error
 /// gives, and its records exactly the first ones of the same program traced into a directory
-/// with room (timestamps and thread ids aside).
+/// with room (timestamps and thread ids aside). The program runs on to its end, untraced: its
+/// output is the reference run's (the gdb backend, whose write failed while the stub ran the
+/// program, hung and left it a breakpoint to die of).
 #[test]
 fn nearly_full_disk_keeps_what_fits() {
     let prog = program("calls_loop");
     let dir = test_dir("loss_bound-nearly-full-disk");
     // Rounds: calls_loop's trace is about 17 bytes a round under qemu, 14 under ptrace, which
     // takes 0.6 ms a round (the reference run is the long part of this test).
-    let mut backends = vec![("ptrace", "20000")];
+    // The gdb backend (qemu-user's stub) records 1,000 branches a second in 5 bytes each: a
+    // smaller program and 48 KiB free.
+    let mut backends = vec![("ptrace", &["--backend", "ptrace"][..], "20000", 144)];
     if which("qemu-x86_64") {
-        backends.push(("qemu", "30000"));
+        backends.push(("qemu", &["--backend", "qemu"], "30000", 144));
+        backends.push(("gdb", &["--qemu", "x86_64"], "1000", 48));
     }
-    for (backend, rounds) in backends {
+    for (backend, options, rounds, free_kib) in backends {
         let reference = dir.join(format!("{backend}-reference.itr"));
-        record(&reference, &["--backend", backend], &prog, &[rounds]).assert_success();
+        let untroubled = record(&reference, options, &prog, &[rounds]);
+        untroubled.assert_success();
         let want = cpu_records(&reference);
         let disk = SmallDisk::new(&dir, 1024);
-        std::fs::write(disk.0.join("filler"), vec![0u8; 880 * 1024]).expect("fill the disk");
+        std::fs::write(disk.0.join("filler"), vec![0u8; (1024 - free_kib) * 1024]).expect("fill the disk");
         let free = free_bytes(&disk.0);
         let trace = disk.0.join("t.itr");
-        let out = record(&trace, &["--backend", backend], &prog, &[rounds]);
+        let out = record(&trace, options, &prog, &[rounds]);
         let line = out.assert_clean_error();
         eprintln!("{backend}: {free} bytes free: {line}");
         assert!(line.contains("the file system is full"), "{backend}: {line}");
+        assert_eq!(out.stdout, untroubled.stdout, "{backend}: the program's own output: {line}");
         let kept = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
         let reference_len = std::fs::metadata(&reference).expect("reference").len();
         assert!(reference_len > 2 * free, "{backend}: the reference trace ({reference_len} bytes) must not fit");
