@@ -18,7 +18,6 @@ use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::SystemTime;
 
 /// What the recording process does when the supervisor dies before a stop was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +55,7 @@ extern "C" fn forward(sig: libc::c_int) {
 /// ended, with its exit status; in the recorder it returns at once. `output` is the trace
 /// file the recorder writes, if the user is to hear what it holds should the recorder be killed.
 pub fn split(on_death: OnSupervisorDeath, output: Option<&Path>) -> Result<Side> {
-    let started = SystemTime::now();
+    let before = output.and_then(FileState::of);
     let stop_set = stop_signal_set();
     let mut old: libc::sigset_t = empty_set();
     // SAFETY: both sets are initialised; sigprocmask only changes this thread's mask (the
@@ -77,7 +76,7 @@ pub fn split(on_death: OnSupervisorDeath, output: Option<&Path>) -> Result<Side>
             recorder_side(supervisor, on_death, &old)?;
             Ok(Side::Recorder)
         }
-        child => Ok(Side::Supervisor(supervise(child, &old, output, started))),
+        child => Ok(Side::Supervisor(supervise(child, &old, output, before))),
     }
 }
 
@@ -105,7 +104,7 @@ fn recorder_side(supervisor: i32, on_death: OnSupervisorDeath, old: &libc::sigse
 }
 
 /// Forward the stop signals to the recorder and wait for it to end.
-fn supervise(child: i32, old: &libc::sigset_t, output: Option<&Path>, started: SystemTime) -> ExitCode {
+fn supervise(child: i32, old: &libc::sigset_t, output: Option<&Path>, before: Option<FileState>) -> ExitCode {
     RECORDER.store(child, Ordering::Relaxed);
     for sig in signals::STOP_SIGNALS {
         // SAFETY: the handler only loads an atomic and calls kill, both async-signal-safe.
@@ -138,19 +137,32 @@ fn supervise(child: i32, old: &libc::sigset_t, output: Option<&Path>, started: S
     eprintln!(
         "itrace: the recording process {child} was killed by {}; {}",
         signal_name(sig),
-        left_behind(output, started)
+        left_behind(output, before)
     );
     ExitCode::from((128 + sig).clamp(0, 255) as u8)
+}
+
+/// A file as it was: the same inode, modification time and size after the recording means
+/// the recorder never wrote it (the kernel's coarse clock makes a time alone no proof).
+#[derive(PartialEq, Eq)]
+struct FileState(u64, i64, i64, u64);
+
+impl FileState {
+    fn of(path: &Path) -> Option<FileState> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileState(m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
+    }
 }
 
 /// What a recorder killed mid-way left in its trace file, said only as far as it is true: it
 /// may have died before it created the file (a file there is then an earlier one) or wrote
 /// any record.
-fn left_behind(output: Option<&Path>, started: SystemTime) -> String {
+fn left_behind(output: Option<&Path>, before: Option<FileState>) -> String {
     let Some(path) = output else { return "the trace holds what it wrote until then".into() };
     match std::fs::metadata(path) {
         Err(_) => format!("no trace was written ({} does not exist)", path.display()),
-        Ok(m) if m.modified().is_ok_and(|t| t < started) => {
+        Ok(_) if before.is_some() && FileState::of(path) == before => {
             format!("no trace was written ({} is from before this run)", path.display())
         }
         Ok(m) if m.len() <= itrace_format::HEADER_LEN as u64 => {
