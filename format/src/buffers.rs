@@ -86,6 +86,26 @@ struct Tally {
     instructions: u64,
 }
 
+impl Tally {
+    /// What one record of a CPU stream adds: the Lost and resume records a wrapped ring
+    /// adds are not the program's; a trace-off record counts the instructions before it.
+    fn of(r: &Record) -> Tally {
+        match r {
+            Record::Branch(b) => Tally { records: 1, branches: 1, instructions: b.icount as u64 },
+            Record::Lost(_) => Tally::default(),
+            Record::TraceOn(on) if on.reason == TraceOnReason::Resume => Tally::default(),
+            Record::TraceOff(off) => Tally { records: 1, branches: 0, instructions: off.icount as u64 },
+            _ => Tally { records: 1, ..Tally::default() },
+        }
+    }
+
+    fn add(&mut self, t: Tally) {
+        self.records += t.records;
+        self.branches += t.branches;
+        self.instructions += t.instructions;
+    }
+}
+
 /// Encoded records of one CPU stream that decode on their own: one chunk of the file.
 struct Block {
     data: Vec<u8>,
@@ -386,16 +406,7 @@ impl Buffers {
         let blk = &mut st.cur;
         blk.records += 1;
         blk.first_ts.get_or_insert(rec.ts());
-        match rec {
-            // The Lost and resume records of a wrapped ring are not the program's.
-            Record::Lost(_) => {}
-            Record::TraceOn(on) if on.reason == TraceOnReason::Resume => {}
-            Record::TraceOff(off) => {
-                blk.tally.records += 1;
-                blk.tally.instructions += off.icount as u64;
-            }
-            _ => blk.tally.records += 1,
-        }
+        blk.tally.add(Tally::of(rec));
         self.records[cpu] += 1;
         self.stored_segment()
     }
@@ -610,7 +621,10 @@ fn flush_mte(w: &mut TraceWriter, live: &LiveCounts, v: &mut Vec<u8>) -> Result<
 }
 
 /// Write a CPU block as a chunk, and count its records as written or not: the summary of a
-/// recording whose writes failed says what reached the file.
+/// recording whose writes failed says what reached the file. When the block does not fit
+/// (a full disk, a file size limit), as many of its records as fit are written in smaller
+/// chunks first, so the file keeps everything up to the last whole chunk that could be
+/// written; the error is returned all the same, and the writer refuses what comes after.
 fn flush_block(
     w: &mut TraceWriter,
     live: &LiveCounts,
@@ -619,16 +633,101 @@ fn flush_block(
     data: &[u8],
     t: Tally,
 ) -> Result<(), FormatError> {
-    let r = w.write_chunk_atomic(stream, flags, data);
-    if r.is_ok() {
-        live.written_records.fetch_add(t.records, Ordering::Relaxed);
-        live.written_branches.fetch_add(t.branches, Ordering::Relaxed);
-        live.written_instructions.fetch_add(t.instructions, Ordering::Relaxed);
-    } else {
-        live.unwritten_records.fetch_add(t.records, Ordering::Relaxed);
-    }
+    let mut r = w.write_chunk_atomic(stream, flags, data);
+    let written = match &r {
+        Ok(()) => t,
+        Err(e) if out_of_space(e) => match write_what_fits(w, stream, flags, data) {
+            // Room came back meanwhile: every record is in the file.
+            (all, true) => {
+                r = Ok(());
+                all
+            }
+            (some, false) => {
+                w.refuse_writes();
+                some
+            }
+        },
+        Err(_) => Tally::default(),
+    };
+    live.written_records.fetch_add(written.records, Ordering::Relaxed);
+    live.written_branches.fetch_add(written.branches, Ordering::Relaxed);
+    live.written_instructions.fetch_add(written.instructions, Ordering::Relaxed);
+    live.unwritten_records.fetch_add(t.records.saturating_sub(written.records), Ordering::Relaxed);
     live.bytes.store(w.len(), Ordering::Relaxed);
     r
+}
+
+/// Whether a write failed for want of room: the file system is full, the user's quota or
+/// the file size limit is reached. A smaller chunk may still fit.
+fn out_of_space(e: &FormatError) -> bool {
+    let FormatError::Write(io) = e else { return false };
+    matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG))
+}
+
+/// Most records in a chunk [`write_what_fits`] writes: bounds the records it holds decoded
+/// (a run of repeated branches decodes into up to 255 records per 2 bytes).
+const FIT_RECORDS_MAX: usize = 1 << 16;
+
+/// After the block `data` of `stream` did not fit (its write rolled back): write its records
+/// in smaller chunks, in order, each from a fresh encoder state (a chunk decodes on its own),
+/// halving the size tried at every chunk that does not fit, until not even one record fits.
+/// Returns what reached the file, and whether that is every record of the block.
+fn write_what_fits(w: &mut TraceWriter, stream: u16, mut flags: u16, data: &[u8]) -> (Tally, bool) {
+    let e = Endian::native();
+    let mut dec = Decoder::new();
+    let (mut at, mut decoded_all) = (0, false);
+    // Decoded and not yet written, oldest first.
+    let mut waiting: VecDeque<Record> = VecDeque::new();
+    let mut target = (data.len() / 2).max(1);
+    let mut written = Tally::default();
+    let (mut out, mut rec) = (Vec::new(), Vec::new());
+    loop {
+        let mut enc = Encoder::new();
+        out.clear();
+        let mut n = 0;
+        while out.len() + enc.pending() < target && n < FIT_RECORDS_MAX {
+            if n == waiting.len() {
+                // The block was encoded by this process: it decodes; should it not, what
+                // decoded so far is what can be kept.
+                match dec.next(e, data, &mut at) {
+                    Ok(Some(r)) => waiting.push_back(r),
+                    Ok(None) => {
+                        decoded_all = true;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            match &waiting[n] {
+                Record::Branch(b) => enc.branch(&mut out, b),
+                r => {
+                    rec.clear();
+                    if r.encode(&mut rec).is_err() {
+                        break;
+                    }
+                    enc.record(&mut out, &rec, r);
+                }
+            }
+            n += 1;
+        }
+        enc.finish(&mut out);
+        if n == 0 {
+            return (written, decoded_all && waiting.is_empty());
+        }
+        if !w.resume_after_rollback() {
+            return (written, false);
+        }
+        match w.write_chunk_atomic(stream, flags, &out) {
+            Ok(()) => {
+                for r in waiting.drain(..n) {
+                    written.add(Tally::of(&r));
+                }
+                flags = 0; // the wrapped-ring mark belongs to the first chunk only
+            }
+            Err(e) if n > 1 && out_of_space(&e) => target = out.len() / 2,
+            Err(_) => return (written, false),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -146,6 +146,26 @@ impl TraceWriter {
         self.good_len = len;
     }
 
+    /// After a write that failed for want of space (and was rolled back): go on writing at the
+    /// end of the last whole chunk, for a smaller chunk that may still fit. False (and writes
+    /// stay refused) when the file cannot be put back there.
+    pub fn resume_after_rollback(&mut self) -> bool {
+        use std::io::{Seek, SeekFrom};
+        // A short write moved the file offset past the end the rollback cut back to: a later
+        // write there would leave a hole of zeros before it.
+        let at_end = self.file.metadata().is_ok_and(|m| m.len() == self.good_len)
+            && self.file.seek(SeekFrom::Start(self.good_len)).is_ok();
+        if at_end {
+            self.failed = false;
+        }
+        at_end
+    }
+
+    /// Refuse every later write, as after a failed one: what follows a gap must not be written.
+    pub fn refuse_writes(&mut self) {
+        self.failed = true;
+    }
+
     /// Append one chunk, rolling the file back to its previous end if any part fails.
     pub fn write_chunk_atomic(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {
         let before = self.good_len;

@@ -31,7 +31,8 @@ fn main() -> ExitCode {
             } else {
                 supervise::OnSupervisorDeath::Kill
             };
-            supervised(on_death, || record::command(*args))
+            let output = args.output.clone();
+            supervised(on_death, Some(&output), || record::command(*args))
         }
         cli::Command::Arc(args) => read::arc(args),
         cli::Command::Report(args) => read::report(args),
@@ -42,7 +43,7 @@ fn main() -> ExitCode {
         cli::Command::Dump(args) => dump::run(args),
         cli::Command::Info(args) => info::run(args),
         cli::Command::Archive(args) => read::archive(args),
-        cli::Command::Calib(args) => supervised(supervise::OnSupervisorDeath::Kill, || calib::run(args)),
+        cli::Command::Calib(args) => supervised(supervise::OnSupervisorDeath::Kill, None, || calib::run(args)),
         cli::Command::Completions(args) => shell::completions(args),
         cli::Command::Man(args) => shell::man(args),
     };
@@ -60,9 +61,10 @@ fn main() -> ExitCode {
 /// Run `record` in a recording process of its own (see [`supervise`]).
 fn supervised(
     on_death: supervise::OnSupervisorDeath,
+    output: Option<&std::path::Path>,
     record: impl FnOnce() -> anyhow::Result<ExitCode>,
 ) -> anyhow::Result<ExitCode> {
-    match supervise::split(on_death)? {
+    match supervise::split(on_death, output)? {
         supervise::Side::Recorder => record(),
         supervise::Side::Supervisor(code) => Ok(code),
     }

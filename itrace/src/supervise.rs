@@ -15,6 +15,7 @@
 
 use crate::signals;
 use anyhow::{Context, Result};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -51,8 +52,10 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 /// Fork the recording process. In the supervisor this returns only when the recorder has
-/// ended, with its exit status; in the recorder it returns at once.
-pub fn split(on_death: OnSupervisorDeath) -> Result<Side> {
+/// ended, with its exit status; in the recorder it returns at once. `output` is the trace
+/// file the recorder writes, if the user is to hear what it holds should the recorder be killed.
+pub fn split(on_death: OnSupervisorDeath, output: Option<&Path>) -> Result<Side> {
+    let before = output.and_then(FileState::of);
     let stop_set = stop_signal_set();
     let mut old: libc::sigset_t = empty_set();
     // SAFETY: both sets are initialised; sigprocmask only changes this thread's mask (the
@@ -73,7 +76,7 @@ pub fn split(on_death: OnSupervisorDeath) -> Result<Side> {
             recorder_side(supervisor, on_death, &old)?;
             Ok(Side::Recorder)
         }
-        child => Ok(Side::Supervisor(supervise(child, &old))),
+        child => Ok(Side::Supervisor(supervise(child, &old, output, before))),
     }
 }
 
@@ -101,7 +104,7 @@ fn recorder_side(supervisor: i32, on_death: OnSupervisorDeath, old: &libc::sigse
 }
 
 /// Forward the stop signals to the recorder and wait for it to end.
-fn supervise(child: i32, old: &libc::sigset_t) -> ExitCode {
+fn supervise(child: i32, old: &libc::sigset_t, output: Option<&Path>, before: Option<FileState>) -> ExitCode {
     RECORDER.store(child, Ordering::Relaxed);
     for sig in signals::STOP_SIGNALS {
         // SAFETY: the handler only loads an atomic and calls kill, both async-signal-safe.
@@ -132,10 +135,41 @@ fn supervise(child: i32, old: &libc::sigset_t) -> ExitCode {
     }
     let sig = libc::WTERMSIG(status);
     eprintln!(
-        "itrace: the recording process {child} was killed by {}; the trace holds what it wrote until then",
-        signal_name(sig)
+        "itrace: the recording process {child} was killed by {}; {}",
+        signal_name(sig),
+        left_behind(output, before)
     );
     ExitCode::from((128 + sig).clamp(0, 255) as u8)
+}
+
+/// A file as it was: the same inode, modification time and size after the recording means
+/// the recorder never wrote it (the kernel's coarse clock makes a time alone no proof).
+#[derive(PartialEq, Eq)]
+struct FileState(u64, i64, i64, u64);
+
+impl FileState {
+    fn of(path: &Path) -> Option<FileState> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileState(m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
+    }
+}
+
+/// What a recorder killed mid-way left in its trace file, said only as far as it is true: it
+/// may have died before it created the file (a file there is then an earlier one) or wrote
+/// any record.
+fn left_behind(output: Option<&Path>, before: Option<FileState>) -> String {
+    let Some(path) = output else { return "the trace holds what it wrote until then".into() };
+    match std::fs::metadata(path) {
+        Err(_) => format!("no trace was written ({} does not exist)", path.display()),
+        Ok(_) if before.is_some() && FileState::of(path) == before => {
+            format!("no trace was written ({} is from before this run)", path.display())
+        }
+        Ok(m) if m.len() <= itrace_format::HEADER_LEN as u64 => {
+            format!("no trace was written ({} holds no records)", path.display())
+        }
+        Ok(_) => format!("{} holds what it wrote until then, without its end", path.display()),
+    }
 }
 
 fn signal_name(sig: i32) -> String {

@@ -791,6 +791,12 @@ extern "C" fn on_reset(_id: ffi::PluginId) {
     }
 }
 
+/// End the trace at the program's next block, as itrace's stop request does (the writer
+/// thread, when the trace file cannot take more).
+pub(crate) fn stop_tracing() {
+    let _ = PHASE.compare_exchange(TRACING, STOP_ASKED, AcqRel, Relaxed);
+}
+
 /// A thread that watches for the end itrace asks for: the `ctl` file appearing, or itrace
 /// going away (the parent changes), which ends the trace the same way rather than kill the
 /// program. It polls (20 times a second): qemu-user gives a plugin no event loop, and a pipe
@@ -803,7 +809,7 @@ fn watch_for_stop(ctl: PathBuf) {
         // SAFETY: as above.
         let gone = unsafe { libc::getppid() } != parent;
         if gone || ctl.exists() {
-            let _ = PHASE.compare_exchange(TRACING, STOP_ASKED, AcqRel, Relaxed);
+            stop_tracing();
             return;
         }
         if PHASE.load(Relaxed) == OFF {

@@ -90,6 +90,12 @@ impl Batch {
         self.events.push((self.packed.len(), Event::Control(Box::new(r))));
     }
 
+    /// The records in it (clock readings and threads are none).
+    fn records(&self) -> u64 {
+        let whole = self.events.iter().filter(|(_, e)| matches!(e, Event::Branch(_) | Event::Control(_))).count();
+        (self.packed.len() + whole) as u64
+    }
+
     fn clear(&mut self) {
         self.packed.clear();
         self.events.clear();
@@ -169,6 +175,11 @@ struct Writer {
     full: Vec<bool>,
     /// Tracing stopped for good (MTE buffer full, write error).
     stopped: bool,
+    /// CPU-stream records that came after a write failed, or waited in a chunk then: never
+    /// written.
+    dropped: u64,
+    /// CPU-stream records encoded into chunks so far (continuous mode).
+    encoded: u64,
     /// Continuous mode: the chunk each stream is encoding.
     chunks: Vec<Chunk>,
     chunk_size: usize,
@@ -254,6 +265,8 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
         t: Totals::default(),
         full: vec![false; n],
         stopped: false,
+        dropped: 0,
+        encoded: 0,
         chunks: Vec::new(),
         chunk_size,
         scratch: Vec::new(),
@@ -274,7 +287,12 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
                 recycle(data);
             }
             Msg::Batch { stream, batch } => {
+                let encoded = w.encoded;
                 w.batch(stream as usize, &batch);
+                if w.stopped {
+                    // What of it was not encoded (all of it, once stopped) goes nowhere.
+                    w.dropped += batch.records().saturating_sub(w.encoded - encoded);
+                }
                 recycle_batch(batch);
             }
             Msg::Mte(r) => w.mte(&r),
@@ -289,9 +307,12 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
         w.tick();
     }
     for stream in 0..w.chunks.len() {
+        if w.stopped {
+            w.dropped += w.chunks[stream].records;
+        }
         w.end_chunk(stream);
     }
-    let Writer { buffers, mut t, .. } = w;
+    let Writer { buffers, mut t, dropped, .. } = w;
     t.records = buffers.records().iter().sum();
     t.lost = buffers.lost().iter().sum();
     let live = buffers.live();
@@ -314,7 +335,7 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
         t.records = live.written_records.load(Relaxed);
         t.instructions = live.written_instructions.load(Relaxed);
         t.branches = live.written_branches.load(Relaxed);
-        t.unwritten = live.unwritten_records.load(Relaxed);
+        t.unwritten = live.unwritten_records.load(Relaxed) + dropped;
         t.bytes = live.bytes.load(Relaxed);
     }
     t
@@ -417,6 +438,7 @@ impl Writer {
             c.branches += now.len() as u64;
             c.records += now.len() as u64;
             c.instructions += instructions;
+            self.encoded += now.len() as u64;
             rest = later;
         }
     }
@@ -446,6 +468,7 @@ impl Writer {
         c.branches += 1;
         c.instructions += b.icount as u64;
         c.records += 1;
+        self.encoded += 1;
     }
 
     fn encode_control(&mut self, stream: usize, r: &Record) {
@@ -460,6 +483,7 @@ impl Writer {
                 c.instructions += off.icount as u64;
             }
             c.records += 1;
+            self.encoded += 1;
         }
         self.scratch = scratch;
     }
@@ -554,7 +578,10 @@ impl Writer {
         }
     }
 
+    /// A write failed (a full disk): the file keeps what reached it, and tracing ends at the
+    /// program's next block, as when itrace asks for the end; the program runs on untraced.
     fn failed(&mut self, e: String) {
+        crate::stop_tracing();
         self.stopped = true;
         self.t.stop = Some(StopReason::WriteError);
         self.t.error.get_or_insert(e);

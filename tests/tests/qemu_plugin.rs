@@ -366,3 +366,151 @@ fn duration_ends_the_trace_and_the_program_runs_on() {
     assert_eq!(text.lines().find(|l| l.starts_with("spinner: result=")), Some(want.as_str()), "output:\n{text}");
     assert!(arc_text(&trace).contains("detached"), "the arc does not say the trace ended by detaching");
 }
+
+/// A directory holding a stand-in `qemu-x86_64` running `script` (sh), for PATH.
+fn fake_qemu(dir: &Path, script: &str) -> std::ffi::OsString {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let qemu = bin.join("qemu-x86_64");
+    std::fs::write(&qemu, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut path = bin.into_os_string();
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    path
+}
+
+/// What the one error line says the trace file holds must be so (issue 27, part 6): a file a
+/// reader can open when it speaks of one, no file when it says none was written.
+fn assert_message_is_true(line: &str, trace: &Path) {
+    if line.contains("no trace was written") {
+        assert!(
+            !trace.exists() || std::fs::metadata(trace).unwrap().len() == 0,
+            "{line}: yet {} exists",
+            trace.display()
+        );
+    } else {
+        let info = itrace([std::ffi::OsStr::new("info"), trace.as_os_str()]);
+        assert!(info.success(), "{line}: but `itrace info` says: {}", info.stderr);
+    }
+}
+
+/// The recording process killed (SIGKILL: nothing can finish the file) while qemu-user is still
+/// being asked whether it takes the plugin, before the program ran: itrace must not say that a
+/// trace holds what was written until then; none was.
+#[test]
+fn recorder_killed_before_the_program_ran_says_no_trace_was_written() {
+    let dir = test_dir("qemu_plugin-killed-before-start");
+    let qemu_pid = dir.join("qemu.pid");
+    // A qemu-user that never answers the plugin probe.
+    let path = fake_qemu(&dir, &format!("echo $$ > {}\nexec sleep 300", qemu_pid.display()));
+    let trace = dir.join("t.itr");
+    let child = Command::new(itrace_bin())
+        .env("PATH", &path)
+        .args(["record", "--backend", "qemu", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(program("count_loop"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start itrace");
+    itrace_tests::wait_until("the stand-in qemu-user", || {
+        std::fs::read_to_string(&qemu_pid).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
+    });
+    let qemu: i32 = std::fs::read_to_string(&qemu_pid).unwrap().trim().parse().unwrap();
+    // Its parent is the recording process (itrace's child).
+    let stat = std::fs::read_to_string(format!("/proc/{qemu}/stat")).expect("qemu's stat");
+    let recorder: i32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_ne!(recorder, child.id() as i32, "the recorder is itrace's child, not itrace");
+    // SAFETY: kill(2) of the recording process this test's itrace started, then of the stand-in.
+    unsafe {
+        assert_eq!(libc::kill(recorder, libc::SIGKILL), 0);
+        libc::kill(qemu, libc::SIGKILL);
+    }
+    let out = child.wait_with_output().expect("wait for itrace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGKILL), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("killed by SIGKILL"), "{stderr}");
+    assert!(!trace.exists(), "the recorder died before it created {}", trace.display());
+    assert_message_is_true(lines[0], &trace);
+}
+
+/// qemu-user killed by a signal after it took the plugin but before the plugin wrote anything
+/// (a stand-in answers the probe, then kills itself): one line, true about the file.
+#[test]
+fn qemu_killed_before_the_plugin_wrote_says_no_trace_was_written() {
+    let dir = test_dir("qemu_plugin-qemu-killed-before-start");
+    let src = dir.join("fake_qemu.c");
+    std::fs::write(
+        &src,
+        r#"/* A stand-in qemu-x86_64 without libc (itrace preloads its plugin into qemu, which a
+ * dynamic program here could not load): answers the plugin probe, then dies of SIGKILL. */
+static long sys(long n, long a, long b, long c)
+{
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
+
+static char *find(char *s, const char *w)
+{
+    for (; *s; s++) {
+        int i = 0;
+        while (w[i] && s[i] == w[i])
+            i++;
+        if (!w[i])
+            return s;
+    }
+    return 0;
+}
+
+__asm__(".globl _start\n_start:\n mov %rsp, %rdi\n and $-16, %rsp\n call start_c\n hlt\n");
+
+void start_c(long *sp)
+{
+    long argc = sp[0];
+    char **argv = (char **)(sp + 1);
+    static const char ok[] = "ok api=1 target=x86_64\n";
+    for (long i = 1; i < argc; i++) {
+        char *status = find(argv[i], "status=");
+        if (find(argv[i], "probe=on") && status) {
+            status += 7;
+            char *end = find(status, ",");
+            if (end)
+                *end = 0;
+            long fd = sys(2 /* open */, (long)status, 01 | 0100 | 01000 /* O_WRONLY|O_CREAT|O_TRUNC */, 0644);
+            sys(1 /* write */, fd, (long)ok, sizeof ok - 1);
+            sys(60 /* exit */, fd < 0, 0, 0);
+        }
+    }
+    sys(62 /* kill */, sys(39 /* getpid */, 0, 0, 0), 9 /* SIGKILL */, 0);
+    sys(60, 1, 0, 0);
+}
+"#,
+    )
+    .unwrap();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    run(Command::new(require_tool("gcc"))
+        .args(["-static", "-nostdlib", "-ffreestanding", "-fno-stack-protector", "-O1", "-o"])
+        .arg(bin.join("qemu-x86_64"))
+        .arg(&src))
+    .assert_success();
+    let mut path = bin.into_os_string();
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    let trace = dir.join("t.itr");
+    let o = run(Command::new(itrace_bin())
+        .env("PATH", &path)
+        .args(["record", "--backend", "qemu", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(program("count_loop")));
+    let line = o.assert_clean_error();
+    assert!(line.contains("killed by signal 9"), "{line}");
+    assert_message_is_true(&line, &trace);
+}

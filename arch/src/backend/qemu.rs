@@ -166,6 +166,21 @@ fn parse_done(status: &str) -> Option<Done> {
     Some(d)
 }
 
+/// What the trace file holds when qemu ended before the plugin finished it, said only as far
+/// as it is true. The empty file created before the launch (so that a path that cannot be
+/// written fails early) is no trace: it goes, as when a stop comes before tracing starts.
+fn unfinished_trace(output: &Path) -> String {
+    let len = std::fs::metadata(output).map(|m| m.len()).unwrap_or(0);
+    if len == 0 {
+        let _ = std::fs::remove_file(output);
+        return "the program never ran under the plugin; no trace was written".into();
+    }
+    if len <= itrace_format::HEADER_LEN as u64 {
+        return format!("{} holds no records", output.display());
+    }
+    format!("{} holds the trace without its last second and summary", output.display())
+}
+
 /// `itrace record --backend qemu`: the launched program under qemu-user with itrace's plugin.
 pub struct QemuRecorder {
     settings: RecordSettings,
@@ -336,18 +351,12 @@ impl Recorder for QemuRecorder {
                 fail!("the itrace plugin failed: {e}");
             }
             use std::os::unix::process::ExitStatusExt;
+            let left = unfinished_trace(&s.output);
             if let Some(sig) = exit.and_then(|e| e.signal()) {
-                fail!(
-                    "qemu-user was killed by signal {sig} before the itrace plugin could finish the trace: {} holds \
-                     the trace without its last second and summary",
-                    s.output.display()
-                );
+                fail!("qemu-user was killed by signal {sig} before the itrace plugin could finish the trace: {left}");
             }
             let exit = exit.map(|e| e.to_string()).unwrap_or_else(|| "still running".into());
-            fail!(
-                "{qemu_name} ended ({exit}) without the itrace plugin finishing the trace; {} is incomplete",
-                s.output.display()
-            );
+            fail!("{qemu_name} ended ({exit}) without the itrace plugin finishing the trace: {left}");
         };
         if let Some(e) = &done.error {
             let disk_full = if e.contains("os error 28") { " (the file system is full)" } else { "" };

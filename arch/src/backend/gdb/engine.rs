@@ -251,9 +251,11 @@ impl Session<'_> {
 
     /// Wait for the stop after a continue (however long), with ^C when asked to stop.
     pub(super) fn wait_stop(&mut self) -> Result<StopReply, GdbError> {
-        // Nothing wakes this loop while the stub runs the program: write what is due first.
-        let st = self.sink.tick();
-        self.after_store(st);
+        // Nothing wakes this loop while the stub runs the program: write what is due first. A
+        // write that fails here (a full disk) ends tracing once the program is stopped again,
+        // in the main loop: taking breakpoints out and detaching now would talk to a stub that
+        // is running the program, and leave it a breakpoint to die of.
+        let _ = self.sink.tick();
         let stop = self.conn.recv_stop_waiting(self.opts.stop)?;
         Ok(self.note_stop(stop))
     }
@@ -321,6 +323,11 @@ impl Session<'_> {
         while !self.finished {
             if self.opts.stop.load(Ordering::Relaxed) {
                 self.detach()?;
+                break;
+            }
+            if self.sink.failed() {
+                // A write failed while the program ran (see wait_stop).
+                self.stop_tracing(StopReason::WriteError);
                 break;
             }
             if let Some(run) = self.run_from(self.pc)? {
