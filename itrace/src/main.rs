@@ -19,6 +19,18 @@ use clap::error::ErrorKind;
 use clap::Parser;
 use std::process::ExitCode;
 
+/// A program itrace launches inherits the signal dispositions and mask itrace was started with
+/// (`nohup itrace record ./prog` leaves SIGHUP ignored for it). Rust's runtime ignores SIGPIPE
+/// before `main`, so they are taken in a constructor, which the loader runs before that.
+#[used]
+#[link_section = ".init_array"]
+static CAPTURE_INHERITED_SIGNALS: extern "C" fn() = {
+    extern "C" fn capture() {
+        itrace_arch::inherit::capture_signals();
+    }
+    capture
+};
+
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,

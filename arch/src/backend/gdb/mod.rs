@@ -134,7 +134,7 @@ pub fn launch_qemu(
     // SAFETY: only async-signal-safe calls (signal, prctl) between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
-            crate::procfs::restore_signal_defaults();
+            crate::inherit::restore_signals();
             crate::procfs::die_with_parent();
             Ok(())
         });

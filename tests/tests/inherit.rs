@@ -1,0 +1,156 @@
+//! A program itrace launches inherits what it would inherit from the shell that started
+//! itrace (issue 27, part 3): the signals ignored stay ignored, the others have their default
+//! disposition (itrace's own handlers and its ignored SIGPIPE and SIGXFSZ do not leak), the
+//! signal mask, and the environment in its order.
+//!
+//! The truth is the untraced program started the same way: `env -i VARS… PROGRAM` from a
+//! process that ignored and blocked the signals of the case. tests/programs/inherit.c prints
+//! the signals it starts with ignored and blocked, and its environment in order. Under
+//! `--backend qemu` the signal lines are compared with plain qemu-user's (qemu maps real-time
+//! signals to other numbers for its guest) and the environment with the native run's.
+
+use itrace_tests::{itrace_bin, program, require_tool, run, test_dir, Output};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+/// The environment of every run, deliberately out of alphabetical order, with a comma in a
+/// value (qemu-user splits its `-E` option at commas).
+const VARS: [&str; 5] = ["Z_LAST_NAME=2", "A_FIRST_NAME=1", "M_MIDDLE=3", "B_LIST=x,y", "PATH=/usr/bin:/bin"];
+
+/// How the process that starts itrace (or the program) was set up.
+#[derive(Clone, Copy)]
+struct Setup {
+    ignored: &'static [libc::c_int],
+    blocked: &'static [libc::c_int],
+}
+
+/// `nohup` and a script that ignores Ctrl-C and Ctrl-\ at once, with some signals blocked
+/// (a real-time one too).
+const IGNORING: Setup = Setup {
+    ignored: &[libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGPIPE],
+    blocked: &[libc::SIGUSR1, libc::SIGUSR2, 40],
+};
+
+/// A plain shell: nothing ignored or blocked. The signals itrace itself handles (INT, TERM,
+/// HUP, QUIT, ALRM), ignores (PIPE, XFSZ) or blocks must reach the program as defaults.
+const PLAIN: Setup = Setup { ignored: &[], blocked: &[] };
+
+/// `env -i VARS… ARGS…`, started from a process set up as `setup` says.
+fn command(setup: Setup, args: &[&std::ffi::OsStr]) -> Command {
+    let mut cmd = Command::new(require_tool("env"));
+    cmd.arg("-i").args(VARS).args(args);
+    let Setup { ignored, blocked } = setup;
+    // SAFETY: between fork and exec only sigaction, sigemptyset, sigaddset and sigprocmask,
+    // which are async-signal-safe, on local memory.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            libc::sigemptyset(&mut sa.sa_mask);
+            for sig in 1..=64 {
+                sa.sa_sigaction = if ignored.contains(&sig) { libc::SIG_IGN } else { libc::SIG_DFL };
+                libc::sigaction(sig, &sa, std::ptr::null_mut());
+            }
+            let mut mask: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut mask);
+            for &sig in blocked {
+                libc::sigaddset(&mut mask, sig);
+            }
+            libc::sigprocmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// The program's output when run as `args` (a program and its arguments) under `setup`.
+fn output(setup: Setup, args: &[&std::ffi::OsStr]) -> Output {
+    let out = run(&mut command(setup, args));
+    out.assert_success();
+    out
+}
+
+/// The signal lines and the environment lines of inherit.c's output.
+fn split(out: &str) -> (Vec<&str>, Vec<&str>) {
+    let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("work ")).collect();
+    lines.iter().partition(|l| !l.starts_with("env "))
+}
+
+/// The program run by itrace with `options`, under `setup`, prints what `truth` printed:
+/// signal lines as `signals_truth`, environment lines as the native run's. `added` is the
+/// variable the backend adds (documented), expected as the last one.
+fn same_as_untraced(name: &str, setup: Setup, options: &[&str], signals_truth: Option<&str>, added: Option<&str>) {
+    let prog = program("inherit");
+    let native = output(setup, &[prog.as_os_str()]);
+    let dir = test_dir(&format!("inherit-{name}"));
+    let trace = dir.join("t.itr");
+    let itrace = itrace_bin();
+    let mut args: Vec<&std::ffi::OsStr> = vec![itrace.as_os_str(), "record".as_ref(), "-o".as_ref(), trace.as_os_str()];
+    args.extend(options.iter().map(|o| std::ffi::OsStr::new(*o)));
+    args.push("--".as_ref());
+    args.push(prog.as_os_str());
+    let traced = output(setup, &args);
+    assert!(Path::new(&trace).is_file(), "{name}: no trace written");
+    let (native_signals, native_env) = split(&native.stdout);
+    let (traced_signals, mut traced_env) = split(&traced.stdout);
+    if let Some(var) = added {
+        let last = traced_env.pop().unwrap_or_default();
+        assert!(
+            last.starts_with(&format!("env {var}=")),
+            "{name}: the last variable is {last:?}, not the {var} the backend adds\n--- traced ---\n{}",
+            traced.stdout
+        );
+    }
+    let signals_truth = signals_truth.map(split).map(|(s, _)| s).unwrap_or(native_signals);
+    assert_eq!(
+        traced_signals, signals_truth,
+        "{name}: the traced program's ignored and blocked signals differ from the untraced program's"
+    );
+    assert_eq!(traced_env, native_env, "{name}: the traced program's environment differs from the untraced program's");
+    // The work after the region ran too.
+    assert!(traced.stdout.contains("work 1"), "{name}: the program did not finish\n{}", traced.stdout);
+}
+
+/// Plain qemu-user's output for the program under `setup`: qemu's own signal numbering.
+fn under_qemu(setup: Setup) -> String {
+    let qemu = require_tool("qemu-x86_64");
+    output(setup, &[qemu.as_os_str(), program("inherit").as_os_str()]).stdout
+}
+
+#[test]
+fn ptrace_block_stepping_keeps_ignored_signals_mask_and_environment() {
+    same_as_untraced("ptrace-ignoring", IGNORING, &[], None, None);
+}
+
+#[test]
+fn ptrace_block_stepping_gives_defaults_where_the_shell_had_them() {
+    same_as_untraced("ptrace-plain", PLAIN, &[], None, None);
+}
+
+#[test]
+fn ptrace_single_stepping_keeps_ignored_signals_mask_and_environment() {
+    same_as_untraced("step-ignoring", IGNORING, &["--step", "instruction"], None, None);
+}
+
+#[test]
+fn qemu_backend_keeps_ignored_signals_mask_and_environment_order() {
+    let truth = under_qemu(IGNORING);
+    same_as_untraced("qemu-ignoring", IGNORING, &["--backend", "qemu"], Some(&truth), None);
+}
+
+#[test]
+fn qemu_backend_gives_defaults_where_the_shell_had_them() {
+    let truth = under_qemu(PLAIN);
+    same_as_untraced("qemu-plain", PLAIN, &["--backend", "qemu"], Some(&truth), None);
+}
+
+/// The in-process recorder adds ITRACE_SHM (where libitrace finds its shared memory).
+#[test]
+fn in_process_backend_keeps_ignored_signals_mask_and_environment_order() {
+    same_as_untraced("inproc-ignoring", IGNORING, &["--region", "--backend", "inproc"], None, Some("ITRACE_SHM"));
+}
+
+#[test]
+fn in_process_backend_gives_defaults_where_the_shell_had_them() {
+    same_as_untraced("inproc-plain", PLAIN, &["--region", "--backend", "inproc"], None, Some("ITRACE_SHM"));
+}
