@@ -154,3 +154,24 @@ fn in_process_backend_keeps_ignored_signals_mask_and_environment_order() {
 fn in_process_backend_gives_defaults_where_the_shell_had_them() {
     same_as_untraced("inproc-plain", PLAIN, &["--region", "--backend", "inproc"], None, Some("ITRACE_SHM"));
 }
+
+/// `--qemu ARCH` (qemu's GDB stub): the program's environment is only what `--env` gives, in
+/// the order given (here: the same variables as the untraced run's, so the same lines).
+fn gdb_stub_backend(name: &str, setup: Setup) {
+    let truth = under_qemu(setup);
+    let mut options = vec!["--qemu", "x86_64"];
+    for kv in VARS {
+        options.extend(["--env", kv]);
+    }
+    same_as_untraced(name, setup, &options, Some(&truth), None);
+}
+
+#[test]
+fn gdb_stub_backend_keeps_ignored_signals_mask_and_environment_order() {
+    gdb_stub_backend("gdb-ignoring", IGNORING);
+}
+
+#[test]
+fn gdb_stub_backend_gives_defaults_where_the_shell_had_them() {
+    gdb_stub_backend("gdb-plain", PLAIN);
+}
