@@ -32,6 +32,11 @@ static CAPTURE_INHERITED_SIGNALS: extern "C" fn() = {
 };
 
 fn main() -> ExitCode {
+    // itrace waits for the processes it starts (the recorder, the program, qemu, tools): an
+    // ignored SIGCHLD, inherited from whoever started itrace, would have the kernel reap them
+    // first. A launched program still gets it ignored (see CAPTURE_INHERITED_SIGNALS).
+    // SAFETY: setting a disposition to SIG_DFL has no preconditions; no thread runs yet.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return usage_error(e),

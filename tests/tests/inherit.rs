@@ -32,6 +32,10 @@ const IGNORING: Setup = Setup {
     blocked: &[libc::SIGUSR1, libc::SIGUSR2, 40],
 };
 
+/// SIGCHLD ignored (children reaped by the kernel): the program keeps it so, and itrace,
+/// which waits for its children, still works.
+const CHILD_IGNORING: Setup = Setup { ignored: &[libc::SIGCHLD], blocked: &[] };
+
 /// A plain shell: nothing ignored or blocked. The signals itrace itself handles (INT, TERM,
 /// HUP, QUIT, ALRM), ignores (PIPE, XFSZ) or blocks must reach the program as defaults.
 const PLAIN: Setup = Setup { ignored: &[], blocked: &[] };
@@ -174,4 +178,20 @@ fn gdb_stub_backend_keeps_ignored_signals_mask_and_environment_order() {
 #[test]
 fn gdb_stub_backend_gives_defaults_where_the_shell_had_them() {
     gdb_stub_backend("gdb-plain", PLAIN);
+}
+
+#[test]
+fn ptrace_backend_works_and_keeps_sigchld_ignored() {
+    same_as_untraced("ptrace-sigchld", CHILD_IGNORING, &[], None, None);
+}
+
+#[test]
+fn in_process_backend_works_and_keeps_sigchld_ignored() {
+    same_as_untraced("inproc-sigchld", CHILD_IGNORING, &["--region", "--backend", "inproc"], None, Some("ITRACE_SHM"));
+}
+
+#[test]
+fn qemu_backend_works_and_keeps_sigchld_ignored() {
+    let truth = under_qemu(CHILD_IGNORING);
+    same_as_untraced("qemu-sigchld", CHILD_IGNORING, &["--backend", "qemu"], Some(&truth), None);
 }
