@@ -57,6 +57,13 @@ pub fn capture_signals() {
     CAPTURED.store(true, Ordering::Release);
 }
 
+/// Whether `sig` was ignored when the process started (false without [`capture_signals`]).
+pub fn was_ignored(sig: libc::c_int) -> bool {
+    CAPTURED.load(Ordering::Acquire)
+        && (1..=LAST_SIGNAL).contains(&sig)
+        && IGNORED.load(Ordering::Relaxed) & (1 << (sig - 1)) != 0
+}
+
 /// In a child between fork and exec of a program (or of the qemu that runs it): every signal
 /// ignored when itrace started is ignored, every other one has its default disposition (a
 /// handler the shell had would have become the default at exec too), and the mask is the one

@@ -195,3 +195,38 @@ fn qemu_backend_works_and_keeps_sigchld_ignored() {
     let truth = under_qemu(CHILD_IGNORING);
     same_as_untraced("qemu-sigchld", CHILD_IGNORING, &["--backend", "qemu"], Some(&truth), None);
 }
+
+/// `nohup itrace record`, or itrace started by a script that ignores SIGINT and SIGQUIT: a
+/// hangup, Ctrl-C or Ctrl-\ does not stop the recording, as it would not stop the program
+/// run untraced; the whole program is traced.
+#[test]
+fn stop_signals_ignored_by_the_shell_do_not_stop_the_recording() {
+    use std::io::BufRead;
+    let prog = program("region_loop");
+    let dir = test_dir("inherit-nohup");
+    let trace = dir.join("t.itr");
+    let mut cmd = command(IGNORING, &[itrace_bin().as_os_str()]);
+    cmd.args(["record", "-o"]).arg(&trace).arg("--").arg(&prog).args(["100", "10000"]);
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = itrace_tests::KillOnDrop(cmd.spawn().expect("start itrace"));
+    let mut stdout = std::io::BufReader::new(child.0.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("the program's first line");
+    assert!(line.starts_with("region_loop: started"), "unexpected first line {line:?}");
+    // `env` exec'd itrace: its pid is itrace's. The program is running, traced.
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: kill with a pid of our own child and a signal number.
+        unsafe { libc::kill(child.0.id() as i32, sig) };
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).expect("the program's output");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    let status = itrace_tests::wait_with_guard(&mut child.0, "itrace record region_loop");
+    assert!(status.success(), "itrace failed ({status}):\n{stderr}");
+    assert!(rest.contains("region_loop: result="), "the program did not finish:\n{rest}");
+    assert!(
+        stderr.contains("tracing ended: the program ended"),
+        "the ignored signals stopped the recording:\n{stderr}"
+    );
+}
