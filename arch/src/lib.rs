@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod elf;
+pub mod inherit;
 pub mod isa;
 pub mod modules;
 pub mod procfs;

@@ -122,11 +122,11 @@ pub fn exe(pid: i32) -> String {
 }
 
 /// In a child between fork and exec of a program itrace launches: give it the signal
-/// dispositions it would have had (itrace ignores SIGPIPE and SIGXFSZ and catches others;
-/// "ignore" would survive exec) and, unless `aslr`, turn address-space randomisation off so
-/// traces repeat. Only async-signal-safe calls.
+/// dispositions and mask itrace was started with (itrace ignores SIGPIPE and SIGXFSZ, catches
+/// others and blocks some; see [`crate::inherit`]) and, unless `aslr`, turn address-space
+/// randomisation off so traces repeat. Only async-signal-safe calls.
 pub fn prepare_child_for_exec(aslr: bool) {
-    restore_signal_defaults();
+    crate::inherit::restore_signals();
     // SAFETY: personality is async-signal-safe and takes no pointers.
     unsafe {
         if !aslr {
@@ -163,27 +163,6 @@ pub fn pidfd_wait(pidfd: &std::os::fd::OwnedFd, ms: i32) -> bool {
     let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd, for the duration of the call.
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
-}
-
-/// In a child between fork and exec: the default disposition for the signals itrace catches or
-/// ignores (an ignored SIGPIPE or SIGXFSZ would be inherited through exec).
-pub fn restore_signal_defaults() {
-    for sig in [libc::SIGPIPE, libc::SIGXFSZ, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGALRM] {
-        // SAFETY: signal is async-signal-safe and takes no pointers.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
-    }
-    // itrace blocks these around its own start-up (and a helper thread may block them);
-    // the program gets them unblocked, as a shell would start it.
-    // SAFETY: set is initialised by sigemptyset; sigprocmask only changes this thread's mask
-    // and is async-signal-safe.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGALRM, libc::SIGRTMIN() + 3] {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-    }
 }
 
 /// JIT symbols a process wrote to `/tmp/perf-PID.map` (the convention of V8, the JVM's

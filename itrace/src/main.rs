@@ -19,7 +19,24 @@ use clap::error::ErrorKind;
 use clap::Parser;
 use std::process::ExitCode;
 
+/// A program itrace launches inherits the signal dispositions and mask itrace was started with
+/// (`nohup itrace record ./prog` leaves SIGHUP ignored for it). Rust's runtime ignores SIGPIPE
+/// before `main`, so they are taken in a constructor, which the loader runs before that.
+#[used]
+#[link_section = ".init_array"]
+static CAPTURE_INHERITED_SIGNALS: extern "C" fn() = {
+    extern "C" fn capture() {
+        itrace_arch::inherit::capture_signals();
+    }
+    capture
+};
+
 fn main() -> ExitCode {
+    // itrace waits for the processes it starts (the recorder, the program, qemu, tools): an
+    // ignored SIGCHLD, inherited from whoever started itrace, would have the kernel reap them
+    // first. A launched program still gets it ignored (see CAPTURE_INHERITED_SIGNALS).
+    // SAFETY: setting a disposition to SIG_DFL has no preconditions; no thread runs yet.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return usage_error(e),

@@ -112,8 +112,11 @@ pub fn run(s: &RecordSettings) -> Result<(Recorded, Chosen)> {
     let resolver = Arc::new(SymbolResolver::default());
     let mut chosen = backend::choose(s, resolver)?;
     crate::signals::install(s.duration)?;
-    // A stop asked for while itrace was starting: nothing was launched or attached yet.
-    if crate::signals::STOP.load(std::sync::atomic::Ordering::Relaxed) {
+    // A stop asked for while itrace was starting: nothing was attached yet, so nothing is.
+    // A program to launch is launched all the same, and the recorder detaches at once, as it
+    // does for a stop a moment later: whatever the moment of the stop, the program runs on.
+    let launch = matches!(s.target, Target::Launch { .. });
+    if !launch && crate::signals::STOP.load(std::sync::atomic::Ordering::Relaxed) {
         anyhow::bail!("interrupted before tracing started; nothing was traced");
     }
     let live = Arc::new(LiveCounts::default());

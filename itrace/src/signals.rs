@@ -1,5 +1,6 @@
 //! Signals to itrace itself: Ctrl-C, SIGTERM, SIGHUP and the --duration
-//! timer ask the recorder to detach and finish; they interrupt its wait
+//! timer ask the recorder to detach and finish (unless the signal was ignored
+//! when itrace started: `nohup`); they interrupt its wait
 //! (no SA_RESTART) so a target blocked in a system call does not delay that.
 //! A periodic tick interrupts the recorder's waits too, so a recorder that
 //! waits on a quiet program still flushes what it holds (at most a second
@@ -59,10 +60,18 @@ fn handle(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) -> std::io::Res
     Ok(())
 }
 
+/// Whether itrace takes `sig` as a request to stop: not when it was ignored when itrace
+/// started (`nohup itrace record`, a script or a background job that ignores SIGINT and
+/// SIGQUIT), as a program that honours `nohup` does.
+pub fn stops_on(sig: libc::c_int) -> bool {
+    !itrace_arch::inherit::was_ignored(sig)
+}
+
 /// Install the stop handlers (and the tick's), and ignore SIGPIPE and SIGXFSZ (so writes fail
-/// with an error instead of killing itrace).
+/// with an error instead of killing itrace). A stop signal ignored when itrace started stays
+/// ignored (see [`stops_on`]).
 pub fn install_handlers() -> std::io::Result<()> {
-    for sig in STOP_SIGNALS.into_iter().chain([libc::SIGALRM]) {
+    for sig in STOP_SIGNALS.into_iter().filter(|&s| stops_on(s)).chain([libc::SIGALRM]) {
         handle(sig, on_stop_signal)?;
     }
     handle(tick_signal(), on_tick)?;

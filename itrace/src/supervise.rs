@@ -106,7 +106,7 @@ fn recorder_side(supervisor: i32, on_death: OnSupervisorDeath, old: &libc::sigse
 /// Forward the stop signals to the recorder and wait for it to end.
 fn supervise(child: i32, old: &libc::sigset_t, output: Option<&Path>, before: Option<FileState>) -> ExitCode {
     RECORDER.store(child, Ordering::Relaxed);
-    for sig in signals::STOP_SIGNALS {
+    for sig in signals::STOP_SIGNALS.into_iter().filter(|&s| signals::stops_on(s)) {
         // SAFETY: the handler only loads an atomic and calls kill, both async-signal-safe.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();

@@ -273,11 +273,19 @@ pub fn record(
     let slots = (ring_bytes / std::mem::size_of::<Slot>()).max(64);
     let sh = Shared::create(ncpu, slots, mode)?;
     let mut cmd = std::process::Command::new(program);
-    cmd.arg0(&argv[0]).args(&argv[1..]).envs(env.iter().map(|(k, v)| (k, v))).env(shm::ENV_SHM, &sh.path);
-    // SAFETY: only async-signal-safe calls between fork and exec.
+    cmd.arg0(&argv[0]).args(&argv[1..]);
+    // Our environment in its order (Command would sort it), with `env` and the recorder's
+    // shared memory (which libitrace finds there) set over it.
+    let mut set = env.to_vec();
+    set.push((shm::ENV_SHM.into(), sh.path.clone().into()));
+    let envp = crate::inherit::Environment::inherited_with(&set)
+        .map_err(|e| BackendError::io(format!("cannot run {}", program.display()), std::io::Error::other(e)))?;
+    // SAFETY: only async-signal-safe calls between fork and exec (sigaction, sigprocmask,
+    // personality, a store to the child's `environ`); envp lives in the closure until the exec.
     unsafe {
         cmd.pre_exec(move || {
             procfs::prepare_child_for_exec(aslr);
+            envp.install_in_child();
             Ok(())
         });
     }

@@ -355,15 +355,22 @@ pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buf
         Start::Launch { program, argv, aslr, env } => {
             let mut cmd = std::process::Command::new(program);
             cmd.arg0(&argv[0]).args(&argv[1..]);
-            cmd.envs(env.iter().map(|(k, v)| (k, v)));
+            // Our environment in its order (Command would sort it), with `env` and, for
+            // regions, the device libitrace opens set over it.
+            let mut set = env.to_vec();
             if region {
-                cmd.env(ENV_KMOD, DEVICE);
+                set.push((ENV_KMOD.into(), DEVICE.into()));
             }
+            let envp = crate::inherit::Environment::inherited_with(&set)
+                .map_err(|e| BackendError::io(format!("cannot run {}", program.display()), std::io::Error::other(e)))?;
             let en_flags = ITR_EN_ON_EXEC | if region { ITR_EN_REGION } else { 0 };
-            // SAFETY: only async-signal-safe calls (signal, personality, ioctl) between fork and exec.
+            // SAFETY: only async-signal-safe calls (sigaction, sigprocmask, personality, a
+            // store to the child's `environ`, ioctl) between fork and exec; envp lives in the
+            // closure until the exec.
             unsafe {
                 cmd.pre_exec(move || {
                     procfs::prepare_child_for_exec(aslr);
+                    envp.install_in_child();
                     let mut t = TargetArg { pid: 0, flags: en_flags };
                     ioctl(fd, ITR_IOC_ENABLE, &mut t)
                 });

@@ -9,6 +9,7 @@ use super::settings::find_program;
 use super::{BackendError, RecordSettings, Recorded, Recorder, Target};
 use itrace_format::{human_size, Arch, LiveCounts, StepMethod, StopReason};
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,6 +64,37 @@ fn find_plugin() -> Result<PathBuf> {
 /// qemu's option syntax: a comma inside a value is written twice.
 fn opt_value(s: &str) -> String {
     s.replace(',', ",,")
+}
+
+/// The environment to start qemu-user with so that the program it runs sees ours (with `set`
+/// over it) in its order, and the user's own `LD_PRELOAD` if there is one (for `-E`).
+///
+/// qemu-user gives the program its own environment, each variable put at the front of the
+/// list as it reads them: reversed. So qemu gets ours reversed, and the program sees it in
+/// order. Left out: QEMU_* variables (qemu-user would take them as its own settings); and
+/// qemu's `LD_PRELOAD` is the plugin (see the caller), taken out with `-U`, or replaced by the
+/// user's with `-E`, which qemu puts first in the program's environment.
+fn qemu_environment(set: &[(OsString, OsString)], plugin: &Path) -> (Vec<OsString>, Option<OsString>) {
+    let guest: Vec<OsString> = crate::inherit::inherited_with(set)
+        .into_iter()
+        .filter(|kv| !kv.as_encoded_bytes().starts_with(b"QEMU_"))
+        .collect();
+    let mut user_preload = None;
+    let mut preload = OsString::from("LD_PRELOAD=");
+    preload.push(plugin);
+    let mut qemu_env = vec![preload];
+    for kv in guest.into_iter().rev() {
+        match kv.as_encoded_bytes().strip_prefix(b"LD_PRELOAD=") {
+            // The last one is the one a program reads; here, reversed, the first.
+            Some(v) => {
+                if user_preload.is_none() {
+                    user_preload = Some(std::ffi::OsStr::from_bytes(v).to_os_string());
+                }
+            }
+            None => qemu_env.push(kv),
+        }
+    }
+    (qemu_env, user_preload)
 }
 
 /// A status file for the plugin to report through (it runs inside qemu, whose stderr is the program's).
@@ -256,13 +288,6 @@ impl Recorder for QemuRecorder {
             spec.push_str(&format!(",sysroot={}", opt_value(&root.to_string_lossy())));
         }
         let mut qcmd = Command::new(&qemu);
-        // qemu-user reads QEMU_* settings from its environment and passes the rest to the program.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("QEMU_") {
-                qcmd.env_remove(k);
-            }
-        }
-        qcmd.envs(s.env.iter().map(|(k, v)| (k, v)));
         if let Some(root) = &sysroot {
             qcmd.arg("-L").arg(root);
             let user_path = s.env.iter().find(|(k, _)| k == "LD_LIBRARY_PATH").and_then(|(_, v)| v.to_str());
@@ -271,18 +296,11 @@ impl Recorder for QemuRecorder {
                 qcmd.arg("-E").arg(e);
             }
         }
+        let (qemu_env, user_preload) = qemu_environment(&s.env, &plugin);
         // The plugin, preloaded into qemu itself, sees the kill() with which qemu-user ends a
         // program a signal kills (no plugin callback tells it), and ends the trace there. The
         // guest must not get it: -U takes it out of the guest's environment, -E gives back a
         // preload of the user's own.
-        let user_preload = s
-            .env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "LD_PRELOAD")
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var_os("LD_PRELOAD"));
-        qcmd.env("LD_PRELOAD", &plugin);
         match user_preload {
             Some(v) => qcmd.arg("-E").arg({
                 let mut kv = OsString::from("LD_PRELOAD=");
@@ -292,13 +310,17 @@ impl Recorder for QemuRecorder {
             None => qcmd.arg("-U").arg("LD_PRELOAD"),
         };
         qcmd.arg("-plugin").arg(spec).arg(program).args(command.iter().skip(1));
+        let qemu_env = crate::inherit::Environment::from_vars(qemu_env)
+            .map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), std::io::Error::other(e)))?;
         use std::os::unix::process::CommandExt;
         // No death signal: qemu runs the program itself, which must outlive a stop. If itrace
         // goes away, the plugin sees its parent change and ends the trace as a detach.
-        // SAFETY: only async-signal-safe calls (signal, sigprocmask) between fork and exec.
+        // SAFETY: only async-signal-safe calls (sigaction, sigprocmask, a store to the child's
+        // `environ`) between fork and exec; qemu_env lives in the closure until the exec.
         unsafe {
-            qcmd.pre_exec(|| {
-                crate::procfs::restore_signal_defaults();
+            qcmd.pre_exec(move || {
+                crate::inherit::restore_signals();
+                qemu_env.install_in_child();
                 Ok(())
             });
         }

@@ -100,8 +100,8 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 /// Start `program` (`args[0]` is its argv[0]) under qemu-user for `arch`, in an environment made
-/// only of `env` (`VAR=VALUE`; qemu-user passes its own environment to the program, and glibc's
-/// start-up work depends on it), and connect to its stub.
+/// only of `env` (`VAR=VALUE`, in this order; qemu-user passes its own environment to the
+/// program, and glibc's start-up work depends on it), and connect to its stub.
 pub fn launch_qemu(
     arch: Arch,
     program: &Path,
@@ -111,16 +111,27 @@ pub fn launch_qemu(
     let qemu = qemu_binary(arch);
     let spawn_err = |source| GdbError::Spawn { qemu: qemu.to_string(), source };
     let port = free_port().map_err(spawn_err)?;
-    let mut cmd = Command::new(qemu);
-    cmd.env_clear();
+    // Found in our PATH: the exec searches the program's (which `env` may set).
+    let qemu_path = crate::backend::find_program(&qemu.into()).unwrap_or_else(|_| qemu.into());
+    let mut cmd = Command::new(qemu_path);
+    // qemu-user reads QEMU_* settings from its environment: none leak in from ours. It gives
+    // the program its environment reversed (each variable goes to the front of its list), so
+    // it gets `env` reversed; a variable given twice counts once, with its last value.
+    let name = |kv: &OsString| -> Vec<u8> {
+        let b = kv.as_encoded_bytes();
+        b[..b.iter().position(|&c| c == b'=').unwrap_or(b.len())].to_vec()
+    };
+    let mut vars: Vec<OsString> = Vec::new();
     for kv in env {
-        let s = kv.to_string_lossy();
-        match s.split_once('=') {
-            Some((k, v)) => cmd.env(k, v),
-            None => cmd.env(&*s, ""),
-        };
+        vars.retain(|v| name(v) != name(kv));
+        let mut kv = kv.clone();
+        if !kv.as_encoded_bytes().contains(&b'=') {
+            kv.push("=");
+        }
+        vars.push(kv);
     }
-    // qemu-user reads QEMU_* settings from its environment: none leak in from ours.
+    vars.reverse();
+    let qemu_env = crate::inherit::Environment::from_vars(vars).map_err(|e| spawn_err(std::io::Error::other(e)))?;
     if let Some(root) = cross_sysroot(arch) {
         cmd.arg("-L").arg(root);
         let user_path = env.iter().find_map(|kv| kv.to_str()?.strip_prefix("LD_LIBRARY_PATH="));
@@ -131,11 +142,13 @@ pub fn launch_qemu(
     cmd.arg("-g").arg(port.to_string());
     cmd.arg(program).args(args.iter().skip(1)).stdin(Stdio::inherit());
     use std::os::unix::process::CommandExt;
-    // SAFETY: only async-signal-safe calls (signal, prctl) between fork and exec.
+    // SAFETY: only async-signal-safe calls (sigaction, sigprocmask, prctl, a store to the
+    // child's `environ`) between fork and exec; qemu_env lives in the closure until the exec.
     unsafe {
-        cmd.pre_exec(|| {
-            crate::procfs::restore_signal_defaults();
+        cmd.pre_exec(move || {
+            crate::inherit::restore_signals();
             crate::procfs::die_with_parent();
+            qemu_env.install_in_child();
             Ok(())
         });
     }

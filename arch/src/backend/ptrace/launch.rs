@@ -30,29 +30,15 @@ impl Session<'_> {
             .map_err(|e| exec_err(std::io::Error::other(e)))?;
         let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
         argv_ptrs.push(std::ptr::null());
-        // Our environment with `env` set over it.
-        let mut vars: Vec<(OsString, OsString)> =
-            std::env::vars_os().filter(|(k, _)| !env.iter().any(|(e, _)| e == k)).collect();
-        vars.extend(env.iter().cloned());
-        let envp: Vec<CString> = vars
-            .iter()
-            .map(|(k, v)| {
-                let mut kv = k.as_bytes().to_vec();
-                kv.push(b'=');
-                kv.extend_from_slice(v.as_bytes());
-                CString::new(kv)
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| exec_err(std::io::Error::other(e)))?;
-        let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-        envp_ptrs.push(std::ptr::null());
+        // Our environment in its order, with `env` set over it.
+        let envp = crate::inherit::Environment::inherited_with(env).map_err(|e| exec_err(std::io::Error::other(e)))?;
         let (go_r, go_w) = nix::unistd::pipe().map_err(|e| exec_err(e.into()))?;
         let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| exec_err(e.into()))?;
         use std::os::fd::AsRawFd;
         let (go_r_fd, go_w_fd, err_r_fd, err_w_fd) =
             (go_r.as_raw_fd(), go_w.as_raw_fd(), err_r.as_raw_fd(), err_w.as_raw_fd());
-        // SAFETY: the child only calls async-signal-safe functions (read, close, signal,
-        // personality, execve, write, _exit) on memory prepared before the fork.
+        // SAFETY: the child only calls async-signal-safe functions (read, close, sigaction,
+        // sigprocmask, personality, execve, write, _exit) on memory prepared before the fork.
         let pid = match unsafe { libc::fork() } {
             -1 => return Err(exec_err(std::io::Error::last_os_error())),
             // SAFETY: in the child, as above: only async-signal-safe calls on memory (the
@@ -75,7 +61,7 @@ impl Session<'_> {
                 }
                 libc::close(go_r_fd);
                 procfs::prepare_child_for_exec(aslr);
-                libc::execve(prog.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
+                libc::execve(prog.as_ptr(), argv_ptrs.as_ptr(), envp.as_ptr());
                 let e = *libc::__errno_location();
                 libc::write(err_w_fd, (&e as *const i32).cast(), 4);
                 libc::_exit(127);
