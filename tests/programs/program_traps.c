@@ -32,7 +32,7 @@ int main(void) {
     sigaction(SIGTRAP, &sa, 0);
     sa.sa_handler = pt2_on_ill;
     sigaction(SIGILL, &sa, 0);
-    for (int i = 0; i < 3; i++) {
+    for (volatile int i = 0; i < 3; i++) { /* volatile: kept across siglongjmp */
         if (sigsetjmp(pt2_env, 1) == 0)
             pt2_round();
     }

@@ -38,7 +38,7 @@ int main(void) {
     raise(SIGTRAP);
     __asm__ volatile("int3");
     raise(SIGTRAP);
-    for (int i = 0; i < 3; i++) {
+    for (volatile int i = 0; i < 3; i++) { /* volatile: kept across siglongjmp */
         if (sigsetjmp(rt_env, 1) == 0)
             rt_round();
     }

@@ -22,7 +22,7 @@ use crate::procfs::{self, Mapping};
 use crate::Arch as _;
 use engine::{record, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
 use hwstep::{probe_hw_breakpoints, HwBreak};
-use itrace_decoders::Insn;
+use itrace_decoders::{Flow, Insn};
 use itrace_format::{LiveCounts, StepMethod};
 use nix::errno::Errno;
 use nix::sys::ptrace;
@@ -298,17 +298,38 @@ impl PtraceArch for Session<'_> {
             self.resume(tid, 0);
             return;
         };
+        // A SIGTRAP someone sent (kill, tgkill, raise: si_code <= 0) and the step's own trap are
+        // one pending SIGTRAP, reported with the sender's siginfo: the program's, to deliver.
+        let sent = ptrace::getsiginfo(Pid::from_raw(tid)).is_ok_and(|si| si.si_code <= 0);
+        if sent {
+            let t = &self.threads[&tid];
+            if t.pending.is_some_and(|p| p.pc == regs.rip && p.insn.flow != Flow::RepString) {
+                // Sent before the step ran anything: a signal like any other (the next stop shows
+                // its handler).
+                let mut inject = libc::SIGTRAP;
+                self.keep_or_release_trap(tid, &mut inject);
+                self.resume(tid, inject);
+                return;
+            }
+        }
+        let mut inject = 0;
         if self.opts.step.hw_step && self.hw_rehit(tid, &regs) {
             // The step stopped on the breakpoint again: step once more without it.
             self.resume(tid, 0);
             return;
         }
         if self.opts.step.emulate_block_step && !self.emulated_block_ended(tid, &regs) {
-            self.resume(tid, 0);
+            if sent {
+                inject = libc::SIGTRAP;
+                self.keep_or_release_trap(tid, &mut inject);
+            }
+            self.resume(tid, inject);
             return;
         }
-        let mut inject = 0;
         self.on_step(tid, &regs, &mut inject);
+        if sent && inject == 0 {
+            inject = libc::SIGTRAP;
+        }
         // A SIGTRAP for the program that it blocks waits with itrace; one waiting goes in when it may.
         self.keep_or_release_trap(tid, &mut inject);
         if self.opts.step.hw_step && inject == 0 {
