@@ -269,8 +269,12 @@ impl PtraceArch for Session<'_> {
         if self.opts.step.hw_step {
             if self.threads[&tid].arch.hw_run.is_some() {
                 if self.hw_stopped(tid, sig) {
-                    // The breakpoint: the thread is on the stop point.
-                    self.resume(tid, 0);
+                    // The breakpoint: the thread is on the stop point. A SIGTRAP sent to it at
+                    // that moment is one with the hit (see below): deliver it.
+                    let sent = ptrace::getsiginfo(Pid::from_raw(tid)).is_ok_and(|si| si.si_code <= 0);
+                    let mut inject = if sent { libc::SIGTRAP } else { 0 };
+                    self.keep_or_release_trap(tid, &mut inject);
+                    self.resume(tid, inject);
                 } else {
                     // Stopped mid-path by a signal (a SIGTRAP away from the breakpoint is not
                     // ours): deliver it with a step, as single-stepping does.
