@@ -85,6 +85,9 @@ fn recorder_side(supervisor: i32, on_death: OnSupervisorDeath, old: &libc::sigse
         OnSupervisorDeath::Detach => libc::SIGTERM,
         OnSupervisorDeath::Kill => libc::SIGKILL,
     };
+    if on_death == OnSupervisorDeath::Detach {
+        leave_the_process_group();
+    }
     signals::install_handlers().context("cannot install signal handlers")?;
     signals::finish_on_parent_death_after_stop(libc::SIGTERM);
     // SAFETY: prctl with integer arguments; RECORDER_NAME is NUL-terminated and within the
@@ -101,6 +104,29 @@ fn recorder_side(supervisor: i32, on_death: OnSupervisorDeath, old: &libc::sigse
     }
     restore_mask(old);
     Ok(())
+}
+
+/// An attaching recorder goes into a process group of its own, before it attaches to anything.
+///
+/// `kill -9 -- -PGID` of the itrace the user started (a script's cleanup, a job control kill)
+/// used to reach the recorder too; then nothing detaches, and Linux leaves the trap flag and
+/// the debug registers of the attached program set: it died of SIGTRAP at its next step or
+/// breakpoint (nearly every time, in a loop of attach + group kill of spinner.c at 0-300 ms).
+/// In a group of its own, the recorder is not killed with the supervisor's group: it gets
+/// the supervisor's death signal and detaches, as when only the supervisor is killed. (A
+/// kill before this point still reaches it, when it has attached to nothing.) The terminal's
+/// Ctrl-C and Ctrl-\ reach the supervisor, which forwards them. Out of the terminal's
+/// foreground group, the recorder ignores SIGTTOU, so its last message is written, not stopped
+/// on by a terminal with `tostop` (a recorder stopped there would leave its program stopped
+/// under ptrace, state `t`, until someone sent it SIGCONT). A launched program stays in the
+/// user's group (it is the terminal's job, and it dies with itrace anyway).
+fn leave_the_process_group() {
+    // SAFETY: setpgid(0, 0) and signal() with SIG_IGN are plain system calls on this process.
+    unsafe {
+        libc::setpgid(0, 0);
+        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+        libc::signal(libc::SIGTTIN, libc::SIG_IGN);
+    }
 }
 
 /// Forward the stop signals to the recorder and wait for it to end.

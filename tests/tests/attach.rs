@@ -135,3 +135,59 @@ fn detach_from_a_blocked_system_call() {
     let text = arc_text(&trace);
     assert!(text.contains("detached"), "no detach comment in:\n{text}");
 }
+
+/// The state letter and tracer of a process (None: it is gone).
+fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
+    Some((state, tracer))
+}
+
+/// `kill -9 -- -PGID` of an attached itrace (issue 27, part 6): the kill reaches every
+/// process of itrace's group at once, at moments spread over the attach and the stepping.
+/// Each time, the target must be let go (no tracer) and run on (state R or S, never `t`
+/// stopped under ptrace, never killed by a trap left set); at the end it finishes with the
+/// right result. Before the fix the recorder died with the group, the kernel detached the
+/// target with its trap flag or debug registers still set, and it died of SIGTRAP.
+#[test]
+fn kill_9_of_the_process_group_leaves_the_target_running() {
+    use std::os::unix::process::CommandExt;
+    let (child, out, want) = start_spinner("1500", "10000");
+    let pid = child.0.id();
+    let dir = test_dir("attach-kill9-group");
+    // 0 to 330 ms after the start: before, during and after the attach, and while stepping.
+    for (round, delay_ms) in (0..12u64).map(|i| (i, i * 30)) {
+        let trace = dir.join(format!("t{round}.itr"));
+        let mut rec = Command::new(itrace_bin())
+            .args(["record", "-p", &pid.to_string(), "-o"])
+            .arg(&trace)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0) // its own group, as `setsid itrace ...`
+            .spawn()
+            .expect("start itrace");
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // SAFETY: plain kill(2) of the process group our child leads.
+        assert_eq!(unsafe { libc::kill(-(rec.id() as i32), libc::SIGKILL) }, 0, "kill -9 of the group");
+        wait_with_guard(&mut rec, "itrace");
+        // Bounded (the hang guard), not timed: the recorder detaches when it sees its parent gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let st = state_and_tracer(pid);
+            match st {
+                None | Some(('Z', _)) | Some(('X', _)) => {
+                    panic!("round {round} (kill after {delay_ms} ms): the target died: {st:?}")
+                }
+                Some((s, 0)) if s == 'R' || s == 'S' => break,
+                _ => assert!(
+                    std::time::Instant::now() < deadline,
+                    "round {round} (kill after {delay_ms} ms): the target is still {st:?} (state, tracer) 60 s after the kill"
+                ),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    finishes_undisturbed(child, out, &want);
+}

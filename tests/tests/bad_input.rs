@@ -50,6 +50,50 @@ fn attach_to_nonexistent_pid() {
     assert!(line.contains(&pid.to_string()), "the error should name the pid: {line}");
 }
 
+/// The state letter and flags of /proc/PID/stat ("pid (comm) state ppid pgrp session tty_nr
+/// tpgid flags ..."; comm may contain spaces and ')').
+fn state_and_flags(pid: u32) -> Option<(char, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut after = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = after.next()?.chars().next()?;
+    Some((state, after.nth(5)?.parse().ok()?))
+}
+
+/// A zombie (exited, not reaped): the error says so, not "it may be traced already".
+#[test]
+fn attach_to_a_zombie() {
+    require_tool("true");
+    let dir = test_dir("bad_input-zombie");
+    // Our own child, left unreaped until the end.
+    let mut child = Command::new("true").spawn().expect("spawn true");
+    let pid = child.id();
+    wait_until("the child to be a zombie", || state_and_flags(pid).is_some_and(|(s, _)| s == 'Z'));
+    let line = record_pid(&dir.join("t.itr"), pid, "1").assert_clean_error();
+    child.wait().expect("reap the zombie");
+    assert!(
+        line.contains(&pid.to_string()) && line.contains("zombie"),
+        "the error should say pid {pid} is a zombie: {line}"
+    );
+    assert!(!line.contains("traced already"), "{line}");
+}
+
+/// A kernel thread: the error says so.
+#[test]
+fn attach_to_a_kernel_thread() {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let kthread = fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| state_and_flags(pid).is_some_and(|(_, flags)| flags & PF_KTHREAD != 0))
+        .expect("no kernel thread visible in /proc (a container with its own pid namespace?): run this test on the host or a VM");
+    let dir = test_dir("bad_input-kernel_thread");
+    let line = record_pid(&dir.join("t.itr"), kthread, "1").assert_clean_error();
+    assert!(
+        line.contains(&kthread.to_string()) && line.contains("kernel thread"),
+        "the error should say pid {kthread} is a kernel thread: {line}"
+    );
+}
+
 fn ppid_of(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) state ppid ..." ; comm may contain spaces and ')'

@@ -95,6 +95,10 @@ pub enum RecordError {
          or be protected by Yama (see /proc/sys/kernel/yama/ptrace_scope; run as root or set it to 0)"
     )]
     NotPermitted { pid: i32, errno: Errno },
+    #[error("pid {0} is a zombie: it has exited and waits for its parent to reap it; there is nothing to trace")]
+    Zombie(i32),
+    #[error("pid {pid} ({name}) is a kernel thread: it runs no user-space code to trace")]
+    KernelThread { pid: i32, name: String },
     #[error("ptrace {what} failed: {errno}")]
     Ptrace { what: &'static str, errno: Errno },
     #[error(transparent)]

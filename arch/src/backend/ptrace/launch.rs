@@ -121,7 +121,12 @@ impl Session<'_> {
                     Err(Errno::ESRCH) => return Err(RecordError::NoSuchProcess(pid)),
                     Err(errno @ Errno::EPERM) => {
                         self.release_all();
-                        return Err(RecordError::NotPermitted { pid, errno });
+                        // Say what it is when the kernel refuses a process no tracer could take.
+                        return Err(match untraceable(pid) {
+                            Some(Untraceable::Zombie) => RecordError::Zombie(pid),
+                            Some(Untraceable::KernelThread(name)) => RecordError::KernelThread { pid, name },
+                            None => RecordError::NotPermitted { pid, errno },
+                        });
                     }
                     Err(errno) => {
                         self.release_all();
@@ -157,6 +162,52 @@ impl Session<'_> {
     }
 }
 
+/// A process that no tracer can attach to, whoever it is.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Untraceable {
+    /// Exited, not yet reaped by its parent (state Z), with no thread left.
+    Zombie,
+    /// A kernel thread (PF_KTHREAD), with its name.
+    KernelThread(String),
+}
+
+/// Whether `pid` is a zombie or a kernel thread, from /proc/PID/stat (`None`: neither, or gone).
+pub(super) fn untraceable(pid: i32) -> Option<Untraceable> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let parsed = parse_stat(&stat)?;
+    // A leader that exited while other threads run is Z too, yet traceable through them: the
+    // seize of its other threads would have failed first.
+    let alone = procfs::tasks(pid).map(|t| t.len() <= 1).unwrap_or(true);
+    if parsed.flags & PF_KTHREAD != 0 {
+        Some(Untraceable::KernelThread(parsed.name))
+    } else if parsed.state == 'Z' && alone {
+        Some(Untraceable::Zombie)
+    } else {
+        None
+    }
+}
+
+/// The kernel's flag of a kernel thread in /proc/PID/stat's `flags` (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+struct Stat {
+    name: String,
+    state: char,
+    flags: u64,
+}
+
+/// The name, state and flags of a /proc/PID/stat line: `pid (comm) state ppid pgrp session
+/// tty_nr tpgid flags ...`; comm may hold spaces and parentheses, so fields count from the last `)`.
+fn parse_stat(stat: &str) -> Option<Stat> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_string();
+    let mut fields = stat.get(close + 1..)?.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let flags = fields.nth(5)?.parse().ok()?;
+    Some(Stat { name, state, flags })
+}
+
 /// Reap a child we killed or that failed to exec, through signals that interrupt the wait.
 pub(super) fn wait_gone(pid: i32) {
     while let Err(Errno::EINTR) = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL)) {}
@@ -177,4 +228,23 @@ pub(super) fn ptrace_options(o: &RecordOptions) -> Options {
         opts |= Options::PTRACE_O_TRACEFORK | Options::PTRACE_O_TRACEVFORK;
     }
     opts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_count_from_the_last_parenthesis() {
+        let s = parse_stat("2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0\n").unwrap();
+        assert_eq!((s.name.as_str(), s.state, s.flags & PF_KTHREAD != 0), ("kthreadd", 'S', true));
+        let s = parse_stat("77 (a) b) (c) Z 1 77 77 0 -1 4227084 0 0\n").unwrap();
+        assert_eq!((s.name.as_str(), s.state, s.flags & PF_KTHREAD != 0), ("a) b) (c", 'Z', false));
+    }
+
+    #[test]
+    fn this_process_is_traceable() {
+        // (Kernel threads and zombies: tests/tests/bad_input.rs, against real ones.)
+        assert_eq!(untraceable(std::process::id() as i32), None);
+    }
 }

@@ -10,6 +10,7 @@ mod block;
 mod hwstep;
 mod probe;
 mod step;
+mod trapmask;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
 use super::{engine, probe_child, region, tables};
@@ -17,11 +18,11 @@ use super::{engine, probe_child, region, tables};
 use super::PtraceRecorder;
 use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
 use crate::isa::x86_64::{RESTART_CODES, X86};
-use crate::procfs::Mapping;
+use crate::procfs::{self, Mapping};
 use crate::Arch as _;
 use engine::{record, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
 use hwstep::{probe_hw_breakpoints, HwBreak};
-use itrace_decoders::Insn;
+use itrace_decoders::{Flow, Insn};
 use itrace_format::{LiveCounts, StepMethod};
 use nix::errno::Errno;
 use nix::sys::ptrace;
@@ -77,6 +78,8 @@ pub(super) struct ThreadArch {
     dr7: u64,
     /// Debug-register mode: the last resume was a single step.
     hw_stepped: bool,
+    /// The program's signal mask as far as SIGTRAP goes (`trapmask.rs`).
+    trap_mask: trapmask::TrapMask,
 }
 
 impl Default for ThreadArch {
@@ -91,6 +94,7 @@ impl Default for ThreadArch {
             dr1: 0,
             dr7: 0,
             hw_stepped: false,
+            trap_mask: trapmask::TrapMask::default(),
         }
     }
 }
@@ -145,7 +149,7 @@ pub(super) struct SessionArch {
     hw_lost: u64,
 }
 
-fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
+pub(super) fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
     ptrace::getregs(Pid::from_raw(tid))
 }
 
@@ -189,6 +193,8 @@ pub(super) fn return_to_caller(tid: i32, value: Option<u64>) -> Option<u64> {
 impl PtraceArch for Session<'_> {
     /// Resume a thread: one more step while tracing, or detach it once tracing is ending.
     fn resume(&mut self, tid: i32, sig: i32) {
+        // A stop not seen as a step (the thread left stepping meanwhile): its own mask back.
+        self.put_back_trap_mask(tid);
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.stopped = false;
         t.stop_ts = 0;
@@ -211,6 +217,7 @@ impl PtraceArch for Session<'_> {
                     return self.resume(tid, 0);
                 }
             }
+            self.unblock_trap_for_resume(tid, sig);
             if sig == 0 && self.hw_run(tid) {
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.arch.hw_stepped = false;
@@ -236,6 +243,7 @@ impl PtraceArch for Session<'_> {
             t.arch.single_step_now = info.ambiguous;
             t.arch.planned_syscall = info.syscall;
         }
+        self.unblock_trap_for_resume(tid, sig);
         let t = &self.threads[&tid];
         let r = if self.opts.step.block_step && !self.opts.step.emulate_block_step && !t.arch.single_step_now {
             // SAFETY: plain ptrace request on our stopped tracee; the data argument is a signal number.
@@ -257,11 +265,16 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        self.restore_trap_mask(tid);
         if self.opts.step.hw_step {
             if self.threads[&tid].arch.hw_run.is_some() {
                 if self.hw_stopped(tid, sig) {
-                    // The breakpoint: the thread is on the stop point.
-                    self.resume(tid, 0);
+                    // The breakpoint: the thread is on the stop point. A SIGTRAP sent to it at
+                    // that moment is one with the hit (see below): deliver it.
+                    let sent = ptrace::getsiginfo(Pid::from_raw(tid)).is_ok_and(|si| si.si_code <= 0);
+                    let mut inject = if sent { libc::SIGTRAP } else { 0 };
+                    self.keep_or_release_trap(tid, &mut inject);
+                    self.resume(tid, inject);
                 } else {
                     // Stopped mid-path by a signal (a SIGTRAP away from the breakpoint is not
                     // ours): deliver it with a step, as single-stepping does.
@@ -289,17 +302,40 @@ impl PtraceArch for Session<'_> {
             self.resume(tid, 0);
             return;
         };
+        // A SIGTRAP someone sent (kill, tgkill, raise: si_code <= 0) and the step's own trap are
+        // one pending SIGTRAP, reported with the sender's siginfo: the program's, to deliver.
+        let sent = ptrace::getsiginfo(Pid::from_raw(tid)).is_ok_and(|si| si.si_code <= 0);
+        if sent {
+            let t = &self.threads[&tid];
+            if t.pending.is_some_and(|p| p.pc == regs.rip && p.insn.flow != Flow::RepString) {
+                // Sent before the step ran anything: a signal like any other (the next stop shows
+                // its handler).
+                let mut inject = libc::SIGTRAP;
+                self.keep_or_release_trap(tid, &mut inject);
+                self.resume(tid, inject);
+                return;
+            }
+        }
+        let mut inject = 0;
         if self.opts.step.hw_step && self.hw_rehit(tid, &regs) {
             // The step stopped on the breakpoint again: step once more without it.
             self.resume(tid, 0);
             return;
         }
         if self.opts.step.emulate_block_step && !self.emulated_block_ended(tid, &regs) {
-            self.resume(tid, 0);
+            if sent {
+                inject = libc::SIGTRAP;
+                self.keep_or_release_trap(tid, &mut inject);
+            }
+            self.resume(tid, inject);
             return;
         }
-        let mut inject = 0;
         self.on_step(tid, &regs, &mut inject);
+        if sent && inject == 0 {
+            inject = libc::SIGTRAP;
+        }
+        // A SIGTRAP for the program that it blocks waits with itrace; one waiting goes in when it may.
+        self.keep_or_release_trap(tid, &mut inject);
         if self.opts.step.hw_step && inject == 0 {
             self.hw_emulate(tid, &regs);
         }
@@ -314,6 +350,12 @@ impl PtraceArch for Session<'_> {
     }
 
     fn at_event(&mut self, tid: i32) {
+        let trap_queued = procfs::thread_pending_signals(tid) & (1 << (libc::SIGTRAP - 1)) != 0;
+        if !(self.detaching.is_some() && trap_queued) {
+            // (Detaching with a trap queued, the thread is let go on to take it as a signal stop,
+            // which needs it unblocked: the mask is put back there.)
+            self.restore_trap_mask(tid);
+        }
         // Stopped mid-run (our interrupt, another thread's exit): count the path so far.
         self.hw_stopped(tid, 0);
     }
@@ -321,6 +363,7 @@ impl PtraceArch for Session<'_> {
     fn at_interrupt(&mut self, _tid: i32) {}
 
     fn at_exec(&mut self, tid: i32) {
+        self.forget_trap_mask(tid);
         if let Some(t) = self.threads.get_mut(&tid) {
             // exec flushes ptrace breakpoints.
             (t.arch.hw_run, t.arch.dr0, t.arch.dr1, t.arch.dr7) = (None, 0, 0, 0);
