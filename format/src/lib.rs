@@ -45,7 +45,8 @@ pub use error::FormatError;
 pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};
 pub use reader::{
-    ChunkInfo, Event, EventRef, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats, TraceFile,
+    ChunkInfo, Damage, DamageLoss, Event, EventRef, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats,
+    TraceFile,
 };
 pub use record::{
     branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord,

@@ -15,6 +15,10 @@ use std::path::PathBuf;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Refuse a trace with a damaged chunk (a checksum that does not match) instead of reading
+    /// around it: an error naming the offset, exit 1, as before damaged chunks were skipped.
+    #[arg(long, global = true)]
+    pub strict: bool,
 }
 
 /// The environment variables itrace reads, for `--help` and the man page.
