@@ -1,7 +1,8 @@
 //! Reading a trace: the file is mapped, its chunks indexed (one small entry
 //! per chunk), and records decoded lazily, stream by stream or merged in
-//! time order. A file cut short is read up to its last whole record; damage
-//! anywhere else is an error naming the offset.
+//! time order. A file cut short is read up to its last whole record; a damaged
+//! chunk is skipped and listed ([`TraceFile::damage`]; an error naming the offset for
+//! [`TraceFile::open_strict`]); a damaged file header is an error.
 
 use crate::compact::{DecodeError, Decoder};
 use crate::record::{record_len, Summary};
