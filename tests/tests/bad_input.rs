@@ -413,7 +413,7 @@ fn assert_every_strict_reader_says(trace: &Path, want: &str, offset: usize) {
     let with = |cmd: &str, strict: bool| {
         let mut args = vec![OsStr::new(cmd), trace.as_os_str()];
         if strict {
-            args.insert(0, OsStr::new("--strict"));
+            args.insert(1, OsStr::new("--strict"));
         }
         itrace(args)
     };
