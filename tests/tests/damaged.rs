@@ -125,6 +125,10 @@ fn one_flipped_byte_loses_one_chunk() {
     arc.assert_success();
     let marks = arc.stdout.lines().filter(|l| l.contains("records lost to a damaged chunk")).count();
     assert_eq!(marks, 1, "one gap mark in the arc");
+    let dump = itrace([OsStr::new("dump"), bad.as_os_str()]);
+    dump.assert_success();
+    let want = format!("# cpu{stream}: records lost to a damaged chunk before this point");
+    assert_eq!(dump.stdout.lines().filter(|l| *l == want).count(), 1, "one gap mark in the dump");
 }
 
 /// A trace without instructions (the file header only: nothing was written after it): the
