@@ -355,17 +355,17 @@ pub fn damage_warning(trace: &itrace_post::Trace) -> Option<String> {
     }
     let loss = trace.damage_loss();
     let count = |n: Option<u64>| n.map_or_else(|| "unknown".to_string(), |n| n.to_string());
-    let mut lost = format!("{} records and {} instructions", count(loss.records), count(loss.instructions));
-    if loss.mte_records.is_some_and(|n| n > 0) {
-        lost += &format!(", {} module-table records", count(loss.mte_records));
-    }
-    let how = if trace.summary().is_some() {
-        "by the end summary's counts"
+    let lost = if trace.summary().is_none() {
+        "records and instructions unknown (no end summary to count them by; chunks hold no counts)".to_string()
     } else {
-        "unknown without the end summary; chunks hold no counts"
+        let mut lost = format!("{} records and {} instructions", count(loss.records), count(loss.instructions));
+        if loss.mte_records.is_some_and(|n| n > 0) {
+            lost += &format!(", {} module-table records", count(loss.mte_records));
+        }
+        lost + " (by the end summary's counts)"
     };
     Some(format!(
-        "itrace: warning: {} is damaged: {chunks} skipped, {places}; lost there: {lost} ({how}); call stacks \
+        "itrace: warning: {} is damaged: {chunks} skipped, {places}; lost there: {lost}; call stacks \
          restart after the gap (--strict refuses the file)",
         trace.path().display()
     ))
