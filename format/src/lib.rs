@@ -1,5 +1,6 @@
 //! The itrace trace file: record layout, per-CPU buffers with their collection
-//! modes, the file writer, and a streaming reader that tolerates truncation.
+//! modes, the file writer, and a streaming reader that tolerates truncation and reads around
+//! damaged chunks.
 //!
 //! Every backend (ptrace stepping, in-process, kernel shim, GDB remote,
 //! emulation) writes this format, and every post-processor reads it. The
