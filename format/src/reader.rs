@@ -523,12 +523,16 @@ impl TraceFile {
         let mut records = Some(0u64);
         let mut instructions = 0u64;
         let mut readable = true;
+        // Only the streams that have chunks are read: a header may claim 65533 CPUs.
+        let present: std::collections::BTreeSet<StreamId> =
+            self.chunks.iter().map(|c| c.stream).filter(|&c| c < self.header.ncpu).collect();
         for cpu in 0..self.header.ncpu {
             let (mut n, mut icount) = (0u64, 0u64);
-            for r in self.stream(cpu) {
+            let chunks = if present.contains(&cpu) { self.stream(cpu) } else { StreamRecords::new(self, Vec::new()) };
+            for r in chunks {
                 match r {
-                    Ok((_, Record::Branch(b))) => icount += b.icount as u64,
-                    Ok((_, Record::TraceOff(o))) => icount += o.icount as u64,
+                    Ok((_, Record::Branch(b))) => icount = icount.saturating_add(b.icount as u64),
+                    Ok((_, Record::TraceOff(o))) => icount = icount.saturating_add(o.icount as u64),
                     Ok(_) => {}
                     Err(_) => {
                         readable = false;
@@ -537,9 +541,10 @@ impl TraceFile {
                 }
                 n += 1;
             }
-            instructions += icount;
+            instructions = instructions.saturating_add(icount);
             let kept = s.records.get(cpu as usize).copied().unwrap_or(0);
-            records = records.and_then(|r| Some(r + kept.checked_sub(n)?));
+            // A damaged summary may claim any count: a sum past u64 is not a count either.
+            records = records.and_then(|r| r.checked_add(kept.checked_sub(n)?));
         }
         let wrap_lost = s.lost.iter().any(|&n| n > 0);
         let instructions = s.instructions.checked_sub(instructions).filter(|_| !wrap_lost);

@@ -4,7 +4,8 @@
 //! the file, each stream's records in increasing offsets, the summary counts the header's CPUs,
 //! and a merged read that meets no error yields exactly the records of the MTE and CPU streams.
 //! Damaged chunks are skipped: the stretches listed lie in the file apart from the chunks read,
-//! and a strict reader refuses the first of them and nothing else.
+//! and a strict reader refuses the first of them and nothing else (but what does not decode in
+//! a chunk cut by the file's end).
 //!
 //! Input: a control byte (bit 0: fix the checksums, see `itrace_fuzz`), then the file.
 
@@ -53,6 +54,9 @@ fuzz_target!(|data: &[u8]| {
         (Ok(_), None) => {}
         (Err(e), Some(d)) => assert_eq!(e.to_string(), d.error().to_string()),
         (Ok(_), Some(d)) => panic!("a strict reader read past {d:?}"),
+        // The records of a chunk cut by the file's end have no CRC: one that does not decode
+        // (the end chunk's summary, read at open) ends the chunk for a reader, not a strict one.
+        (Err(_), None) if t.truncated_at().is_some() => {}
         (Err(e), None) => panic!("a strict reader refused an undamaged file: {e}"),
     }
 
