@@ -1,5 +1,6 @@
 //! The itrace trace file: record layout, per-CPU buffers with their collection
-//! modes, the file writer, and a streaming reader that tolerates truncation.
+//! modes, the file writer, and a streaming reader that tolerates truncation and reads around
+//! damaged chunks.
 //!
 //! Every backend (ptrace stepping, in-process, kernel shim, GDB remote,
 //! emulation) writes this format, and every post-processor reads it. The
@@ -45,7 +46,8 @@ pub use error::FormatError;
 pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};
 pub use reader::{
-    ChunkInfo, Event, EventRef, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats, TraceFile,
+    ChunkInfo, Damage, DamageLoss, Event, EventRef, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats,
+    TraceFile,
 };
 pub use record::{
     branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord,

@@ -1,7 +1,8 @@
 //! Reading a trace: the file is mapped, its chunks indexed (one small entry
 //! per chunk), and records decoded lazily, stream by stream or merged in
-//! time order. A file cut short is read up to its last whole record; damage
-//! anywhere else is an error naming the offset.
+//! time order. A file cut short is read up to its last whole record; a damaged
+//! chunk is skipped and listed ([`TraceFile::damage`]; an error naming the offset for
+//! [`TraceFile::open_strict`]); a damaged file header is an error.
 
 use crate::compact::{DecodeError, Decoder};
 use crate::record::{record_len, Summary};
@@ -29,6 +30,88 @@ pub struct ChunkInfo {
     pub len: usize,
     /// The file ends inside this chunk's payload.
     pub truncated: bool,
+    /// Records of this chunk's stream may have been lost just before it: a damaged chunk of
+    /// the stream, or one whose stream is unknown (its header was damaged), was skipped.
+    pub after_gap: bool,
+}
+
+/// A stretch of the file skipped as damaged (see [`TraceFile::damage`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// File offset of the first byte skipped: the damaged chunk's header.
+    pub offset: u64,
+    /// Bytes skipped (0: no bytes are damaged, but the sequence numbers say chunks are missing).
+    pub len: u64,
+    /// The stream of the skipped chunk, when its header checked out; `None` when the header
+    /// was damaged (the chunk may have been of any stream).
+    pub stream: Option<StreamId>,
+    /// Chunks lost there, by the sequence numbers of the chunks around the stretch; `None`
+    /// when no whole chunk header follows it.
+    pub chunks: Option<u32>,
+    /// What is wrong, in the words of the error a strict reader gives.
+    pub what: String,
+    /// The offset that error names.
+    pub error_offset: u64,
+}
+
+impl Damage {
+    fn at(offset: usize, len: usize, stream: Option<StreamId>, chunks: Option<u32>, what: String) -> Self {
+        Damage { offset: offset as u64, len: len as u64, stream, chunks, what, error_offset: offset as u64 }
+    }
+
+    /// The error a strict reader ([`TraceFile::open_strict`]) gives for this damage.
+    pub fn error(&self) -> FormatError {
+        FormatError::Corrupt { offset: self.error_offset, what: self.what.clone() }
+    }
+}
+
+/// What the damaged chunks of a trace held, as far as the end summary tells: its counts minus
+/// what the undamaged chunks hold. `None`: not known (no end summary, or counts that do not add
+/// up, e.g. records also lost in wrap mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DamageLoss {
+    /// Records of the CPU streams.
+    pub records: Option<u64>,
+    /// Instructions those records counted.
+    pub instructions: Option<u64>,
+    /// Module-table records.
+    pub mte_records: Option<u64>,
+}
+
+/// A chunk header that checked out.
+struct CheckedHeader {
+    stream: StreamId,
+    flags: u16,
+    len: usize,
+    payload_crc: u32,
+    seq: u32,
+}
+
+/// Which streams' next chunk follows a gap.
+#[derive(Default)]
+struct Gaps {
+    /// Streams with a damaged chunk since their last good one.
+    streams: std::collections::HashSet<StreamId>,
+    /// Damaged stretches of unknown streams so far; and, per stream, how many its last good
+    /// chunk followed.
+    unknown: u64,
+    seen: std::collections::HashMap<StreamId, u64>,
+}
+
+impl Gaps {
+    fn stream(&mut self, s: StreamId) {
+        self.streams.insert(s);
+    }
+
+    fn all(&mut self) {
+        self.unknown += 1;
+    }
+
+    /// Whether a good chunk of stream `s` now follows a gap of its stream.
+    fn take(&mut self, s: StreamId) -> bool {
+        let before = self.seen.insert(s, self.unknown).unwrap_or(0);
+        self.streams.remove(&s) | (before < self.unknown)
+    }
 }
 
 /// An open trace file.
@@ -39,6 +122,10 @@ pub struct TraceFile {
     chunks: Vec<ChunkInfo>,
     truncated_at: Option<u64>,
     summary: Option<Summary>,
+    /// Stretches skipped as damaged, in file order.
+    damage: Vec<Damage>,
+    /// Refuse damage instead of skipping it ([`TraceFile::open_strict`]).
+    strict: bool,
 }
 
 enum Data {
@@ -76,8 +163,19 @@ impl Data {
 }
 
 impl TraceFile {
-    /// Open, validate the header and index the chunks.
+    /// Open, validate the header and index the chunks. Damaged chunks are skipped (see
+    /// [`Self::damage`]); a damaged file header is an error.
     pub fn open(path: &Path) -> Result<Self, FormatError> {
+        Self::open_with(path, false)
+    }
+
+    /// [`Self::open`], but the first damaged chunk is an error, as are records that do not
+    /// decode in a chunk cut short by the file's end.
+    pub fn open_strict(path: &Path) -> Result<Self, FormatError> {
+        Self::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, strict: bool) -> Result<Self, FormatError> {
         use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let open_err = |err| FormatError::Open { path: path.into(), err };
         // Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
@@ -116,8 +214,16 @@ impl TraceFile {
             Data::Map(unsafe { memmap2::Mmap::map(&file) }.map_err(open_err)?, AtomicU64::new(0))
         };
         let header = FileHeader::decode(path, data.bytes())?;
-        let mut t =
-            TraceFile { path: path.into(), data, header, chunks: Vec::new(), truncated_at: None, summary: None };
+        let mut t = TraceFile {
+            path: path.into(),
+            data,
+            header,
+            chunks: Vec::new(),
+            truncated_at: None,
+            summary: None,
+            damage: Vec::new(),
+            strict,
+        };
         t.index()?;
         Ok(t)
     }
@@ -127,74 +233,166 @@ impl TraceFile {
     /// short by the file's end: its header checks out, so its length is as written and the file
     /// really ends inside it. Its records before the cut are used unverified (there is no CRC of
     /// a part), each still bounds-checked as it is decoded.
+    ///
+    /// A chunk that fails a check is skipped and noted in [`Self::damage`]: one whose header
+    /// checks out but whose payload does not is skipped by its length; after a damaged header
+    /// (its length cannot be trusted) the next chunk is the next offset where a whole chunk
+    /// header checks out (magic, CRC, fields), as a PT decoder resynchronises at its next sync
+    /// packet.
     fn index(&mut self) -> Result<(), FormatError> {
-        let b = self.data.bytes();
-        let e = self.header.endian;
-        let ncpu = self.header.ncpu;
         if self.header.version_major == 1 {
             return self.index_1_0();
         }
+        let b = self.data.bytes();
         let mut off = HEADER_LEN;
         let mut seq = 0u32;
         let mut end_chunk = None;
+        let mut gaps = Gaps::default();
+        let mut damage = Vec::new();
+        let mut chunks = Vec::new();
+        // A damaged header's entry, waiting for the next chunk's number to say how many were lost.
+        let mut scanning: Option<usize> = None;
         while off < b.len() {
-            let Some(h) = chunk_header(b, off, CHUNK_HEADER_LEN, end_chunk.is_some())? else {
+            if end_chunk.is_some() {
+                let what = format!("{} bytes after the end chunk", b.len() - off);
+                damage.push(Damage::at(off, b.len() - off, None, Some(0), what));
+                break;
+            }
+            let rest = &b[off..];
+            let magic = &rest[..rest.len().min(4)];
+            if magic == &CHUNK_MAGIC[..magic.len()] && rest.len() < CHUNK_HEADER_LEN {
+                // A cut file: the bytes present start as a chunk header does.
                 self.truncated_at = Some(off as u64);
                 break;
+            }
+            let checked = if magic == CHUNK_MAGIC {
+                self.check_chunk_header(off)
+            } else {
+                Err((off, format!("expected a chunk header (\"CHNK\"), found bytes {magic:02x?}")))
             };
-            if crate::writer::crc32(&h[..CHUNK_HEADER_CRC_AT]) != e.u32(&h[CHUNK_HEADER_CRC_AT..]) {
-                return Err(corrupt(off, "the chunk header is damaged (its checksum does not match)".into()));
-            }
-            let stream = e.u16(&h[4..]);
-            let flags = e.u16(&h[6..]);
-            let want = e.u32(&h[8..]) as usize;
-            let payload_crc = e.u32(&h[12..]);
-            let n = e.u32(&h[16..]);
-            if n != seq {
-                return Err(corrupt(
-                    off,
-                    format!("chunk number {n} where chunk {seq} belongs: chunks are missing or repeated"),
-                ));
-            }
-            if stream >= ncpu && stream != STREAM_MTE && stream != STREAM_END {
-                return Err(corrupt(off + 4, format!("chunk for stream {stream}, but the trace has {ncpu} CPUs")));
-            }
-            // Format 3.0 added compressed chunks, and compact CPU chunks of any length.
-            let v3 = self.header.version_major >= 3;
-            let known = if v3 { CHUNK_FLAG_WRAPPED | CHUNK_FLAG_COMPRESSED } else { CHUNK_FLAG_WRAPPED };
-            if !crate::header::later_minor(self.header.version_minor) && flags & !known != 0 {
-                return Err(corrupt(off + 6, format!("unknown chunk flag bits {:#x}", flags & !known)));
-            }
-            let any_length = v3 && (stream < ncpu || flags & CHUNK_FLAG_COMPRESSED != 0);
-            if want == 0 {
-                return Err(corrupt(off + 8, "chunk payload length 0".into()));
-            }
-            if !any_length && want % 4 != 0 {
-                return Err(corrupt(off + 8, format!("chunk payload length {want} is not a positive multiple of 4")));
-            }
+            let h = match checked {
+                Ok(h) => h,
+                Err((at, what)) => {
+                    let next = self.next_chunk_header(off + 1);
+                    if let Some(i) = scanning {
+                        // Still in the same damaged stretch: it grows.
+                        let d: &mut Damage = &mut damage[i];
+                        d.len = (next - d.offset as usize) as u64;
+                    } else {
+                        let mut d = Damage::at(off, next - off, None, None, what);
+                        d.error_offset = at as u64;
+                        scanning = Some(damage.len());
+                        damage.push(d);
+                    }
+                    gaps.all();
+                    off = next;
+                    continue;
+                }
+            };
             let start = off + CHUNK_HEADER_LEN;
-            let have = want.min(b.len() - start);
-            let truncated = have < want;
-            if !truncated && crate::writer::crc32(&b[start..start + want]) != payload_crc {
-                return Err(corrupt(off, format!("checksum mismatch in the {want}-byte chunk of stream {stream}")));
+            let have = h.len.min(b.len() - start);
+            let truncated = have < h.len;
+            if let Some(i) = scanning.take() {
+                damage[i].chunks = Some(h.seq.saturating_sub(seq));
+                seq = seq.max(h.seq);
+            }
+            if h.seq != seq {
+                let what = format!("chunk number {} where chunk {seq} belongs: chunks are missing or repeated", h.seq);
+                if h.seq > seq {
+                    damage.push(Damage::at(off, 0, None, Some(h.seq - seq), what));
+                    gaps.all();
+                    seq = h.seq;
+                } else {
+                    // Repeated: its records are the earlier chunk's, or stale; skipped.
+                    damage.push(Damage::at(off, CHUNK_HEADER_LEN + have, Some(h.stream), Some(0), what));
+                    off = start + have;
+                    continue;
+                }
+            }
+            if !truncated && crate::writer::crc32(&b[start..start + h.len]) != h.payload_crc {
+                let what = format!("checksum mismatch in the {}-byte chunk of stream {}", h.len, h.stream);
+                damage.push(Damage::at(off, CHUNK_HEADER_LEN + h.len, Some(h.stream), Some(1), what));
+                gaps.stream(h.stream);
+                seq = seq.wrapping_add(1);
+                off = start + h.len;
+                continue;
             }
             self.data.note_read(have);
-            let info = ChunkInfo { offset: off as u64, stream, flags, len: have, truncated };
-            if stream == STREAM_END {
+            let after_gap = gaps.take(h.stream);
+            let info =
+                ChunkInfo { offset: off as u64, stream: h.stream, flags: h.flags, len: have, truncated, after_gap };
+            if h.stream == STREAM_END {
                 end_chunk = Some(info.clone());
             }
-            self.chunks.push(info);
+            chunks.push(info);
             if truncated {
                 self.truncated_at = Some(b.len() as u64);
                 break;
             }
             seq = seq.wrapping_add(1);
-            off = start + want;
+            off = start + h.len;
+        }
+        self.chunks = chunks;
+        self.damage = damage;
+        if self.strict {
+            if let Some(d) = self.damage.first() {
+                return Err(d.error());
+            }
         }
         if let Some(c) = end_chunk {
             self.summary = self.read_summary(c)?;
         }
         Ok(())
+    }
+
+    /// The chunk header at `off` (whole in the file, its magic checked), if it checks out: its
+    /// CRC, then its stream, flags and length; else the offset and what is wrong.
+    fn check_chunk_header(&self, off: usize) -> Result<CheckedHeader, (usize, String)> {
+        let h = &self.data.bytes()[off..off + CHUNK_HEADER_LEN];
+        let e = self.header.endian;
+        let ncpu = self.header.ncpu;
+        if crate::writer::crc32(&h[..CHUNK_HEADER_CRC_AT]) != e.u32(&h[CHUNK_HEADER_CRC_AT..]) {
+            return Err((off, "the chunk header is damaged (its checksum does not match)".into()));
+        }
+        let stream = e.u16(&h[4..]);
+        let flags = e.u16(&h[6..]);
+        let len = e.u32(&h[8..]) as usize;
+        if stream >= ncpu && stream != STREAM_MTE && stream != STREAM_END {
+            return Err((off + 4, format!("chunk for stream {stream}, but the trace has {ncpu} CPUs")));
+        }
+        // Format 3.0 added compressed chunks, and compact CPU chunks of any length.
+        let v3 = self.header.version_major >= 3;
+        let known = if v3 { CHUNK_FLAG_WRAPPED | CHUNK_FLAG_COMPRESSED } else { CHUNK_FLAG_WRAPPED };
+        if !crate::header::later_minor(self.header.version_minor) && flags & !known != 0 {
+            return Err((off + 6, format!("unknown chunk flag bits {:#x}", flags & !known)));
+        }
+        let any_length = v3 && (stream < ncpu || flags & CHUNK_FLAG_COMPRESSED != 0);
+        if len == 0 {
+            return Err((off + 8, "chunk payload length 0".into()));
+        }
+        if !any_length && len % 4 != 0 {
+            return Err((off + 8, format!("chunk payload length {len} is not a positive multiple of 4")));
+        }
+        Ok(CheckedHeader { stream, flags, len, payload_crc: e.u32(&h[12..]), seq: e.u32(&h[16..]) })
+    }
+
+    /// Where reading goes on after a damaged chunk header at `from - 1`: the next offset that
+    /// holds a chunk header that checks out, or one cut by the file's end (the file may end
+    /// there), else the end of the file.
+    fn next_chunk_header(&self, from: usize) -> usize {
+        let b = self.data.bytes();
+        let mut at = from;
+        while let Some(i) = b.get(at..).and_then(|rest| rest.windows(4).position(|w| w == CHUNK_MAGIC)) {
+            let cand = at + i;
+            if b.len() - cand < CHUNK_HEADER_LEN || self.check_chunk_header(cand).is_ok() {
+                return cand;
+            }
+            at = cand + 1;
+        }
+        // A magic cut by the file's end.
+        (b.len().saturating_sub(3).max(from)..b.len())
+            .find(|&i| b[i..] == CHUNK_MAGIC[..b.len() - i])
+            .unwrap_or(b.len())
     }
 
     /// Format 1.0's chunks: a 16-byte header (magic, stream, flags, length, and a CRC over those
@@ -236,7 +434,7 @@ impl TraceFile {
                 }
             }
             self.data.note_read(have);
-            let info = ChunkInfo { offset: off as u64, stream, flags, len: have, truncated };
+            let info = ChunkInfo { offset: off as u64, stream, flags, len: have, truncated, after_gap: false };
             if stream == STREAM_END {
                 end_chunk = Some(info.clone());
             }
@@ -309,6 +507,54 @@ impl TraceFile {
         self.truncated_at
     }
 
+    /// The stretches skipped as damaged, in file order (empty for a strict reader, which
+    /// refuses them).
+    pub fn damage(&self) -> &[Damage] {
+        &self.damage
+    }
+
+    /// What the damaged chunks held, by the end summary's counts minus what the other chunks
+    /// hold (a second read of the CPU and MTE streams, done only when there is damage).
+    pub fn damage_loss(&self) -> DamageLoss {
+        if self.damage.is_empty() {
+            return DamageLoss { records: Some(0), instructions: Some(0), mte_records: Some(0) };
+        }
+        let Some(s) = &self.summary else { return DamageLoss::default() };
+        let mut records = Some(0u64);
+        let mut instructions = 0u64;
+        let mut readable = true;
+        // Only the streams that have chunks are read: a header may claim 65533 CPUs.
+        let present: std::collections::BTreeSet<StreamId> =
+            self.chunks.iter().map(|c| c.stream).filter(|&c| c < self.header.ncpu).collect();
+        for cpu in 0..self.header.ncpu {
+            let (mut n, mut icount) = (0u64, 0u64);
+            let chunks = if present.contains(&cpu) { self.stream(cpu) } else { StreamRecords::new(self, Vec::new()) };
+            for r in chunks {
+                match r {
+                    Ok((_, Record::Branch(b))) => icount = icount.saturating_add(b.icount as u64),
+                    Ok((_, Record::TraceOff(o))) => icount = icount.saturating_add(o.icount as u64),
+                    Ok(_) => {}
+                    Err(_) => {
+                        readable = false;
+                        break;
+                    }
+                }
+                n += 1;
+            }
+            instructions = instructions.saturating_add(icount);
+            let kept = s.records.get(cpu as usize).copied().unwrap_or(0);
+            // A damaged summary may claim any count: a sum past u64 is not a count either.
+            records = records.and_then(|r| r.checked_add(kept.checked_sub(n)?));
+        }
+        let wrap_lost = s.lost.iter().any(|&n| n > 0);
+        let instructions = s.instructions.checked_sub(instructions).filter(|_| !wrap_lost);
+        let mte = self.stream(STREAM_MTE).try_fold(0u64, |n, r| r.map(|_| n + 1)).ok();
+        if !readable {
+            return DamageLoss { mte_records: mte.and_then(|m| s.mte_records.checked_sub(m)), ..Default::default() };
+        }
+        DamageLoss { records, instructions, mte_records: mte.and_then(|m| s.mte_records.checked_sub(m)) }
+    }
+
     /// The end summary; `None` when the recording did not finish writing (crash of itrace, full disk, truncation).
     pub fn summary(&self) -> Option<&Summary> {
         self.summary.as_ref()
@@ -338,7 +584,15 @@ impl TraceFile {
             by_stream.into_iter().map(|((_, id), chunks)| (id, StreamRecords::new(self, chunks))).collect();
         let n = streams.len();
         let heads = (0..n).map(|_| (0, Record::Unknown { ts: 0, major: 0, minor: 0 })).collect();
-        MergedRecords { streams, heads, order: BinaryHeap::new(), served: None, started: false, error: None }
+        MergedRecords {
+            streams,
+            heads,
+            gaps: vec![false; n],
+            order: BinaryHeap::new(),
+            served: None,
+            started: false,
+            error: None,
+        }
     }
 }
 
@@ -474,6 +728,10 @@ pub struct StreamRecords<'a> {
     /// Format 3.0's compact CPU chunks: the decoder's state, reset at each chunk.
     dec: Option<Decoder>,
     failed: bool,
+    /// A chunk after a gap was opened and none of its records was handed out yet.
+    gap_pending: bool,
+    /// The record handed out last is the first after a gap of this stream.
+    after_gap: bool,
 }
 
 /// Where the read of a chunk is.
@@ -494,7 +752,32 @@ struct Cursor {
 
 impl<'a> StreamRecords<'a> {
     fn new(file: &'a TraceFile, chunks: Vec<ChunkInfo>) -> Self {
-        StreamRecords { file, chunks: chunks.into_iter(), cur: None, dec: None, failed: false }
+        StreamRecords {
+            file,
+            chunks: chunks.into_iter(),
+            cur: None,
+            dec: None,
+            failed: false,
+            gap_pending: false,
+            after_gap: false,
+        }
+    }
+
+    /// Whether the record handed out last is the first after a gap: records of this stream
+    /// before it were lost to a damaged chunk (see [`TraceFile::damage`]).
+    pub fn after_gap(&self) -> bool {
+        self.after_gap
+    }
+
+    /// A chunk cut short by the file's end holds what does not decode: without a CRC over a
+    /// part, that is damage. A strict reader says so; others end the chunk there.
+    fn cut_damage(&mut self, offset: usize, what: String) -> Option<Option<Result<u64, FormatError>>> {
+        let cur = self.cur.as_mut()?;
+        if cur.truncated && !self.file.strict {
+            cur.pos = cur.len;
+            return None;
+        }
+        Some(self.fail(offset, what))
     }
 
     fn fail<T>(&mut self, offset: usize, what: String) -> Option<Result<T, FormatError>> {
@@ -508,6 +791,7 @@ impl<'a> StreamRecords<'a> {
         let compact = h.version_major >= 3 && c.stream < h.ncpu;
         let base = c.offset as usize + self.file.chunk_header_len();
         self.file.data.note_read(c.len);
+        self.gap_pending |= c.after_gap;
         let mut cur = Cursor {
             base,
             pos: 0,
@@ -573,7 +857,10 @@ impl StreamRecords<'_> {
             if cur.compact {
                 let dec = self.dec.as_mut().expect("a compact chunk has its decoder");
                 match dec.next_into(e, payload, &mut cur.pos, out) {
-                    Ok(true) => return Some(Ok(offset as u64)),
+                    Ok(true) => {
+                        self.after_gap = std::mem::take(&mut self.gap_pending);
+                        return Some(Ok(offset as u64));
+                    }
                     Ok(false) => {
                         cur.pos = cur.len;
                         continue;
@@ -586,7 +873,10 @@ impl StreamRecords<'_> {
                     Err(DecodeError::Short) => {
                         return self.fail(offset, "an item runs past the end of its chunk".into());
                     }
-                    Err(DecodeError::Bad(what)) => return self.fail(offset, what),
+                    Err(DecodeError::Bad(what)) => match self.cut_damage(offset, what) {
+                        Some(r) => return r,
+                        None => continue,
+                    },
                 }
             }
             let rest = &payload[at..];
@@ -600,19 +890,24 @@ impl StreamRecords<'_> {
                 return self.fail(offset, format!("record length {len} runs past the end of its chunk"));
             }
             if len < RECORD_HEADER_LEN {
-                return self.fail(offset, format!("record length {len} is shorter than a record header"));
+                match self.cut_damage(offset, format!("record length {len} is shorter than a record header")) {
+                    Some(r) => return r,
+                    None => continue,
+                }
             }
             cur.pos += len;
-            return Some(match Record::decode(e, &rest[..len], offset as u64) {
+            match Record::decode(e, &rest[..len], offset as u64) {
                 Ok(r) => {
                     *out = r;
-                    Ok(offset as u64)
+                    self.after_gap = std::mem::take(&mut self.gap_pending);
+                    return Some(Ok(offset as u64));
                 }
+                Err(_) if cur.truncated && !file.strict => cur.pos = cur.len,
                 Err(err) => {
                     self.failed = true;
-                    Err(err)
+                    return Some(Err(err));
                 }
-            });
+            }
         }
     }
 }
@@ -625,6 +920,8 @@ pub struct Event {
     /// File offset of the record.
     pub offset: u64,
     pub record: Record,
+    /// Records of this stream just before this one were lost to a damaged chunk.
+    pub after_gap: bool,
 }
 
 /// One record of a merged read, borrowed from the reader ([`MergedRecords::next_ref`]).
@@ -635,6 +932,8 @@ pub struct EventRef<'r> {
     /// File offset of the record.
     pub offset: u64,
     pub record: &'r Record,
+    /// Records of this stream just before this one were lost to a damaged chunk.
+    pub after_gap: bool,
 }
 
 /// Records of all streams in time order: a heap of each stream's next record, so a read
@@ -644,6 +943,8 @@ pub struct MergedRecords<'a> {
     /// Each stream's next record (offset, record), read ahead in place; valid while the stream
     /// is in `order` or is `served`.
     heads: Vec<(u64, Record)>,
+    /// Whether each stream's head follows a gap.
+    gaps: Vec<bool>,
     /// (timestamp, stream index) of every stream with a head; the index breaks ties, MTE first.
     order: BinaryHeap<Reverse<(u64, usize)>>,
     /// The stream whose head was handed out last: it reads ahead at the next call.
@@ -665,6 +966,7 @@ impl MergedRecords<'_> {
             }
             Some(Ok(offset)) => {
                 head.0 = offset;
+                self.gaps[i] = self.streams[i].1.after_gap;
                 self.order.push(Reverse((head.1.ts(), i)));
                 true
             }
@@ -707,9 +1009,12 @@ impl MergedRecords<'_> {
     /// records (for readers of millions of them).
     pub fn next_ref(&mut self) -> Option<Result<EventRef<'_>, FormatError>> {
         match self.advance() {
-            Some(i) => {
-                Some(Ok(EventRef { stream: self.streams[i].0, offset: self.heads[i].0, record: &self.heads[i].1 }))
-            }
+            Some(i) => Some(Ok(EventRef {
+                stream: self.streams[i].0,
+                offset: self.heads[i].0,
+                record: &self.heads[i].1,
+                after_gap: self.gaps[i],
+            })),
             None => self.take_error().map(Err),
         }
     }
@@ -722,6 +1027,6 @@ impl Iterator for MergedRecords<'_> {
         let Some(i) = self.advance() else { return self.take_error().map(Err) };
         let (offset, record) =
             std::mem::replace(&mut self.heads[i], (0, Record::Unknown { ts: 0, major: 0, minor: 0 }));
-        Some(Ok(Event { stream: self.streams[i].0, offset, record }))
+        Some(Ok(Event { stream: self.streams[i].0, offset, record, after_gap: self.gaps[i] }))
     }
 }

@@ -272,6 +272,7 @@ fn a_file_cut_anywhere_reads_up_to_its_last_whole_record() {
     }
 }
 
+/// A strict reader ([`TraceFile::open_strict`], `--strict`).
 #[test]
 fn corruption_is_an_error_naming_the_offset() {
     let d = tempfile::tempdir().unwrap();
@@ -284,8 +285,8 @@ fn corruption_is_an_error_naming_the_offset() {
         let mut b = full.clone();
         b[at] ^= 0x5a;
         std::fs::write(&bad, &b).unwrap();
-        let res =
-            TraceFile::open(&bad).and_then(|t| t.merged().try_for_each(|e| e.map(|_| ())).map(|_| t.truncated_at()));
+        let res = TraceFile::open_strict(&bad)
+            .and_then(|t| t.merged().try_for_each(|e| e.map(|_| ())).map(|_| t.truncated_at()));
         match res {
             // Chunk headers have their own CRC: a damaged length is never taken for a cut file.
             Err(FormatError::Corrupt { offset, what }) => {
@@ -399,7 +400,9 @@ fn chunk_offsets(b: &[u8]) -> Vec<(usize, usize)> {
 fn open_bytes(dir: &Path, b: &[u8]) -> Result<TraceFile, FormatError> {
     let p = dir.join("damaged.itr");
     std::fs::write(&p, b).unwrap();
-    TraceFile::open(&p)
+    // Strict: damage is an error, as `--strict` readers see it (others skip damaged chunks,
+    // see tests/damaged.rs).
+    TraceFile::open_strict(&p)
 }
 
 fn err_text(r: Result<TraceFile, FormatError>) -> String {

@@ -3,6 +3,9 @@
 //! must never panic, hang or allocate without bound. Also checked: chunks and records lie inside
 //! the file, each stream's records in increasing offsets, the summary counts the header's CPUs,
 //! and a merged read that meets no error yields exactly the records of the MTE and CPU streams.
+//! Damaged chunks are skipped: the stretches listed lie in the file apart from the chunks read,
+//! and a strict reader refuses the first of them and nothing else (but what does not decode in
+//! a chunk cut by the file's end).
 //!
 //! Input: a control byte (bit 0: fix the checksums, see `itrace_fuzz`), then the file.
 
@@ -34,6 +37,27 @@ fuzz_target!(|data: &[u8]| {
     }
     for c in t.chunks() {
         assert!(c.offset + c.len as u64 <= file_len, "chunk {c:?} runs past the end of a {file_len}-byte file");
+    }
+    // Damaged stretches lie in the file, in order, apart from the chunks read; a strict reader
+    // refuses exactly the first of them.
+    let mut last_end = 0;
+    for d in t.damage() {
+        assert!(d.offset >= last_end && d.offset + d.len <= file_len, "damage {d:?} out of place");
+        last_end = d.offset + d.len;
+        for c in t.chunks() {
+            let end = c.offset + (itrace_format::CHUNK_HEADER_LEN + c.len) as u64;
+            assert!(end <= d.offset || c.offset >= d.offset + d.len, "chunk {c:?} inside damage {d:?}");
+        }
+    }
+    let _ = t.damage_loss();
+    match (TraceFile::open_strict(input.path()), t.damage().first()) {
+        (Ok(_), None) => {}
+        (Err(e), Some(d)) => assert_eq!(e.to_string(), d.error().to_string()),
+        (Ok(_), Some(d)) => panic!("a strict reader read past {d:?}"),
+        // The records of a chunk cut by the file's end have no CRC: one that does not decode
+        // (the end chunk's summary, read at open) ends the chunk for a reader, not a strict one.
+        (Err(_), None) if t.truncated_at().is_some() => {}
+        (Err(e), None) => panic!("a strict reader refused an undamaged file: {e}"),
     }
 
     // Every stream named in the index, then the merged read.

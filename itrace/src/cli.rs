@@ -226,6 +226,35 @@ pub struct TraceInput {
     /// Trace file to read, as an option (perf's -i).
     #[arg(short = 'i', long = "input", value_name = "TRACE", conflicts_with = "trace")]
     pub input: Option<PathBuf>,
+    #[command(flatten)]
+    pub read: ReadOptions,
+}
+
+/// How every reading command reads a trace.
+#[derive(Args, Clone, Copy, Default)]
+pub struct ReadOptions {
+    /// Refuse a trace with a damaged chunk (a checksum that does not match) instead of
+    /// skipping it: an error naming its offset, exit 1.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+impl Command {
+    /// The reading options of a command that reads traces.
+    pub fn read_options(&self) -> Option<ReadOptions> {
+        match self {
+            Command::Arc(a) => Some(a.input.read),
+            Command::Report(a) => Some(a.input.read),
+            Command::Annotate(a) => Some(a.read),
+            Command::Diff(a) => Some(a.read),
+            Command::Flamegraph(a) => Some(a.input.read),
+            Command::Export(a) => Some(a.input.read),
+            Command::Dump(a) => Some(a.input.read),
+            Command::Info(a) => Some(a.input.read),
+            Command::Archive(a) => Some(a.input.read),
+            Command::Record(_) | Command::Calib(_) | Command::Completions(_) | Command::Man(_) => None,
+        }
+    }
 }
 
 impl TraceInput {
@@ -320,6 +349,8 @@ pub struct AnnotateArgs {
     /// Trace file to read, as an option (perf's -i).
     #[arg(short = 'i', long = "input", value_name = "TRACE")]
     pub input: Option<PathBuf>,
+    #[command(flatten)]
+    pub read: ReadOptions,
     /// Only the function of this module (file name or path), when several have the name.
     #[arg(long, value_name = "MODULE")]
     pub module: Option<String>,
@@ -355,6 +386,8 @@ pub struct DiffArgs {
     pub new: PathBuf,
     #[command(flatten)]
     pub output: TableOutput,
+    #[command(flatten)]
+    pub read: ReadOptions,
 }
 
 #[derive(Args)]

@@ -27,6 +27,9 @@ pub fn run(args: DumpArgs) -> Result<ExitCode> {
     for ev in t.merged() {
         let ev = ev?;
         let s = if ev.stream == itrace_format::STREAM_MTE { "mte".to_string() } else { format!("cpu{}", ev.stream) };
+        if ev.after_gap {
+            writeln!(out, "# {s}: records lost to a damaged chunk before this point")?;
+        }
         match &ev.record {
             Record::Branch(b) => writeln!(
                 out,

@@ -81,6 +81,20 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
         file_len as f64 / b
     )?;
     writeln!(out, "file header {HEADER_LEN} bytes, {} chunks", t.chunks().len())?;
+    if !t.damage().is_empty() {
+        writeln!(out, "\ndamaged (skipped):")?;
+        writeln!(out, "  {:>12} {:>12} {:<10} {:>7}  what", "offset", "bytes", "stream", "chunks")?;
+        for d in t.damage() {
+            let stream = match d.stream {
+                Some(STREAM_MTE) => "mte".to_string(),
+                Some(STREAM_END) => "end".to_string(),
+                Some(cpu) => format!("cpu{cpu}"),
+                None => "unknown".to_string(),
+            };
+            let chunks = d.chunks.map_or_else(|| "?".to_string(), |n| n.to_string());
+            writeln!(out, "  {:>#12x} {:>12} {stream:<10} {chunks:>7}  {}", d.offset, d.len, d.what)?;
+        }
+    }
     writeln!(out, "\nCPU records by kind of item (bytes before compression):")?;
     writeln!(out, "  {:<24} {:>13} {:>8} {:>13} {:>9}", "kind", "records", "share", "bytes", "B/record")?;
     for (k, v) in &kinds {

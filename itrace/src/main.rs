@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error(e),
     };
+    read::set_strict(cli.command.read_options().is_some_and(|r| r.strict));
     let result = match cli.command {
         cli::Command::Record(args) => {
             let on_death = if args.pid.is_some() || args.gdb.is_some() {

@@ -80,6 +80,9 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
     let path = args.input.path();
     let folded = read_trace(&open_trace(&path)?, itrace_post::flame::folded)?;
     print_notes(&folded.notes);
+    if folded.stack_count() == 0 {
+        eprintln!("itrace: note: {} holds no instructions: the flame graph is empty", path.display());
+    }
     let mut out = create_output(args.output.as_deref())?;
     let written = if args.folded {
         folded.write_text(&mut out)
@@ -287,12 +290,23 @@ pub fn build_report(path: &Path) -> Result<itrace_post::report::Report> {
     Ok(report)
 }
 
-/// Open a trace for reading; a missing default file gets a hint.
+/// `--strict`: readers refuse a damaged chunk instead of skipping it.
+static STRICT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set once from the command line, before any trace is opened.
+pub fn set_strict(strict: bool) {
+    STRICT.store(strict, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Open a trace for reading; a missing default file gets a hint. Damaged chunks are skipped
+/// (one warning says what was lost, see [`warn_truncated`]), or refused with `--strict`.
 pub fn open_trace(path: &Path) -> Result<itrace_post::Trace> {
     if path == Path::new(TraceInput::DEFAULT) && !path.exists() {
         bail!("no trace file {} here: name one, or record one with `itrace record`", path.display());
     }
-    itrace_post::open(path).map_err(|e| naming(e, path))
+    let open =
+        if STRICT.load(std::sync::atomic::Ordering::Relaxed) { itrace_post::open_strict } else { itrace_post::open };
+    open(path).map_err(|e| naming(e, path))
 }
 
 /// An error about reading `path`, named once: errors that already name the file keep their
@@ -316,6 +330,47 @@ pub fn terminal_width() -> usize {
     std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()).filter(|&c: &usize| c > 0).unwrap_or(120)
 }
 
+/// The one line that says where a trace is damaged and what the skipped chunks held.
+pub fn damage_warning(trace: &itrace_post::Trace) -> Option<String> {
+    let damage = trace.damage();
+    let first = damage.first()?;
+    let where_ = |d: &itrace_format::Damage| {
+        let stream = match d.stream {
+            Some(itrace_format::STREAM_MTE) => "the module table".to_string(),
+            Some(itrace_format::STREAM_END) => "the end summary".to_string(),
+            Some(cpu) => format!("stream {cpu}"),
+            None => "stream unknown".to_string(),
+        };
+        format!("{} bytes at {:#x} ({stream})", d.len, d.offset)
+    };
+    let chunks: Option<u32> = damage.iter().try_fold(0u32, |n, d| Some(n.saturating_add(d.chunks?)));
+    let chunks = chunks.map_or_else(|| "chunks".to_string(), |n| format!("{n} chunk{}", if n == 1 { "" } else { "s" }));
+    let mut places = where_(first);
+    if damage.len() > 1 {
+        places += &format!(
+            " and {} more stretch{} (`itrace info` lists them)",
+            damage.len() - 1,
+            if damage.len() == 2 { "" } else { "es" }
+        );
+    }
+    let loss = trace.damage_loss();
+    let count = |n: Option<u64>| n.map_or_else(|| "unknown".to_string(), |n| n.to_string());
+    let lost = if trace.summary().is_none() {
+        "records and instructions unknown (no end summary to count them by; chunks hold no counts)".to_string()
+    } else {
+        let mut lost = format!("{} records and {} instructions", count(loss.records), count(loss.instructions));
+        if loss.mte_records.is_some_and(|n| n > 0) {
+            lost += &format!(", {} module-table records", count(loss.mte_records));
+        }
+        lost + " (by the end summary's counts)"
+    };
+    Some(format!(
+        "itrace: warning: {} is damaged: {chunks} skipped, {places}; lost there: {lost}; call stacks \
+         restart after the gap (--strict refuses the file)",
+        trace.path().display()
+    ))
+}
+
 /// Warnings and hints about the names in the output (stripped, changed or missing files).
 fn print_notes(notes: &[String]) {
     for n in notes {
@@ -323,8 +378,12 @@ fn print_notes(notes: &[String]) {
     }
 }
 
-/// Tell the user when a trace was cut short (records up to the cut were used).
+/// Tell the user when a trace was damaged (one line: where, and what was lost) or cut short
+/// (records up to the cut were used).
 pub fn warn_truncated(trace: &itrace_post::Trace) {
+    if let Some(line) = damage_warning(trace) {
+        eprintln!("{line}");
+    }
     if let Some(off) = trace.truncated_at() {
         eprintln!(
             "itrace: warning: {} is truncated at offset {off:#x}; read up to its last whole record",

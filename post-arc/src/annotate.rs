@@ -262,6 +262,13 @@ impl Sink for AnnotateSink<'_> {
     fn lost(&mut self, _cpu: u16, _lost: &Lost) -> Result<(), PostError> {
         Ok(())
     }
+
+    fn gap(&mut self, _cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+        for tid in tids {
+            self.next_start.remove(tid);
+        }
+        Ok(())
+    }
 }
 
 /// Annotate the functions named `function` (in module `module`, a file name or path, when

@@ -255,6 +255,11 @@ impl<W: Write> Sink for ArcSink<W> {
         writeln!(self.buf, "# cpu {cpu}: {} older records were overwritten (wrap mode) before this point", lost.count)?;
         Ok(())
     }
+
+    fn gap(&mut self, cpu: u16, _tids: &[u32]) -> Result<(), PostError> {
+        writeln!(self.buf, "# cpu {cpu}: records lost to a damaged chunk of the trace before this point")?;
+        Ok(())
+    }
 }
 
 fn signal_name(sig: i32) -> String {

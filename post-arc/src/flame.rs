@@ -83,6 +83,11 @@ impl Folded {
             lines.push(line.to_string());
             Ok(())
         })?;
+        if lines.is_empty() {
+            // inferno refuses no stacks ("No stack counts found"); an empty trace is still a
+            // graph, as its exports are files: the title and a line that says so.
+            return write_empty_svg(title, out);
+        }
         let mut opt = inferno::flamegraph::Options::default();
         opt.title = title.to_string();
         opt.count_name = "instructions".to_string();
@@ -93,4 +98,32 @@ impl Folded {
         inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), out)?;
         Ok(())
     }
+}
+
+/// A valid SVG of the flame graph's size with `title` and "no instructions" in place of frames.
+fn write_empty_svg(title: &str, out: &mut dyn Write) -> Result<(), PostError> {
+    let escape = |s: &str| {
+        s.chars()
+            .map(|c| match c {
+                '&' => "&amp;".to_string(),
+                '<' => "&lt;".to_string(),
+                '>' => "&gt;".to_string(),
+                '"' => "&quot;".to_string(),
+                c if c.is_control() => format!("&#{};", c as u32),
+                c => c.to_string(),
+            })
+            .collect::<String>()
+    };
+    write!(
+        out,
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+         <svg version=\"1.1\" width=\"1200\" height=\"70\" viewBox=\"0 0 1200 70\" \
+         xmlns=\"http://www.w3.org/2000/svg\">\n\
+         <text x=\"600\" y=\"24\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">{}</text>\n\
+         <text x=\"600\" y=\"52\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"12\">\
+         no instructions in the trace: no stacks to draw</text>\n\
+         </svg>\n",
+        escape(title)
+    )?;
+    Ok(())
 }

@@ -50,9 +50,14 @@ pub enum PostError {
     CodeUnreadable { function: String, path: String, why: String },
 }
 
-/// Open a trace for post-processing.
+/// Open a trace for post-processing; damaged chunks are skipped (`Trace::damage` lists them).
 pub fn open(path: &Path) -> Result<Trace, PostError> {
     Ok(itrace_format::TraceFile::open(path)?)
+}
+
+/// [`open`], but a damaged chunk is an error (`--strict`).
+pub fn open_strict(path: &Path) -> Result<Trace, PostError> {
+    Ok(itrace_format::TraceFile::open_strict(path)?)
 }
 
 /// How often (in records) progress callbacks run.

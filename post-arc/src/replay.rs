@@ -43,6 +43,11 @@ pub trait Sink {
     ) -> Result<(), PostError>;
     /// Records were lost on `cpu` (wrap mode overwrote them).
     fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError>;
+    /// Records of `cpu` were lost to a damaged chunk here: what threads `tids` did in it is
+    /// unknown (their stacks, where their next block starts). Nothing by default.
+    fn gap(&mut self, _cpu: u16, _tids: &[u32]) -> Result<(), PostError> {
+        Ok(())
+    }
 }
 
 /// Replay `trace` into `sink`; `progress` gets the file offset reached now and then.
@@ -66,11 +71,38 @@ pub fn replay(
     }
     // Start of each thread's current block.
     let mut block_start: FxHashMap<u32, u64> = FxHashMap::default();
+    // With damaged chunks: the CPU stream each thread was last seen on, so that a gap in a
+    // stream cuts the threads that may have run in what was lost (kept only then: a lookup
+    // per record otherwise spent for nothing).
+    let damaged = !trace.damage().is_empty();
+    let mut thread_stream: FxHashMap<u32, u16> = FxHashMap::default();
+    let ncpu = trace.header().ncpu;
     let mut n = 0u64;
     let mut merged = trace.merged();
     while let Some(ev) = merged.next_ref() {
         let ev = ev?;
         n += 1;
+        if damaged && ev.stream < ncpu {
+            let tid = match ev.record {
+                Record::Branch(b) => Some(b.tid),
+                Record::TraceOn(on) => Some(on.tid),
+                Record::TraceOff(off) => Some(off.tid),
+                _ => None,
+            };
+            if ev.after_gap {
+                let mut tids: Vec<u32> =
+                    thread_stream.iter().filter(|&(_, &s)| s == ev.stream).map(|(&t, _)| t).collect();
+                tids.extend(tid.filter(|t| !tids.contains(t)));
+                tids.sort_unstable();
+                for t in &tids {
+                    block_start.remove(t);
+                }
+                sink.gap(ev.stream, &tids)?;
+            }
+            if let Some(t) = tid {
+                thread_stream.insert(t, ev.stream);
+            }
+        }
         if n % PROGRESS_EVERY == 0 {
             progress(ev.offset);
         }

@@ -48,12 +48,19 @@ pub struct Report {
     pub total_instructions: u64,
     pub total_branches: u64,
     pub lost_records: u64,
+    /// Threads whose call stack was cut where a damaged chunk was skipped (absent when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stacks_cut_at_gaps: u64,
     pub functions: Vec<FunctionRow>,
     pub modules: Vec<ModuleRow>,
     pub threads: Vec<ThreadRow>,
     /// Warnings and hints about the names (changed or missing files, stripped modules), one
     /// line each starting with `warning:` or `hint:`.
     pub notes: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Build the report of `trace`.
@@ -116,6 +123,7 @@ pub(crate) fn from_stacks(
         total_instructions: threads.iter().map(|t| t.instructions).sum(),
         total_branches: sink.total_branches,
         lost_records: lost,
+        stacks_cut_at_gaps: sink.cut_at_gaps,
         functions,
         modules,
         threads,

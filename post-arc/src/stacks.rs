@@ -231,6 +231,9 @@ pub struct CallStacks {
     pub total_branches: u64,
     /// Records lost, as the Lost records say.
     pub lost: u64,
+    /// Threads whose call stack was cut at a gap (a damaged chunk skipped): their frames were
+    /// closed there, and what they run next starts new root frames, as at a trace's start.
+    pub cut_at_gaps: u64,
     pub tree: Option<StackTree>,
     pub edges: Option<FxHashMap<EdgeKey, CallEdge>>,
     pub lines: Option<FxHashMap<LineKey, u64>>,
@@ -298,6 +301,13 @@ impl Sink for OneThread<'_> {
 
     fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError> {
         self.stacks.lost(cpu, lost)
+    }
+
+    fn gap(&mut self, cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+        if tids.contains(&self.tid) {
+            self.stacks.gap(cpu, &[self.tid])?;
+        }
+        Ok(())
     }
 }
 
@@ -750,6 +760,18 @@ impl Sink for CallStacks {
 
     fn lost(&mut self, _cpu: u16, lost: &Lost) -> Result<(), PostError> {
         self.lost = self.lost.saturating_add(lost.count);
+        Ok(())
+    }
+
+    /// The stack state of `tids` is unknown after a gap: close their frames (counted as cut),
+    /// never carry them across it; what they run next opens root frames.
+    fn gap(&mut self, _cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+        for &tid in tids {
+            if self.threads.get(&tid).is_some_and(|t| !t.stack.is_empty()) {
+                self.pop_to(tid, 0);
+                self.cut_at_gaps += 1;
+            }
+        }
         Ok(())
     }
 }

@@ -547,6 +547,12 @@ impl Sink for TimelineSink<'_> {
     fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError> {
         self.stacks.lost(cpu, lost)
     }
+
+    fn gap(&mut self, cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+        self.stacks.gap(cpu, tids)?;
+        self.take_events(None);
+        Ok(())
+    }
 }
 
 /// Trace Event Format JSON, written as it comes: `B`/`E` duration events per span (in time

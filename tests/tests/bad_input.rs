@@ -290,7 +290,8 @@ fn truncated_trace() {
     }
 }
 
-/// Bytes flipped in the middle: a clean error that names an offset.
+/// Bytes flipped in the middle: read around (exit 0, a warning naming the offset); with
+/// `--strict`, a clean error that names it.
 #[test]
 fn corrupted_trace() {
     let (dir, trace) = record_count_loop("bad_input-corrupted");
@@ -303,6 +304,12 @@ fn corrupted_trace() {
     let bad = dir.join("corrupt.itr");
     fs::write(&bad, &bytes).unwrap();
     for out in [arc_of(&bad), report_of(&bad)] {
+        out.assert_success();
+        let warning = out.stderr.lines().find(|l| l.starts_with("itrace: warning: ") && l.contains("is damaged"));
+        assert!(warning.is_some_and(|l| l.contains(" bytes at 0x")), "no warning naming the damage:\n{}", out.stderr);
+    }
+    let strict = |cmd: &str| itrace([OsStr::new(cmd), OsStr::new("--strict"), bad.as_os_str()]);
+    for out in [strict("arc"), strict("report")] {
         let line = out.assert_clean_error();
         let l = line.to_lowercase();
         assert!(
@@ -444,9 +451,35 @@ fn assert_every_reader_says(trace: &Path, want: &str) {
     }
 }
 
+/// [`assert_every_reader_says`] with `--strict`; without it each reads around the damage at
+/// `offset`, exit 0, with a warning that names it.
+fn assert_every_strict_reader_says(trace: &Path, want: &str, offset: usize) {
+    let with = |cmd: &str, strict: bool| {
+        let mut args = vec![OsStr::new(cmd), trace.as_os_str()];
+        if strict {
+            args.insert(1, OsStr::new("--strict"));
+        }
+        itrace(args)
+    };
+    for cmd in ["report", "arc", "dump"] {
+        let out = with(cmd, true);
+        assert_eq!(out.assert_clean_error(), want, "{}", out.command);
+        let out = with(cmd, false);
+        out.assert_success();
+        let at = format!(" bytes at {offset:#x} ");
+        assert!(
+            out.stderr.lines().any(|l| l.starts_with("itrace: warning: ") && l.contains(&at)),
+            "{}: no warning naming the damage at {offset:#x}:\n{}",
+            out.command,
+            out.stderr
+        );
+    }
+}
+
 /// A flipped bit in the length of a chunk in the middle of the file, one that makes it run
-/// past the end of the file and one that does not: corruption at that chunk, exit 1. Format 1.0
-/// took the first for a file cut short, read the bytes after it as records and exited 0.
+/// past the end of the file and one that does not: corruption at that chunk (exit 1 with
+/// `--strict`, else skipped with a warning), never a cut file. Format 1.0 took the first for a
+/// file cut short, read the bytes after it as records and exited 0.
 #[test]
 fn damaged_chunk_length() {
     let (dir, _, bytes, chunks) = chunked_trace("bad_input-damaged_chunk_length");
@@ -463,7 +496,7 @@ fn damaged_chunk_length() {
              not match)",
             bad.display()
         );
-        assert_every_reader_says(&bad, &want);
+        assert_every_strict_reader_says(&bad, &want, mid);
     }
 }
 
