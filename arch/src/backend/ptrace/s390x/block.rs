@@ -43,13 +43,25 @@ pub(super) struct BlockRun {
     pub(super) start: u64,
     /// The system call it runs to by `PTRACE_SYSCALL` (none: a block step to a taken branch).
     pub(super) syscall: Option<u64>,
+    /// The one branch that can end it, when known before it runs.
+    pub(super) sole_end: Option<SoleEnd>,
+}
+
+/// A block's only possible end: its straight path holds no conditional branch before an
+/// always-taken one, so its stop needs no `si_addr` (and, for a relative branch, no pc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SoleEnd {
+    pub(super) branch: u64,
+    pub(super) insn: Insn,
+    /// Instructions before the branch.
+    pub(super) before: u32,
 }
 
 /// How a thread goes on from its pending instruction (sig 0, stepping).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Plan {
     /// A block step: no system call nor breakpoint of ours on its straight path.
-    Block,
+    Block(Option<SoleEnd>),
     /// A straight run (no branch) to the system call at this address: `PTRACE_SYSCALL`.
     ToSyscall(u64),
     /// One instruction at a time (a conditional branch comes before a system call, or one of
@@ -67,31 +79,53 @@ pub(super) struct Walked {
 }
 
 impl Session<'_> {
-    /// The plan for thread `tid`'s pending instruction at `start`.
+    /// The plan for thread `tid`'s pending instruction at `start`; kept per process for
+    /// read-only code while the process has no breakpoint of ours.
     pub(super) fn plan(&mut self, tid: i32, start: u64) -> Plan {
         let Some(t) = self.threads.get(&tid) else { return Plan::One };
         if t.skip_report_at.is_some() || t.region.lifted_bps {
             return Plan::One;
         }
         let pid = t.pid;
+        let Some(p) = self.procs.get(&pid) else { return Plan::One };
+        let no_bps = p.region.bps.is_empty();
+        if let Some(&plan) = p.arch.plans.get(&start).filter(|_| no_bps) {
+            return plan;
+        }
         let mut pc = start;
+        let mut before = 0;
         let mut conditional = false;
-        for _ in 0..MAX_BLOCK {
-            if pc != start && self.procs.get(&pid).is_some_and(|p| p.region.bps.is_inserted(pc)) {
-                return Plan::One;
+        let mut cacheable = no_bps;
+        let plan = loop {
+            if before >= MAX_BLOCK {
+                break Plan::Block(None);
+            }
+            if !no_bps && pc != start && self.procs.get(&pid).is_some_and(|p| p.region.bps.is_inserted(pc)) {
+                break Plan::One;
             }
             let insn = self.decode(pid, S390X, pc);
+            cacheable = cacheable && self.procs.get(&pid).is_some_and(|p| p.code.contains_key(&pc));
             match insn.flow {
-                Flow::Syscall if conditional => return Plan::One,
-                Flow::Syscall => return Plan::ToSyscall(pc),
-                Flow::Interrupt | Flow::Invalid => return if pc == start { Plan::One } else { Plan::Block },
-                f if f.always_branches() => return Plan::Block,
+                Flow::Syscall if conditional => break Plan::One,
+                Flow::Syscall => break Plan::ToSyscall(pc),
+                Flow::Interrupt | Flow::Invalid if pc == start => break Plan::One,
+                Flow::Interrupt | Flow::Invalid => break Plan::Block(None),
+                f if f.always_branches() => {
+                    let sole = (!conditional).then_some(SoleEnd { branch: pc, insn, before });
+                    break Plan::Block(sole);
+                }
                 Flow::CondJump | Flow::CondCall | Flow::CondReturn => conditional = true,
                 _ => {}
             }
+            before += 1;
             pc = pc.wrapping_add(insn.len as u64);
+        };
+        if cacheable {
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.arch.plans.insert(start, plan);
+            }
         }
-        Plan::Block
+        plan
     }
 
     /// Walk the fall-through path of `pid`'s code from `start` to `end`: the instructions
@@ -149,8 +183,23 @@ impl Session<'_> {
             }
             return self.resume(tid, sig);
         }
-        let Ok(si) = ptrace::getsiginfo(Pid::from_raw(tid)) else { return self.resume(tid, 0) };
         let injected = self.threads[&tid].injected.is_some();
+        if let (Some(end), false) = (run.sole_end, injected) {
+            // The block's only branch was taken: no siginfo to read, and no pc for a relative one.
+            let pc = match end.insn.target {
+                Some(to) => to,
+                None => match read_pc(tid) {
+                    Ok(pc) => pc,
+                    Err(_) => return self.resume(tid, 0),
+                },
+            };
+            let t = self.threads.get_mut(&tid).expect("thread exists");
+            t.icount += end.before;
+            t.pending = Some(Pending { pc: end.branch, insn: end.insn, syscall_nr: 0 });
+            self.on_step(tid, pc);
+            return self.resume(tid, 0);
+        }
+        let Ok(si) = ptrace::getsiginfo(Pid::from_raw(tid)) else { return self.resume(tid, 0) };
         if si.si_code == TRAP_BRKPT {
             // One of our region breakpoints (`0x0001`, the pc after it) on the block's path:
             // back onto it, for the region code to act on at the next resume.

@@ -32,7 +32,7 @@ use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
 use crate::isa::s390x::S390x;
 use crate::procfs;
 use block::{probe_singleblock, singleblock, BlockRun, Plan};
-use engine::{record, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
+use engine::{record, IntMap, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
 use itrace_decoders::Flow;
 use itrace_format::{LiveCounts, StepMethod};
 use nix::errno::Errno;
@@ -122,16 +122,23 @@ impl ThreadArch {
     }
 }
 
-/// A process's s390x state (none: no traps of ours besides the region breakpoints).
+/// A process's s390x state.
 #[derive(Default)]
-pub(super) struct ProcessArch;
+pub(super) struct ProcessArch {
+    /// Block plans by start address, for read-only code (`block.rs`).
+    plans: IntMap<u64, Plan>,
+}
 
 impl ProcessArch {
+    /// The state of a forked child: the same code, the same plans.
     pub(super) fn copy_for_child(&self) -> Self {
-        ProcessArch
+        ProcessArch { plans: self.plans.clone() }
     }
 
-    pub(super) fn forget(&mut self, _start: u64, _end: u64, _unmapped: bool) {}
+    /// Code in `start..end` changed: forget the plans (a plan's path may run into it).
+    pub(super) fn forget(&mut self, _start: u64, _end: u64, _unmapped: bool) {
+        self.plans.clear();
+    }
 
     pub(super) fn unpatch(&self, _pc: u64, _bytes: &mut [u8]) {}
 
@@ -317,17 +324,17 @@ impl Session<'_> {
     fn resume_block(&mut self, tid: i32, p: Pending, sig: i32) -> Result<(), Errno> {
         let pid = Pid::from_raw(tid);
         let sig_opt = Signal::try_from(sig).ok();
-        let plan = if sig == 0 { self.plan(tid, p.pc) } else { Plan::Block };
+        let plan = if sig == 0 { self.plan(tid, p.pc) } else { Plan::Block(None) };
         let t = self.threads.get_mut(&tid).expect("thread exists");
         match plan {
-            Plan::Block => {
+            Plan::Block(sole_end) => {
                 t.arch.emulated_in_row = 0;
-                t.arch.block = Some(BlockRun { start: p.pc, syscall: None });
+                t.arch.block = Some(BlockRun { start: p.pc, syscall: None, sole_end });
                 singleblock(tid, sig)
             }
             Plan::ToSyscall(svc) => {
                 t.arch.emulated_in_row = 0;
-                t.arch.block = Some(BlockRun { start: p.pc, syscall: Some(svc) });
+                t.arch.block = Some(BlockRun { start: p.pc, syscall: Some(svc), sole_end: None });
                 ptrace::syscall(pid, sig_opt)
             }
             Plan::One => match p.insn.flow {
@@ -342,7 +349,7 @@ impl Session<'_> {
                         }
                         None => {
                             let t = self.threads.get_mut(&tid).expect("thread exists");
-                            t.arch.block = Some(BlockRun { start: p.pc, syscall: None });
+                            t.arch.block = Some(BlockRun { start: p.pc, syscall: None, sole_end: None });
                             singleblock(tid, 0)
                         }
                     }
@@ -351,7 +358,7 @@ impl Session<'_> {
                 // qemu's TCG).
                 _ => {
                     t.arch.emulated_in_row = 0;
-                    t.arch.block = Some(BlockRun { start: p.pc, syscall: None });
+                    t.arch.block = Some(BlockRun { start: p.pc, syscall: None, sole_end: None });
                     singleblock(tid, 0)
                 }
             },
