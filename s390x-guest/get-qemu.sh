@@ -6,8 +6,9 @@
 # cache under DIR; `apt-get download` fetches qemu-system-s390x and qemu-system-data, `dpkg -x`
 # unpacks them into DIR/root. Prints the path of the qemu-system-s390x binary.
 # qemu 10 must be run with `-L DIR/root/usr/share/qemu`: without it, it finds the firmware
-# (s390-ccw.img) of an installed qemu 7.2 first. Why 10: under 7.2's TCG, PER single steps and
-# block steps both miss stops (see docs/native-s390x.md).
+# (s390-ccw.img) of an installed qemu 7.2 first. Why 10: under 7.2's TCG a raw single-step loop
+# stopped 10 times over 506 instructions (PER), and the native recorder is checked under 10 only
+# (README, "itrace on PowerPC64 and s390x machines").
 # The shared libraries it needs are bookworm's (scripts/install-test-deps.sh installs them with
 # the machine's qemu-system packages); a missing one is reported by ldd.
 set -euo pipefail
