@@ -282,7 +282,24 @@ impl PtraceArch for Session<'_> {
         Some(Pending { pc, insn, syscall_nr: 0 })
     }
 
-    fn exit_syscall_nr(&mut self, tid: i32, _signaled: bool) -> u64 {
+    fn exit_syscall_nr(&mut self, tid: i32, signaled: bool) -> u64 {
+        if let Some(run) = self.threads.get_mut(&tid).and_then(|t| t.arch.block.take()) {
+            // Exiting inside a block step (one not planned to its system call): count what ran,
+            // to the exit's `svc` when the thread is just after one, else to where it stopped
+            // (killed, or ended by another thread's exit_group).
+            if let Ok(regs) = getregs(tid) {
+                let pid = self.threads[&tid].pid;
+                let svc = regs.psw_addr.wrapping_sub(2);
+                let after_svc = !signaled && self.decode(pid, S390X, svc).flow == Flow::Syscall;
+                self.block_stopped_at(tid, &run, if after_svc { svc } else { regs.psw_addr });
+                if after_svc {
+                    let nr = self.syscall_nr(pid, svc, &regs);
+                    if let Some(p) = self.threads.get_mut(&tid).and_then(|t| t.pending.as_mut()) {
+                        p.syscall_nr = nr;
+                    }
+                }
+            }
+        }
         // Known at its syscall-entry stop.
         self.threads.get(&tid).and_then(|t| t.pending).map_or(u64::MAX, |p| p.syscall_nr)
     }

@@ -76,7 +76,7 @@ impl Session<'_> {
 
     /// The number of the system call whose `svc` is at `svc_pc`: its immediate, or r1 for
     /// `svc 0`.
-    fn syscall_nr(&self, pid: i32, svc_pc: u64, regs: &Regs) -> u64 {
+    pub(super) fn syscall_nr(&self, pid: i32, svc_pc: u64, regs: &Regs) -> u64 {
         let mut bytes = [0u8; 2];
         read_mem(pid, svc_pc, &mut bytes);
         S390X.syscall_nr_in_insn(&bytes).unwrap_or(regs.gprs[1])
