@@ -192,7 +192,7 @@ impl PtraceArch for Session<'_> {
         let stepping = t.state == ThreadState::Stepping;
         let pending = t.pending;
         let at_syscall = pending.is_some_and(|p| p.insn.flow == Flow::Syscall);
-        let handled = sig != 0 && regs::handled(tid, sig);
+        let handled = sig != 0 && procfs::signal_has_handler(tid, sig);
         // An interrupted system call: a signal without a handler restarts it at once.
         let restart = std::mem::take(&mut t.arch.restart_via_syscall) && !handled;
         let syscall_next = at_syscall && !handled;

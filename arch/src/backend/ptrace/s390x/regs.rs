@@ -73,14 +73,3 @@ pub(super) fn read_pc(tid: i32) -> Result<u64, Errno> {
 pub(super) fn write_pc(tid: i32, pc: u64) -> Result<(), Errno> {
     ptrace::write_user(Pid::from_raw(tid), PT_PSWADDR as ptrace::AddressType, pc as i64)
 }
-
-/// Whether thread `tid` has a handler for signal `sig` (SigCgt of /proc/TID/status).
-pub(super) fn handled(tid: i32, sig: i32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
-    let caught = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    (1..=64).contains(&sig) && caught & (1 << (sig - 1)) != 0
-}
