@@ -112,6 +112,14 @@ fi
 kabi_ensure_headers
 log "linux-headers-$KABI: installed, version $KABI_VERSION (the kmod guest boots linux-image-$KABI $KABI_VERSION)"
 
+# qemu-system-s390x 10 for s390x-guest/test-in-guest.sh (the native s390x recorder): Debian 12's
+# 7.2 misses PER stops under TCG. Fetched from bookworm-backports with apt-get download into
+# target/s390x-guest/qemu and unpacked there (private package lists; nothing installed, the
+# machine's sources and qemu unchanged). Its shared libraries are bookworm's, installed with
+# qemu-system-ppc above.
+"$(dirname "${BASH_SOURCE[0]}")/../s390x-guest/get-qemu.sh" > /dev/null
+log "qemu-system-s390x 10 (bookworm-backports): unpacked in target/s390x-guest/qemu"
+
 # cargo fmt and cargo clippy (rustup components) for scripts/test.sh
 if command -v rustup >/dev/null 2>&1; then
     installed=$(rustup component list --installed 2>/dev/null) || installed=""

@@ -108,6 +108,12 @@ pub fn thread_pending_signals(tid: i32) -> u64 {
     status_field(tid, "SigPnd:").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0)
 }
 
+/// Whether thread `tid` has a handler for signal `sig` (SigCgt of /proc/TID/status).
+pub fn signal_has_handler(tid: i32, sig: i32) -> bool {
+    let caught = status_field(tid, "SigCgt:").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0);
+    (1..=64).contains(&sig) && caught & (1 << (sig - 1)) != 0
+}
+
 /// The threads of a process.
 pub fn tasks(pid: i32) -> std::io::Result<Vec<i32>> {
     let mut v: Vec<i32> =

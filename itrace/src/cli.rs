@@ -73,7 +73,8 @@ pub enum BackendArg {
 /// `--step`: how the ptrace backend stops the program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum StepArg {
-    /// Every instruction (PTRACE_SINGLESTEP).
+    /// Every instruction (PTRACE_SINGLESTEP). On s390x under qemu's TCG single steps miss
+    /// the stop after conditional and some direct branches, so such traces are not exact there.
     Instruction,
     /// Block by block with debug-register breakpoints (x86_64; probed at start-up, an error
     /// where they do not work); the trace is the same as single-stepping's.
@@ -178,7 +179,8 @@ pub struct RecordArgs {
     /// How the ptrace backend stops the program: every instruction, block by block with
     /// debug-register breakpoints (x86_64, i386), or auto: the fastest that works here (block,
     /// else PTRACE_SINGLEBLOCK where the branch trap works, else every instruction). The trace
-    /// is the same with each. Default: $ITRACE_STEP, else auto.
+    /// is the same with each (but s390x single steps under qemu's TCG miss stops after
+    /// branches: there only block steps are exact). Default: $ITRACE_STEP, else auto.
     #[arg(long, value_enum)]
     pub step: Option<StepArg>,
     /// Attach to this running process (all its threads).

@@ -119,6 +119,8 @@ const NATIVE_ARCHES: &[Arch] = if cfg!(target_arch = "x86_64") {
     &[Arch::X86_64, Arch::I386]
 } else if cfg!(all(target_arch = "powerpc64", target_endian = "little")) {
     &[Arch::Ppc64le]
+} else if cfg!(target_arch = "s390x") {
+    &[Arch::S390x]
 } else {
     &[]
 };

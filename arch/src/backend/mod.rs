@@ -24,9 +24,13 @@ pub mod inproc;
 pub mod kmod;
 // The native ptrace recorder of the architecture itrace runs on (see `choose::NATIVE_ARCHES`);
 // its architecture's half is chosen inside it.
-#[cfg(any(target_arch = "x86_64", all(target_arch = "powerpc64", target_endian = "little")))]
+#[cfg(any(target_arch = "x86_64", all(target_arch = "powerpc64", target_endian = "little"), target_arch = "s390x"))]
 pub mod ptrace;
-#[cfg(not(any(target_arch = "x86_64", all(target_arch = "powerpc64", target_endian = "little"))))]
+#[cfg(not(any(
+    target_arch = "x86_64",
+    all(target_arch = "powerpc64", target_endian = "little"),
+    target_arch = "s390x"
+)))]
 #[path = "ptrace_none.rs"]
 pub mod ptrace;
 pub mod qemu;

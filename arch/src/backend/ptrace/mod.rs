@@ -9,7 +9,7 @@
 //!   module table (mappings, names, JIT maps), the decoded-instruction cache and region tracing
 //!   by software breakpoints (`engine.rs`, `events.rs`, `launch.rs`, `cpus.rs`, `tables.rs`,
 //!   `region.rs`, `breakpoints.rs`);
-//! - per architecture (`x86_64/`, `ppc64/`, one of them compiled, chosen below by
+//! - per architecture (`x86_64/`, `ppc64/`, `s390x/`, one of them compiled, chosen below by
 //!   `cfg(target_arch)`): registers and the pc, how a thread is resumed (single step, block
 //!   step, debug-register runs on x86_64; syscall stops and atomic load-reserve/store-conditional
 //!   sequences run to temporary traps on ppc64), what the instruction just executed or the
@@ -28,6 +28,9 @@
 mod arch;
 #[cfg(all(target_arch = "powerpc64", target_endian = "little"))]
 #[path = "ppc64/mod.rs"]
+mod arch;
+#[cfg(target_arch = "s390x")]
+#[path = "s390x/mod.rs"]
 mod arch;
 mod breakpoints;
 mod cpus;

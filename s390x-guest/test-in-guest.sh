@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Runs the native s390x recorder in a booted s390x guest and checks its traces here:
+#   s390x-guest/test-in-guest.sh [test|bench]
+#
+# 1. fetches qemu-system-s390x 10 from bookworm-backports (s390x-guest/get-qemu.sh: unpacked
+#    into target/s390x-guest/qemu, never installed; qemu 7.2's TCG misses PER stops);
+# 2. builds the static s390x itrace (scripts/cross-build.sh) and the s390x test programs
+#    (tests/programs/cross, tests/programs/threads.c, bench/raw_step.c, ...);
+# 3. downloads Debian's linux-image-ABI-s390x and busybox-static:s390x with apt-get download
+#    into target/s390x-guest/ (cached, never installed);
+# 4. boots qemu-system-s390x -M s390-ccw-virtio (TCG) with a busybox initramfs whose /init is
+#    s390x-guest/guest-init.sh: it records the programs with itrace and prints each trace in
+#    base64 between marker lines on the console, with "S390X: PASS|FAIL name" lines for the
+#    checks made inside (bad input, ITraceEnabled) and "S390X-RESULT: ..." at the end;
+# 5. decodes the traces into target/s390x-guest/out/ and runs the host-side checks (cargo test
+#    -p itrace-tests --test s390x_native -- --ignored, which reads ITRACE_S390X_GUEST_OUT):
+#    the freestanding programs against qemu-s390x's single-step log, block for block; the glibc
+#    ones for consistency (each block ends in a taken branch to the next one's start, and its
+#    count equals the decoded straight path).
+# bench: the benchmark only (bench/s390x.sh calls it): native itrace vs. raw_step in one boot.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+WHAT=${1:-test}
+log() { echo "s390x-guest: $*" >&2; }
+t0=$(date +%s)
+
+need=()
+for p in gcc-s390x-linux-gnu libc6-dev-s390x-cross rustc-web cargo-web qemu-user; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    log "missing packages: ${need[*]} (run scripts/install-test-deps.sh)"
+    exit 1
+fi
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+CACHE=$TARGET_DIR/s390x-guest
+mkdir -p "$CACHE"
+QEMU=$(s390x-guest/get-qemu.sh "$CACHE/qemu")
+QEMU_FIRMWARE=$CACHE/qemu/root/usr/share/qemu
+
+# The kernel and busybox of Debian's s390x archive, cached per version.
+ABI=$(apt-cache depends linux-image-s390x:s390x 2>/dev/null |
+    sed -n 's/.*Depends: linux-image-\(.*-s390x\)\(:s390x\)\?$/\1/p' | head -1)
+[ -n "$ABI" ] || { log "no linux-image-s390x:s390x in the package lists (dpkg --add-architecture s390x; apt-get update: scripts/install-test-deps.sh)"; exit 1; }
+KDIR=$CACHE/$ABI
+if [ ! -s "$KDIR/vmlinuz" ] || [ ! -s "$KDIR/busybox" ]; then
+    rm -rf "$KDIR"
+    mkdir -p "$KDIR/dl"
+    log "downloading linux-image-$ABI:s390x and busybox-static:s390x (unpacked here, never installed)"
+    (cd "$KDIR/dl" && apt-get download "linux-image-$ABI:s390x" busybox-static:s390x) > "$KDIR/download.log" 2>&1 || {
+        cat "$KDIR/download.log" >&2
+        log "cannot download the s390x kernel or busybox"
+        exit 1
+    }
+    dpkg -x "$KDIR"/dl/linux-image-*.deb "$KDIR/kroot"
+    dpkg -x "$KDIR"/dl/busybox-static_*.deb "$KDIR/broot"
+    mv "$KDIR"/kroot/boot/vmlinuz-* "$KDIR/vmlinuz"
+    mv "$KDIR/broot/bin/busybox" "$KDIR/busybox"
+    rm -rf "$KDIR/dl" "$KDIR/kroot" "$KDIR/broot"
+fi
+for d in "$CACHE"/*-s390x; do
+    [ "$d" = "$KDIR" ] || [ ! -d "$d" ] || { log "removing the cached kernel $(basename "$d")"; rm -rf "$d"; }
+done
+
+# The static s390x itrace.
+nice -n 19 scripts/cross-build.sh s390x-unknown-linux-gnu >&2
+ITRACE=$TARGET_DIR/s390x-unknown-linux-gnu/release/itrace
+
+# Test programs.
+B=$CACHE/build
+rm -rf "$B"
+mkdir -p "$B/prog" "$B/root"
+CC=s390x-linux-gnu-gcc
+make -s -C tests/programs/cross OUT="$B/cross" "$B/cross/s390x-asm" "$B/cross/s390x-libc" \
+    "$B/cross/s390x-signal" >&2
+cp "$B"/cross/s390x-* "$B/prog/"
+$CC -static -O1 -g -fno-omit-frame-pointer -Wall -pthread -o "$B/prog/threads" tests/programs/threads.c
+# forkexec's callgrind client requests (no-ops outside valgrind) from the host's valgrind headers.
+mkdir -p "$B/include"
+ln -s /usr/include/valgrind "$B/include/valgrind"
+$CC -static -O1 -g -Wall -I"$B/include" -o "$B/prog/forkexec" tests/programs/forkexec.c
+# ITraceOn/ITraceOff: the x86_64 region program, with stand-ins for libitrace's entry points
+# (the ptrace recorder carries them out itself).
+$CC -static -O1 -g -Wall -Ilibitrace/include -o "$B/prog/region" tests/programs/region.c s390x-guest/itrace_stub.c
+$CC -static -O2 -Wall -o "$B/prog/raw_step" bench/raw_step.c
+$CC -nostdlib -static -no-pie -o "$B/prog/s390x-loop" bench/s390x_loop.S
+
+# The initramfs: busybox, itrace, the programs (in /t, the path the host oracle uses too).
+R=$B/root
+mkdir -p "$R"/{bin,proc,sys,dev,tmp,etc,t}
+cp "$KDIR/busybox" "$R/bin/busybox"
+s390x-linux-gnu-strip -o "$R/bin/itrace" "$ITRACE"
+cp "$B"/prog/* "$R/t/"
+cp s390x-guest/guest-init.sh "$R/init"
+chmod +x "$R/init"
+echo "$WHAT" > "$R/etc/what"
+# Bad input: the errors itrace gives on this x86_64 machine, which the guest's must equal.
+cargo build -q -p itrace </dev/null
+HOST_ITRACE=$TARGET_DIR/debug/itrace
+"$HOST_ITRACE" record -p 999999 -o "$B/bad.itr" > /dev/null 2> "$R/etc/expect-nopid" && exit 1
+"$HOST_ITRACE" record -o "$B/bad.itr" -- /t/does-not-exist > /dev/null 2> "$R/etc/expect-noprog" && exit 1
+(cd "$R" && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1 > "$B/initramfs.cpio.gz")
+
+log "booting the guest ($("$QEMU" --version | head -1 | sed 's/ (.*//'), s390-ccw-virtio, TCG; prepared in $(( $(date +%s) - t0 )) s)"
+b0=$(date +%s)
+OUT=$B/console-$WHAT.log
+# -L: qemu 10's own firmware (s390-ccw.img), not an installed qemu's.
+timeout 900 nice -n 19 "$QEMU" -L "$QEMU_FIRMWARE" -M s390-ccw-virtio -accel tcg -m 1G -smp 1 \
+    -nographic -no-reboot -kernel "$KDIR/vmlinuz" -initrd "$B/initramfs.cpio.gz" \
+    -append "console=ttysclp0 quiet panic=-1" </dev/null > "$OUT" 2>&1 || true
+tr -d '\r' < "$OUT" > "$OUT.txt"
+log "guest ran $(( $(date +%s) - b0 )) s; console in $OUT.txt"
+grep -E "^(S390X|BENCH)" "$OUT.txt" >&2 || true
+
+# The traces: "S390X-FILE name" ... base64 ... "S390X-END name".
+D=$CACHE/out
+rm -rf "$D"
+mkdir -p "$D"
+awk -v dir="$D" '
+    /^S390X-FILE / { name = $2; file = dir "/" name ".b64"; next }
+    /^S390X-END / { close(file); name = ""; next }
+    name != "" { print > file }
+' "$OUT.txt"
+for f in "$D"/*.b64; do
+    [ -e "$f" ] || break
+    base64 -d "$f" > "${f%.b64}" || { log "cannot decode $(basename "$f")"; exit 1; }
+    rm "$f"
+done
+cp "$B"/prog/* "$D/"
+if [ "$WHAT" = bench ]; then
+    grep -q "^BENCH " "$OUT.txt" || { log "no benchmark figures"; tail -30 "$OUT.txt" >&2; exit 1; }
+    exit 0
+fi
+if ! grep -q "^S390X-RESULT: PASS" "$OUT.txt"; then
+    log "FAILED inside the guest; console tail:"
+    tail -40 "$OUT.txt" >&2
+    exit 1
+fi
+log "checking the traces against qemu-s390x's single-step log and the decoded code"
+ITRACE_S390X_GUEST_OUT=$D cargo test -q -p itrace-tests --test s390x_native -- --ignored >&2
+log "passed in $(( $(date +%s) - t0 )) s"
