@@ -60,11 +60,13 @@ fn handle(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) -> std::io::Res
     Ok(())
 }
 
-/// Whether itrace takes `sig` as a request to stop: not when it was ignored when itrace
-/// started (`nohup itrace record`, a script or a background job that ignores SIGINT and
-/// SIGQUIT), as a program that honours `nohup` does.
+/// Whether itrace takes `sig` as a request to stop: always, but for a SIGHUP that was ignored
+/// when itrace started (`nohup itrace record`: the hangup nohup protects from ends neither the
+/// program nor its recording). SIGINT, SIGQUIT and SIGTERM always stop it, even when the shell
+/// started itrace with them ignored (a script's background job): `kill -INT` is how scripts
+/// stop a background recording, as with perf.
 pub fn stops_on(sig: libc::c_int) -> bool {
-    !itrace_arch::inherit::was_ignored(sig)
+    !(sig == libc::SIGHUP && itrace_arch::inherit::was_ignored(sig))
 }
 
 /// Install the stop handlers (and the tick's), and ignore SIGPIPE and SIGXFSZ (so writes fail
