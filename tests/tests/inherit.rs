@@ -196,17 +196,14 @@ fn qemu_backend_works_and_keeps_sigchld_ignored() {
     same_as_untraced("qemu-sigchld", CHILD_IGNORING, &["--backend", "qemu"], Some(&truth), None);
 }
 
-/// `nohup itrace record`: a hangup does not stop the recording, as it would not stop the
-/// program run untraced; the whole program is traced. (SIGINT and SIGQUIT, ignored too here,
-/// are not sent: they stop itrace whatever the shell set, see the next test.)
-#[test]
-fn a_hangup_ignored_by_the_shell_does_not_stop_the_recording() {
-    use std::io::BufRead;
-    let prog = program("region_loop");
-    let dir = test_dir("inherit-nohup");
-    let trace = dir.join("t.itr");
+/// itrace started by a shell that ignored HUP, INT and QUIT records region_loop; once the
+/// program runs, `sig` is sent to itrace. Returns the program's output after its first line,
+/// itrace's stderr, and whether itrace succeeded.
+fn record_region_loop_and_send(test: &str, sig: libc::c_int) -> (String, String, std::process::ExitStatus) {
+    use std::io::{BufRead, Read};
+    let trace = test_dir(test).join("t.itr");
     let mut cmd = command(IGNORING, &[itrace_bin().as_os_str()]);
-    cmd.args(["record", "-o"]).arg(&trace).arg("--").arg(&prog).args(["100", "10000"]);
+    cmd.args(["record", "-o"]).arg(&trace).arg("--").arg(program("region_loop")).args(["100", "10000"]);
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     let mut child = itrace_tests::KillOnDrop(cmd.spawn().expect("start itrace"));
     let mut stdout = std::io::BufReader::new(child.0.stdout.take().expect("stdout"));
@@ -215,44 +212,30 @@ fn a_hangup_ignored_by_the_shell_does_not_stop_the_recording() {
     assert!(line.starts_with("region_loop: started"), "unexpected first line {line:?}");
     // `env` exec'd itrace: its pid is itrace's. The program is running, traced.
     // SAFETY: kill with a pid of our own child and a signal number.
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGHUP) };
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut rest).expect("the program's output");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.0.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    unsafe { libc::kill(child.0.id() as i32, sig) };
+    let (mut rest, mut stderr) = (String::new(), String::new());
+    stdout.read_to_string(&mut rest).expect("the program's output");
+    child.0.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("stderr");
     let status = itrace_tests::wait_with_guard(&mut child.0, "itrace record region_loop");
+    (rest, stderr, status)
+}
+
+/// `nohup itrace record`: a hangup does not stop the recording, as it would not stop the
+/// program run untraced; the whole program is traced.
+#[test]
+fn a_hangup_ignored_by_the_shell_does_not_stop_the_recording() {
+    let (rest, stderr, status) = record_region_loop_and_send("inherit-nohup", libc::SIGHUP);
     assert!(status.success(), "itrace failed ({status}):\n{stderr}");
     assert!(rest.contains("region_loop: result="), "the program did not finish:\n{rest}");
-    assert!(
-        stderr.contains("tracing ended: the program ended"),
-        "the ignored signals stopped the recording:\n{stderr}"
-    );
+    assert!(stderr.contains("tracing ended: the program ended"), "the ignored SIGHUP stopped the recording:\n{stderr}");
 }
 
 /// A script's background job gets SIGINT and SIGQUIT ignored from the shell: `kill -INT` of
 /// such an itrace still stops the recording (a clean detach; the program runs on to its end
-/// untraced), as scripts stop a background recording. The program keeps SIGINT ignored.
+/// untraced), as scripts stop a background recording.
 #[test]
 fn sigint_stops_the_recording_even_when_the_shell_ignored_it() {
-    use std::io::BufRead;
-    let prog = program("region_loop");
-    let dir = test_dir("inherit-background-int");
-    let trace = dir.join("t.itr");
-    let mut cmd = command(IGNORING, &[itrace_bin().as_os_str()]);
-    cmd.args(["record", "-o"]).arg(&trace).arg("--").arg(&prog).args(["100", "10000"]);
-    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let mut child = itrace_tests::KillOnDrop(cmd.spawn().expect("start itrace"));
-    let mut stdout = std::io::BufReader::new(child.0.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("the program's first line");
-    assert!(line.starts_with("region_loop: started"), "unexpected first line {line:?}");
-    // SAFETY: kill with a pid of our own child and a signal number.
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) };
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut rest).expect("the program's output");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.0.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
-    let status = itrace_tests::wait_with_guard(&mut child.0, "itrace record region_loop");
+    let (rest, stderr, status) = record_region_loop_and_send("inherit-background-int", libc::SIGINT);
     assert!(status.success(), "itrace failed ({status}):\n{stderr}");
     assert!(rest.contains("region_loop: result="), "the program did not finish after the detach:\n{rest}");
     assert!(stderr.contains("tracing ended: detached"), "SIGINT did not stop the recording:\n{stderr}");
