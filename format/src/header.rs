@@ -126,6 +126,9 @@ code_enum! {
         /// ptrace with debug-register breakpoints: a stop per instruction whose outcome the
         /// decoder cannot tell, blocks decoded to count (`--step block`).
         PtraceHwBreak = 6 => "ptrace-hwbreak",
+        /// The program ran from a code cache of translated blocks that record their own taken
+        /// branches (`--backend translate`); instructions the cache does not run are single-stepped.
+        Translated = 7 => "translated",
     }
 }
 

@@ -22,6 +22,7 @@ pub const ENVIRONMENT_HELP: &str = "\
 Environment:
   ITRACE_QEMU_PLUGIN  the TCG plugin of --backend qemu (default: next to itrace)
   ITRACE_STEP         default of `record --step` (instruction, block, auto) where ptrace steps
+  ITRACE_BACKEND      default of `record --backend` when it is not given (auto, ptrace, translate...)
   PATH                where `record` finds a program named without a slash
   COLUMNS             report width when stdout is not a terminal (default 120)
   LD_PRELOAD          `record --region` accepts a preloaded libitrace.so
@@ -68,6 +69,9 @@ pub enum BackendArg {
     Qemu,
     /// The kernel module (kmod-shim): traps handled in the kernel, no tracer process per step.
     Kmod,
+    /// x86_64: the program runs from a code cache of translated blocks that record their own
+    /// branches (no trap per block); the same trace as `--step instruction`.
+    Translate,
 }
 
 /// `--step`: how the ptrace backend stops the program.
@@ -163,8 +167,11 @@ pub struct RecordArgs {
     /// (kmod-shim, /dev/itrace), or qemu (the launched program under qemu-user with itrace's TCG
     /// plugin: fast, emulated CPU). auto: the kernel module when it is loaded (without --region,
     /// --start, --stop), else in-process for `--region` on a launched program, else ptrace.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
+    /// translate (x86_64): the program runs from a code cache of translated blocks that record
+    /// their own branches, the trace of --step instruction at a fraction of its cost.
+    /// Default: $ITRACE_BACKEND, else auto.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
     /// Start tracing a thread when it enters this function (a symbol of the program or its
     /// libraries); with --stop, trace from here to there. Repeatable.
     #[arg(long, value_name = "SYMBOL")]

@@ -38,13 +38,23 @@ pub fn settings(a: &RecordArgs) -> Result<RecordSettings> {
         (None, None) => Target::Launch { command: a.command.clone(), aslr: a.aslr },
     };
     let mut s = RecordSettings::new(target, a.output.clone());
-    s.backend = match a.backend {
+    let backend = match a.backend {
+        Some(b) => b,
+        None => match std::env::var("ITRACE_BACKEND") {
+            Ok(v) if !v.is_empty() => <BackendArg as clap::ValueEnum>::from_str(&v, true).map_err(|_| {
+                anyhow::anyhow!("ITRACE_BACKEND={v}: expected auto, ptrace, inproc, qemu, kmod or translate")
+            })?,
+            _ => BackendArg::Auto,
+        },
+    };
+    s.backend = match backend {
         _ if a.gdb.is_some() || a.qemu.is_some() => Backend::Gdb,
         BackendArg::Auto => Backend::Auto,
         BackendArg::Ptrace => Backend::Ptrace,
         BackendArg::Inproc => Backend::Inproc,
         BackendArg::Qemu => Backend::Qemu,
         BackendArg::Kmod => Backend::Kmod,
+        BackendArg::Translate => Backend::Translate,
     };
     s.mode = match a.mode {
         ModeArg::Normal => Mode::Normal,

@@ -34,6 +34,7 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
             Backend::Inproc => "--backend inproc",
             Backend::Kmod => "--backend kmod",
             Backend::Qemu => "--backend qemu",
+            Backend::Translate => "--backend translate",
             _ => "a GDB stub (--gdb, --qemu)",
         };
         return refuse(&format!("--step chooses how the ptrace backend stops the program; {other} does not use it"));
@@ -66,6 +67,11 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
         Target::Remote { .. } => unreachable!("handled above"),
     };
     let arch = native_arch(program.as_deref(), &s.target)?;
+    if s.backend == Backend::Translate && (!TRANSLATE_HERE || arch != Arch::X86_64) {
+        return refuse(&format!(
+            "--backend translate runs x86_64 programs on x86_64 (this is {arch}); use --backend ptrace"
+        ));
+    }
     let launch = program.is_some();
     let regions_of_launch = launch && s.region && !s.has_triggers();
     let inproc = match s.backend {
@@ -97,6 +103,8 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     } else if inproc {
         let why = if s.backend == Backend::Inproc { "asked for" } else { "regions of a launched program" };
         (Box::new(inproc::InprocRecorder(native)), Backend::Inproc, why)
+    } else if s.backend == Backend::Translate {
+        (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Translate, "asked for")
     } else {
         let why = if s.backend == Backend::Ptrace { "asked for" } else { "the default" };
         (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Ptrace, why)
@@ -124,6 +132,9 @@ const NATIVE_ARCHES: &[Arch] = if cfg!(target_arch = "x86_64") {
 } else {
     &[]
 };
+
+/// Whether the translating recorder (`--backend translate`) runs here.
+const TRANSLATE_HERE: bool = cfg!(target_arch = "x86_64");
 
 /// Whether the in-process recorder (libitrace stepping itself with the trap flag) works here.
 const INPROC_HERE: bool = cfg!(target_arch = "x86_64");

@@ -17,6 +17,9 @@ pub enum Backend {
     Kmod,
     /// qemu-user with itrace's TCG plugin.
     Qemu,
+    /// x86_64: the program runs from a code cache of translated blocks that record their taken
+    /// branches themselves; itrace, its tracer, translates and steps what the cache does not run.
+    Translate,
     /// A GDB remote stub: `Target::Remote`, or a program launched under qemu-user for
     /// [`RecordSettings::arch`] (`--qemu ARCH`).
     Gdb,

@@ -97,7 +97,7 @@ impl Session<'_> {
             let mut p = Process::new(maps, code, name);
             if let Some(pp) = self.procs.get(&parent_pid) {
                 // The child's memory is a copy, our breakpoints and traps included.
-                p.arch = pp.arch.copy_for_child();
+                p.arch = pp.arch.copy_for_child(ev == libc::PTRACE_EVENT_VFORK);
                 p.region = pp.region.clone();
             }
             self.procs.insert(child_pid, p);

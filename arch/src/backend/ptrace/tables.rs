@@ -48,8 +48,10 @@ impl Session<'_> {
 
     /// Re-read a process's executable mappings; write what changed; forget decoded code that moved.
     pub(super) fn refresh_maps(&mut self, pid: i32, ts: u64) {
-        let Ok(new) = procfs::exec_mappings(pid) else { return };
+        let Ok(mut new) = procfs::exec_mappings(pid) else { return };
         let Some(p) = self.procs.get_mut(&pid) else { return };
+        // itrace's own code (the translating recorder's cache) is not the program's.
+        new.retain(|m| !p.arch.hides(m.start));
         let records = crate::modules::changes(ts, pid as u32, &p.maps, &new);
         // Decoded code in a range that changed may be stale.
         for r in &records {

@@ -153,8 +153,13 @@ pub(super) struct ProcessArch {
 impl ProcessArch {
     /// The state of a forked child. Another thread's atomic run may have traps in the memory the
     /// child copied: they come out of the child's copy at its first stop (`first_pending`).
-    pub(super) fn copy_for_child(&self) -> Self {
+    pub(super) fn copy_for_child(&self, _shares_memory: bool) -> Self {
         ProcessArch { traps: self.traps.clone(), ..ProcessArch::default() }
+    }
+
+    /// Whether a mapping is itrace's own, not the program's (none here).
+    pub(super) fn hides(&self, _start: u64) -> bool {
+        false
     }
 
     /// Code in `start..end` changed: forget what was learnt of it.

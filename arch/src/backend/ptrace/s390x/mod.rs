@@ -131,8 +131,13 @@ pub(super) struct ProcessArch {
 
 impl ProcessArch {
     /// The state of a forked child: the same code, the same plans.
-    pub(super) fn copy_for_child(&self) -> Self {
+    pub(super) fn copy_for_child(&self, _shares_memory: bool) -> Self {
         ProcessArch { plans: self.plans.clone() }
+    }
+
+    /// Whether a mapping is itrace's own, not the program's (none here).
+    pub(super) fn hides(&self, _start: u64) -> bool {
+        false
     }
 
     /// Code in `start..end` changed: forget the plans (a plan's path may run into it).

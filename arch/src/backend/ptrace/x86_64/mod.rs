@@ -10,6 +10,7 @@ mod block;
 mod hwstep;
 mod probe;
 mod step;
+mod translate;
 mod trapmask;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
@@ -57,6 +58,9 @@ pub(super) struct StepOptions {
     /// With `hw_step`: returns and indirect calls may be carried out by itrace (the CPU has no
     /// user shadow stack).
     pub(super) hw_emulate_stack: bool,
+    /// Run the program from a code cache of translated units (`--backend translate`,
+    /// `translate/`); the other ways are off.
+    pub(super) translate: bool,
 }
 
 /// A thread's x86_64 state.
@@ -80,6 +84,8 @@ pub(super) struct ThreadArch {
     hw_stepped: bool,
     /// The program's signal mask as far as SIGTRAP goes (`trapmask.rs`).
     trap_mask: trapmask::TrapMask,
+    /// Translate mode: the thread's place in the code cache.
+    xl: translate::ThreadCache,
 }
 
 impl Default for ThreadArch {
@@ -95,6 +101,7 @@ impl Default for ThreadArch {
             dr7: 0,
             hw_stepped: false,
             trap_mask: trapmask::TrapMask::default(),
+            xl: translate::ThreadCache::default(),
         }
     }
 }
@@ -118,12 +125,20 @@ pub(super) struct ProcessArch {
     ambiguous: engine::IntMap<u64, block::BlockInfo>,
     /// Debug-register mode: what itrace can carry out itself of the instruction at an address.
     emul: engine::IntMap<u64, Option<hwstep::Emul>>,
+    /// Translate mode: the process's code cache.
+    cache: translate::Cache,
 }
 
 impl ProcessArch {
-    /// The state of a forked child: nothing carried over (block and debug-register knowledge is relearnt).
-    pub(super) fn copy_for_child(&self) -> Self {
-        ProcessArch::default()
+    /// The state of a forked child: nothing carried over (block and debug-register knowledge is
+    /// relearnt) but the code cache, which the child's memory holds too; a vfork child shares
+    /// its parent's memory, so it does not translate (it is stepped until its exec).
+    pub(super) fn copy_for_child(&self, shares_memory: bool) -> Self {
+        let mut cache = self.cache.copy_for_child();
+        if shares_memory {
+            cache.disabled = Some("a vfork child shares its parent's code cache".into());
+        }
+        ProcessArch { cache, ..ProcessArch::default() }
     }
 
     /// Code in `start..end` changed (`unmapped`: some was unmapped): forget what was learnt of it.
@@ -132,6 +147,12 @@ impl ProcessArch {
         if unmapped {
             self.ambiguous.clear();
         }
+        self.cache.invalidate(start, end);
+    }
+
+    /// Whether a mapping is itrace's own (the code cache), not the program's.
+    pub(super) fn hides(&self, start: u64) -> bool {
+        self.cache.owns(start)
     }
 
     /// The bytes read at `pc` as the program has them (nothing of ours beyond the region's
@@ -208,6 +229,9 @@ impl PtraceArch for Session<'_> {
             return self.resume_running(tid, sig);
         }
         t.injected = (sig != 0).then_some(sig);
+        if self.opts.step.translate && sig == 0 && self.enter_cache(tid) {
+            return;
+        }
         if self.opts.step.hw_step {
             if sig == 0 && self.opts.triggers.is_some() {
                 // A run may end on a trigger (ITraceOff, --stop): handle it before going on (a
@@ -265,6 +289,9 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        if self.threads[&tid].arch.xl.in_cache {
+            return self.cache_stop(tid, sig);
+        }
         self.restore_trap_mask(tid);
         if self.opts.step.hw_step {
             if self.threads[&tid].arch.hw_run.is_some() {
@@ -356,6 +383,8 @@ impl PtraceArch for Session<'_> {
             // which needs it unblocked: the mask is put back there.)
             self.restore_trap_mask(tid);
         }
+        // In the code cache: its records, and out of the cache unless it only stops with its group.
+        self.cache_event(tid);
         // Stopped mid-run (our interrupt, another thread's exit): count the path so far.
         self.hw_stopped(tid, 0);
     }
@@ -364,6 +393,8 @@ impl PtraceArch for Session<'_> {
 
     fn at_exec(&mut self, tid: i32) {
         self.forget_trap_mask(tid);
+        // The code cache went with the old image.
+        self.cache_thread_done(tid, true);
         if let Some(t) = self.threads.get_mut(&tid) {
             // exec flushes ptrace breakpoints.
             (t.arch.hw_run, t.arch.dr0, t.arch.dr1, t.arch.dr7) = (None, 0, 0, 0);
@@ -443,6 +474,8 @@ impl PtraceArch for Session<'_> {
     }
 
     fn take_out_traps(&mut self, tid: i32) {
+        // Out of the code cache, the application's pc and gs base back.
+        self.cache_leave_for_detach(tid);
         // No int3 of ours, nor a debug register.
         self.remove_breakpoints_via(tid);
         self.hw_clear(tid);
@@ -462,8 +495,11 @@ impl Recorder for PtraceRecorder {
     fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
         let s = &self.settings;
         let (mut hw_step, mut hw_rf_auto) = (false, false);
+        let translate = s.backend == crate::backend::Backend::Translate;
         // Each way is used only where its probe saw it work; the trace is the same either way.
         let block_step = match s.step {
+            // The code cache records; what it does not run is single-stepped.
+            _ if translate => false,
             // The test hook of the branch-trap decoder keeps its own way.
             StepChoice::Auto if s.emulate_block_step => true,
             // Debug-register breakpoints, else the CPU's branch trap, else single steps.
@@ -487,7 +523,9 @@ impl Recorder for PtraceRecorder {
                 false
             }
         };
-        let step = if hw_step {
+        let step = if translate {
+            StepMethod::Translated
+        } else if hw_step {
             StepMethod::PtraceHwBreak
         } else if block_step && !s.emulate_block_step {
             StepMethod::PtraceSingleBlock
@@ -511,6 +549,7 @@ impl Recorder for PtraceRecorder {
                 hw_step,
                 hw_rf_auto,
                 hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
+                translate,
             },
             triggers: if wanted.is_empty() { None } else { Some(&resolve) },
         };

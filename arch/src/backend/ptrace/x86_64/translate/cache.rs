@@ -1,0 +1,209 @@
+//! The code cache of one traced process, as itrace keeps it: the cache's regions in the
+//! process, its units by cache address and by application address, what each exit record and
+//! each `int3` means, the links between units, and the thread-state blocks mapped in the
+//! process. The process's memory is written through `/proc/PID/mem`, which writes through the
+//! cache's read-only protection as a debugger's breakpoints do.
+
+use super::layout::*;
+use super::unit::{Exit, Trap, Unit};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// The size of one region of cache, mapped near the code it translates (RIP-relative operands
+/// must reach their data from it).
+pub(super) const REGION_BYTES: u64 = 8 << 20;
+/// The most a unit can take (`unit::MAX_UNIT_INSNS` instructions and their stubs, with room).
+pub(super) const MAX_UNIT_BYTES: u64 = 96 << 10;
+/// Regions per process: the cache's bound (the process's translation falls back to stepping
+/// beyond it).
+pub(super) const MAX_REGIONS: usize = 128;
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Region {
+    pub(super) base: u64,
+    pub(super) used: u64,
+}
+
+/// Where a cache address is, for a thread stopped there.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Loc {
+    /// Before application instruction `app_pc`, the unit's `count`-th.
+    Boundary { app_pc: u64, count: u32 },
+    /// On one of the cache's `int3`s (not yet run).
+    Trap(Trap),
+    /// Inside a stub or an expansion; `fault` is the application instruction whose state it
+    /// still is, for a fault raised there.
+    Inside { fault: Option<(u64, u32)> },
+    /// Not in the cache.
+    Outside,
+}
+
+#[derive(Default)]
+pub(in super::super) struct Cache {
+    pub(super) regions: Vec<Region>,
+    /// Units by cache address (dead ones too: a thread may still be inside one).
+    units: BTreeMap<u64, Unit>,
+    /// Live units by application address: their cache start.
+    entries: rustc_hash::FxHashMap<u64, u64>,
+    /// Every exit of every unit, by exit id.
+    pub(super) exits: Vec<Exit>,
+    traps: rustc_hash::FxHashMap<u64, Trap>,
+    /// Direct exits by target: (slot, miss `int3`).
+    links: rustc_hash::FxHashMap<u64, Vec<(u64, u64)>>,
+    /// Every thread-state block mapped in the process, and those no thread uses now.
+    pub(super) states: Vec<u64>,
+    pub(super) free_states: Vec<u64>,
+    /// A `syscall` instruction in the process (in its vDSO), for the calls itrace makes there.
+    pub(super) gadget: Option<u64>,
+    mem: Option<(i32, File)>,
+    /// Why this process's code is no longer translated (said once).
+    pub(in super::super) disabled: Option<String>,
+}
+
+impl Cache {
+    /// A forked child's copy: its memory holds the parent's cache and thread-state blocks at
+    /// the same addresses; none of the blocks is in use by its one thread yet.
+    pub(in super::super) fn copy_for_child(&self) -> Cache {
+        Cache {
+            regions: self.regions.clone(),
+            units: self.units.iter().map(|(k, u)| (*k, u.clone())).collect(),
+            entries: self.entries.clone(),
+            exits: self.exits.clone(),
+            traps: self.traps.clone(),
+            links: self.links.clone(),
+            states: self.states.clone(),
+            free_states: self.states.clone(),
+            gadget: self.gadget,
+            mem: None,
+            disabled: self.disabled.clone(),
+        }
+    }
+
+    fn mem(&mut self, pid: i32) -> std::io::Result<&File> {
+        if !matches!(&self.mem, Some((p, _)) if *p == pid) {
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem"))?;
+            self.mem = Some((pid, f));
+        }
+        Ok(&self.mem.as_ref().expect("opened above").1)
+    }
+
+    pub(super) fn read(&mut self, pid: i32, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.mem(pid)?.read_exact_at(buf, addr)
+    }
+
+    pub(super) fn write(&mut self, pid: i32, addr: u64, bytes: &[u8]) -> std::io::Result<()> {
+        self.mem(pid)?.write_all_at(bytes, addr)
+    }
+
+    pub(super) fn read_u64(&mut self, pid: i32, addr: u64) -> std::io::Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(pid, addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// The live unit of application address `pc`: its entry.
+    pub(super) fn entry(&self, pc: u64) -> Option<u64> {
+        self.entries.get(&pc).and_then(|c| self.units.get(c)).map(Unit::entry)
+    }
+
+    /// Whether `addr` is in one of the cache's regions.
+    pub(in super::super) fn owns(&self, addr: u64) -> bool {
+        self.regions.iter().any(|r| addr >= r.base && addr < r.base + REGION_BYTES)
+    }
+
+    /// A region near `pc` with room for a unit.
+    pub(super) fn region_for(&self, pc: u64) -> Option<usize> {
+        self.regions.iter().position(|r| r.base.abs_diff(pc) < 0x4000_0000 && r.used + MAX_UNIT_BYTES <= REGION_BYTES)
+    }
+
+    /// Where the next unit of region `r` goes (16-byte aligned).
+    pub(super) fn next_at(&self, r: usize) -> u64 {
+        let reg = self.regions[r];
+        (reg.base + reg.used + 15) & !15
+    }
+
+    pub(super) fn trap_at(&self, addr: u64) -> Option<Trap> {
+        self.traps.get(&addr).copied()
+    }
+
+    fn unit_at(&self, addr: u64) -> Option<&Unit> {
+        self.units.range(..=addr).next_back().map(|(_, u)| u).filter(|u| addr < u.cache_end())
+    }
+
+    pub(super) fn locate(&self, rip: u64) -> Loc {
+        if let Some(t) = self.trap_at(rip) {
+            return Loc::Trap(t);
+        }
+        let Some(u) = self.unit_at(rip) else { return Loc::Outside };
+        if let Ok(n) = u.spans.binary_search_by_key(&rip, |s| s.start) {
+            return Loc::Boundary { app_pc: u.spans[n].app_pc, count: n as u32 };
+        }
+        let fault = u.spans.iter().position(|s| rip > s.start && rip < s.commit).map(|n| (u.spans[n].app_pc, n as u32));
+        Loc::Inside { fault }
+    }
+
+    /// Put `unit` (built with `first_exit == self.exits.len()`) in the process and in the
+    /// tables; link its direct exits to units that exist and the exits waiting for it.
+    pub(super) fn insert(&mut self, pid: i32, region: usize, mut unit: Unit) -> std::io::Result<u64> {
+        for &(slot, _miss, target) in &unit.links {
+            if let Some(e) = self.entry(target) {
+                let o = (slot - unit.cache_start) as usize;
+                unit.code[o..o + 8].copy_from_slice(&e.to_le_bytes());
+            }
+        }
+        self.write(pid, unit.cache_start, &unit.code)?;
+        let entry = unit.entry();
+        if let Some(waiting) = self.links.get(&unit.app_start).cloned() {
+            for (slot, _) in waiting {
+                self.write(pid, slot, &entry.to_le_bytes())?;
+            }
+        }
+        for &(slot, miss, target) in &unit.links {
+            self.links.entry(target).or_default().push((slot, miss));
+        }
+        for &(addr, t) in &unit.traps {
+            self.traps.insert(addr, t);
+        }
+        self.exits.extend_from_slice(&unit.exits);
+        let reg = &mut self.regions[region];
+        reg.used = unit.cache_end() - reg.base;
+        self.entries.insert(unit.app_start, unit.cache_start);
+        self.units.insert(unit.cache_start, unit);
+        Ok(entry)
+    }
+
+    /// Link the direct exit whose slot is `slot` to `entry`.
+    pub(super) fn link(&mut self, pid: i32, slot: u64, entry: u64) -> std::io::Result<()> {
+        self.write(pid, slot, &entry.to_le_bytes())
+    }
+
+    /// Code in `start..end` changed: its units are dead (their code stays, a thread may be in
+    /// it), links to them go back to their miss traps, the threads' tables forget them.
+    pub(in super::super) fn invalidate(&mut self, start: u64, end: u64) {
+        // Nothing was written to a process whose memory was never opened.
+        let Some(pid) = self.mem.as_ref().map(|(p, _)| *p) else { return };
+        let dead: Vec<u64> = self
+            .units
+            .values()
+            .filter(|u| {
+                u.app_start < end && u.app_end > start && self.entries.get(&u.app_start) == Some(&u.cache_start)
+            })
+            .map(|u| u.app_start)
+            .collect();
+        for app in dead {
+            self.entries.remove(&app);
+            if let Some(slots) = self.links.get(&app).cloned() {
+                for (slot, miss) in slots {
+                    let _ = self.write(pid, slot, &miss.to_le_bytes());
+                }
+            }
+            for s in self.states.clone() {
+                let at = s + table_entry(app);
+                if self.read_u64(pid, at).is_ok_and(|v| v == app) {
+                    let _ = self.write(pid, at, &TABLE_EMPTY.to_le_bytes());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,653 @@
+//! `--backend translate`: the x86_64 recorder that runs the program's code from a cache of
+//! translated units inside the traced process, so that nothing traps per block.
+//!
+//! itrace stays the program's tracer, and is its translator: it decodes and encodes units
+//! (`unit.rs`), keeps the cache's tables (`cache.rs`), and writes the code into the process
+//! (`/proc/PID/mem`). The translated code records every taken branch itself into a ring in
+//! the thread's state block (`layout.rs`, reached through the gs base), and stops for itrace
+//! (an `int3`) only to translate a unit it has not got, to have its ring drained, or to leave
+//! the cache before an instruction the cache does not run (a system call, an interrupt, code
+//! using gs): the shared engine single-steps that one exactly as `--step instruction` does,
+//! then the thread goes back into the cache. Signals stop the thread as for any tracee; the
+//! thread leaves the cache first, at the application instruction its state is at, so the
+//! engine delivers the signal with the application's pc in its frame and records it as the
+//! stepping recorder does. The trace is therefore the one `--step instruction` records.
+//!
+//! Design notes, costs and limits: docs/translate.md.
+
+mod cache;
+mod layout;
+mod unit;
+
+pub(super) use cache::Cache;
+
+use super::engine::*;
+use super::getregs;
+use cache::Loc;
+use itrace_decoders::Flow;
+use itrace_format::{now_ns, Branch};
+use layout::*;
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use unit::{TranslateError, Trap};
+
+/// `si_code` of a SIGTRAP raised by `int3`.
+const SI_KERNEL: i32 = 0x80;
+/// At most this many single steps to bring a thread stopped inside a stub to an application
+/// instruction (the longest stub is about thirty instructions).
+const MAX_SETTLE_STEPS: u32 = 256;
+
+/// A thread's place in the cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ThreadCache {
+    /// Its state block in the process (0: none yet).
+    pub(super) state: u64,
+    /// It runs from the cache (its gs base is `state`).
+    pub(super) in_cache: bool,
+    /// The application's own gs base, put back whenever it leaves the cache.
+    pub(super) app_gs: u64,
+}
+
+/// What a cache trap leads to.
+enum Next {
+    /// Run on in the cache from this address.
+    Run(u64),
+    /// Leave the cache before application instruction `pc`, with `count` instructions of the
+    /// unit done.
+    Leave { pc: u64, count: u32 },
+}
+
+impl Session<'_> {
+    fn cache_of(&mut self, pid: i32) -> Option<&mut Cache> {
+        self.procs.get_mut(&pid).map(|p| &mut p.arch.cache)
+    }
+
+    /// Resume a stepping thread in the cache instead of stepping it, when its next instruction
+    /// can run there. False: step it.
+    pub(in super::super) fn enter_cache(&mut self, tid: i32) -> bool {
+        let Some(t) = self.threads.get(&tid) else { return false };
+        if t.state != ThreadState::Stepping || t.arch.isa().compat || t.skip_report_at.is_some() {
+            return false;
+        }
+        let Some(p) = t.pending else { return false };
+        if matches!(p.insn.flow, Flow::Syscall | Flow::Interrupt | Flow::Iret | Flow::Invalid) {
+            return false;
+        }
+        let pid = t.pid;
+        let Some(state) = self.thread_state(tid, pid) else { return false };
+        let Some(entry) = self.unit_entry(tid, pid, p.pc) else { return false };
+        let Ok(mut regs) = getregs(tid) else { return false };
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.arch.xl.app_gs = regs.gs_base;
+        regs.gs_base = state;
+        regs.rip = entry;
+        if ptrace::setregs(Pid::from_raw(tid), regs).is_err() {
+            return false;
+        }
+        t.arch.xl.in_cache = true;
+        self.run_in_cache(tid);
+        true
+    }
+
+    fn run_in_cache(&mut self, tid: i32) {
+        if self.detaching.is_some() {
+            // Tracing ends: bring it out, and let the engine let it go.
+            self.settle(tid, false, true);
+            self.resume(tid, 0);
+            return;
+        }
+        self.unblock_trap_for_resume(tid, 0);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.stopped = false;
+        }
+        let r = ptrace::cont(Pid::from_raw(tid), None);
+        self.after_resume(tid, r);
+    }
+
+    /// A signal-delivery stop of a thread in the cache: one of the cache's traps, or a signal
+    /// for the program.
+    pub(in super::super) fn cache_stop(&mut self, tid: i32, sig: i32) {
+        self.restore_trap_mask(tid);
+        let Ok(regs) = getregs(tid) else {
+            self.resume(tid, sig);
+            return;
+        };
+        let pid = self.threads[&tid].pid;
+        let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
+        self.drain(tid);
+        if sig == libc::SIGTRAP && si.is_some_and(|si| si.si_code == SI_KERNEL) {
+            let trap = self.cache_of(pid).and_then(|c| c.trap_at(regs.rip.wrapping_sub(1)));
+            if let Some(trap) = trap {
+                match self.on_trap(tid, pid, trap) {
+                    Next::Run(at) => {
+                        self.set_rip(tid, at);
+                        self.run_in_cache(tid);
+                    }
+                    Next::Leave { pc, count } => {
+                        self.leave_cache(tid, pc, count);
+                        self.step_on(tid, 0);
+                    }
+                }
+                return;
+            }
+        }
+        // A signal for the program: from the application instruction its state is at, the
+        // engine delivers it with a step (the stop after shows the handler).
+        let fault = si.is_some_and(|si| {
+            si.si_code > 0
+                && matches!(si.si_signo, libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP)
+        });
+        self.settle(tid, fault, true);
+        let mut inject = sig;
+        if sig == libc::SIGTRAP {
+            self.keep_or_release_trap(tid, &mut inject);
+        }
+        self.step_on(tid, inject);
+    }
+
+    /// What the stepping engine does after a step stop: region triggers, then resume.
+    fn step_on(&mut self, tid: i32, inject: i32) {
+        if self.opts.triggers.is_some() && inject == 0 {
+            self.before_step(tid);
+        }
+        self.resume(tid, inject);
+    }
+
+    /// A ptrace event stop (exit, interrupt, group stop) of a thread in the cache: its records
+    /// are drained; it leaves the cache unless it only stops with its group.
+    pub(in super::super) fn cache_event(&mut self, tid: i32) {
+        if !self.opts.step.translate {
+            return;
+        }
+        let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
+        let event = si.map(|si| si.si_code >> 8).unwrap_or(0);
+        let signo = si.map(|si| si.si_signo).unwrap_or(0);
+        if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
+            self.drain(tid);
+            let group_stop = event == libc::PTRACE_EVENT_STOP
+                && matches!(signo, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
+            if group_stop && self.detaching.is_none() {
+                return;
+            }
+            self.settle(tid, false, event != libc::PTRACE_EVENT_EXIT);
+        }
+        if event == libc::PTRACE_EVENT_EXIT {
+            self.cache_thread_done(tid, false);
+        }
+    }
+
+    /// Before a thread is let go: out of the cache.
+    pub(in super::super) fn cache_leave_for_detach(&mut self, tid: i32) {
+        if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
+            self.drain(tid);
+            self.settle(tid, false, true);
+        }
+    }
+
+    /// The thread exits or its program is replaced: its state block is free.
+    pub(in super::super) fn cache_thread_done(&mut self, tid: i32, exec: bool) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        let (pid, state) = (t.pid, t.arch.xl.state);
+        t.arch.xl = ThreadCache::default();
+        if state != 0 && !exec {
+            if let Some(c) = self.cache_of(pid) {
+                c.free_states.push(state);
+            }
+        }
+    }
+
+    fn set_rip(&mut self, tid: i32, rip: u64) {
+        if let Ok(mut regs) = getregs(tid) {
+            regs.rip = rip;
+            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+        }
+    }
+
+    /// What an `int3` of the cache asks for (the ring was drained).
+    fn on_trap(&mut self, tid: i32, pid: i32, trap: Trap) -> Next {
+        match trap {
+            Trap::Leave { pc, count } => Next::Leave { pc, count },
+            Trap::RingFull { resume } => Next::Run(resume),
+            Trap::Link { exit, slot } => {
+                let Some(target) = self.cache_of(pid).and_then(|c| c.exits.get(exit as usize)).map(|e| e.to) else {
+                    return Next::Leave { pc: 0, count: 0 };
+                };
+                match self.unit_entry(tid, pid, target) {
+                    Some(entry) => {
+                        if let Some(c) = self.cache_of(pid) {
+                            let _ = c.link(pid, slot, entry);
+                        }
+                        Next::Run(entry)
+                    }
+                    None => Next::Leave { pc: target, count: 0 },
+                }
+            }
+            Trap::IndirectMiss => {
+                let state = self.threads[&tid].arch.xl.state;
+                let Some(target) = self.cache_of(pid).and_then(|c| c.read_u64(pid, state + TARGET as u64).ok()) else {
+                    return Next::Leave { pc: 0, count: 0 };
+                };
+                match self.unit_entry(tid, pid, target) {
+                    Some(entry) => {
+                        if let Some(c) = self.cache_of(pid) {
+                            let mut e = [0u8; 16];
+                            e[..8].copy_from_slice(&target.to_le_bytes());
+                            e[8..].copy_from_slice(&entry.to_le_bytes());
+                            let _ = c.write(pid, state + table_entry(target), &e);
+                        }
+                        Next::Run(entry)
+                    }
+                    None => Next::Leave { pc: target, count: 0 },
+                }
+            }
+        }
+    }
+
+    /// Bring a thread stopped in the cache out of it, at the application instruction its state
+    /// is at: a unit's instruction boundary, or for a fault (`fault`) the instruction whose copy
+    /// or expansion raised it. Inside a stub it is single-stepped to the next boundary
+    /// (`can_step`; an exiting thread cannot be).
+    fn settle(&mut self, tid: i32, fault: bool, can_step: bool) {
+        let Some(pid) = self.threads.get(&tid).filter(|t| t.arch.xl.in_cache).map(|t| t.pid) else { return };
+        let mut requeue: Vec<Signal> = Vec::new();
+        for _ in 0..MAX_SETTLE_STEPS {
+            let Ok(regs) = getregs(tid) else { break };
+            let loc = self.cache_of(pid).map(|c| c.locate(regs.rip)).unwrap_or(Loc::Outside);
+            match loc {
+                Loc::Boundary { app_pc, count } => {
+                    self.leave_cache(tid, app_pc, count);
+                    break;
+                }
+                Loc::Inside { fault: Some((app_pc, count)) } if fault || !can_step => {
+                    self.leave_cache(tid, app_pc, count);
+                    break;
+                }
+                Loc::Trap(trap) => {
+                    self.drain(tid);
+                    match self.on_trap(tid, pid, trap) {
+                        Next::Run(at) => self.set_rip(tid, at),
+                        Next::Leave { pc, count } => {
+                            self.leave_cache(tid, pc, count);
+                            break;
+                        }
+                    }
+                }
+                Loc::Outside => {
+                    // Not in the cache (it should not be possible): the pc is the application's.
+                    self.leave_cache(tid, regs.rip, 0);
+                    break;
+                }
+                Loc::Inside { .. } if !can_step => {
+                    self.leave_cache(tid, regs.rip, 0);
+                    break;
+                }
+                Loc::Inside { .. } => {
+                    if !self.step_in_stub(tid, &mut requeue) {
+                        return;
+                    }
+                }
+            }
+        }
+        if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
+            eprintln!("itrace: warning: thread {tid} could not be brought out of the code cache; its count may be off");
+            let pc = getregs(tid).map(|r| r.rip).unwrap_or(0);
+            self.leave_cache(tid, pc, 0);
+        }
+        for sig in requeue {
+            // A signal that came while stepping the stub: the kernel gets it again.
+            // SAFETY: tgkill with plain integers.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig as i32) };
+        }
+    }
+
+    /// One single step inside a stub; false if the thread is gone.
+    fn step_in_stub(&mut self, tid: i32, requeue: &mut Vec<Signal>) -> bool {
+        let p = Pid::from_raw(tid);
+        self.unblock_trap_for_resume(tid, 0);
+        if ptrace::step(p, None).is_err() {
+            return false;
+        }
+        loop {
+            match waitpid(p, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => break,
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    requeue.push(sig);
+                    if ptrace::step(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Ok(WaitStatus::Exited(_, code)) => {
+                    self.gone(tid, itrace_format::StopReason::Exited, code);
+                    return false;
+                }
+                Ok(WaitStatus::Signaled(_, sig, _)) => {
+                    self.gone(tid, itrace_format::StopReason::Signaled, sig as i32);
+                    return false;
+                }
+                Ok(_) => {
+                    if ptrace::step(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+        self.restore_trap_mask(tid);
+        true
+    }
+
+    /// The thread leaves the cache before application instruction `pc`, `count` instructions
+    /// into its unit: its pc and gs base are the application's again, and the engine's pending
+    /// instruction is `pc`.
+    fn leave_cache(&mut self, tid: i32, pc: u64, count: u32) {
+        let Ok(mut regs) = getregs(tid) else { return };
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.icount += count;
+        t.arch.xl.in_cache = false;
+        regs.rip = pc;
+        regs.gs_base = t.arch.xl.app_gs;
+        let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+        self.update_pending_after(tid, pc, &regs, false);
+    }
+
+    /// Turn the records in the thread's ring into branch records, and empty it.
+    fn drain(&mut self, tid: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        let (pid, state, cpu) = (t.pid, t.arch.xl.state, t.cpu);
+        if state == 0 {
+            return;
+        }
+        let Some(c) = self.cache_of(pid) else { return };
+        let Ok(off) = c.read_u64(pid, state + RING_OFF as u64) else { return };
+        let n = ((off as i64 + RING_BYTES) / RECORD_BYTES).clamp(0, RING_RECORDS) as usize;
+        if n == 0 {
+            return;
+        }
+        let mut raw = vec![0u8; n * RECORD_BYTES as usize];
+        if c.read(pid, state + RING as u64, &mut raw).is_err() {
+            return;
+        }
+        let _ = c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes());
+        let mut records = Vec::with_capacity(n);
+        for r in raw.chunks_exact(RECORD_BYTES as usize) {
+            let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+            let target = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+            match c.exits.get(id as usize) {
+                Some(e) => records.push((*e, target)),
+                None => {
+                    eprintln!("itrace: warning: thread {tid}: a cache record with no exit {id}; the rest of its ring is dropped");
+                    break;
+                }
+            }
+        }
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.stop_ts = now_ns();
+        let mut out: Vec<Branch> = Vec::with_capacity(records.len());
+        for (e, target) in records {
+            t.icount += e.count;
+            if let Some(kind) = e.kind {
+                let to = if e.indirect { target } else { e.to };
+                out.push(branch(t, false, e.from, to, kind, 0, 0));
+            }
+        }
+        for b in out {
+            self.push_branch(cpu, b);
+        }
+    }
+
+    /// The cache entry of application address `pc`, translating it if needed. `None`: the
+    /// thread steps there.
+    fn unit_entry(&mut self, tid: i32, pid: i32, pc: u64) -> Option<u64> {
+        let c = self.cache_of(pid)?;
+        if let Some(e) = c.entry(pc) {
+            return Some(e);
+        }
+        if c.disabled.is_some() {
+            return None;
+        }
+        let region = match c.region_for(pc) {
+            Some(r) => r,
+            None => self.new_region(tid, pid, pc)?,
+        };
+        let p = self.procs.get_mut(&pid)?;
+        let at = p.arch.cache.next_at(region);
+        let first_exit = p.arch.cache.exits.len() as u32;
+        let bps = &p.region.bps;
+        let mut fetch = |addr: u64, buf: &mut [u8]| {
+            let n = super::super::tables::read_mem(pid, addr, buf);
+            bps.unpatch(addr, &mut buf[..n]);
+            n
+        };
+        let stop_before = |addr: u64| bps.kind_at(addr).is_some();
+        let unit = match unit::translate(pc, at, first_exit, &mut fetch, &stop_before) {
+            Ok(u) => u,
+            Err(TranslateError::NotTranslatable) => return None,
+            Err(e) => {
+                eprintln!("itrace: warning: cannot translate the code at {pc:#x} ({e}); it is stepped");
+                return None;
+            }
+        };
+        match p.arch.cache.insert(pid, region, unit) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                let why = format!("cannot write the code cache of process {pid}: {e}");
+                eprintln!("itrace: warning: {why}; its code is stepped from here on");
+                p.arch.cache.disabled = Some(why);
+                None
+            }
+        }
+    }
+
+    /// Map a new region of cache near `pc` (RIP-relative data must be in reach).
+    fn new_region(&mut self, tid: i32, pid: i32, pc: u64) -> Option<usize> {
+        let c = self.cache_of(pid)?;
+        if c.regions.len() >= cache::MAX_REGIONS {
+            let why = format!(
+                "the code cache of process {pid} is full ({} MB)",
+                (cache::MAX_REGIONS as u64 * cache::REGION_BYTES) >> 20
+            );
+            eprintln!("itrace: warning: {why}; new code is stepped from here on");
+            c.disabled = Some(why);
+            return None;
+        }
+        let maps = all_mappings(pid);
+        let candidates = region_candidates(&maps, pc, cache::REGION_BYTES);
+        for base in candidates {
+            let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+            let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+            match self.remote_syscall(
+                tid,
+                pid,
+                libc::SYS_mmap as u64,
+                [base, cache::REGION_BYTES, prot, flags, u64::MAX, 0],
+            ) {
+                Ok(got) if got == base => {
+                    let c = self.cache_of(pid)?;
+                    c.regions.push(cache::Region { base, used: 0 });
+                    return Some(c.regions.len() - 1);
+                }
+                Ok(_) | Err(Errno::EEXIST) | Err(Errno::ENOMEM) => continue,
+                Err(e) => {
+                    eprintln!("itrace: warning: cannot map code cache in process {pid}: {e}");
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// The thread's state block, mapped and initialised on first use.
+    fn thread_state(&mut self, tid: i32, pid: i32) -> Option<u64> {
+        let t = self.threads.get(&tid)?;
+        if t.arch.xl.state != 0 {
+            return Some(t.arch.xl.state);
+        }
+        let c = self.cache_of(pid)?;
+        if c.disabled.is_some() {
+            return None;
+        }
+        let state = match c.free_states.pop() {
+            Some(s) => {
+                c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
+                s
+            }
+            None => {
+                // Far from where the program's own mappings go (below its executable, above
+                // the first 64 GB), so that its addresses are the ones it has untraced.
+                let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+                let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+                let maps = all_mappings(pid);
+                let mut got = None;
+                let free = (0..4096u64)
+                    .map(|k| STATE_AREA + k * STATE_BYTES)
+                    .filter(|&b| maps.iter().all(|m| b + STATE_BYTES <= m.start || b >= m.end));
+                for base in free.take(4) {
+                    match self.remote_syscall(
+                        tid,
+                        pid,
+                        libc::SYS_mmap as u64,
+                        [base, STATE_BYTES, prot, flags, u64::MAX, 0],
+                    ) {
+                        Ok(s) if s == base => {
+                            got = Some(s);
+                            break;
+                        }
+                        Ok(_) | Err(Errno::EEXIST) => continue,
+                        Err(e) => {
+                            eprintln!("itrace: warning: cannot map a thread state in process {pid}: {e}; thread {tid} is stepped");
+                            return None;
+                        }
+                    }
+                }
+                let s = got?;
+                let c = self.cache_of(pid)?;
+                c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
+                let empty = vec![0xffu8; (TABLE_ENTRIES * TABLE_ENTRY_BYTES) as usize];
+                c.write(pid, s + TABLE as u64, &empty).ok()?;
+                c.states.push(s);
+                s
+            }
+        };
+        self.threads.get_mut(&tid)?.arch.xl.state = state;
+        Some(state)
+    }
+
+    /// Run system call `nr` in the stopped thread (at a `syscall` instruction of its vDSO) and
+    /// put its registers back. Signals that arrive meanwhile are sent again after.
+    fn remote_syscall(&mut self, tid: i32, pid: i32, nr: u64, args: [u64; 6]) -> Result<u64, Errno> {
+        let gadget = match self.cache_of(pid).and_then(|c| c.gadget) {
+            Some(g) => g,
+            None => {
+                let g = find_syscall_instruction(pid).ok_or(Errno::ENOEXEC)?;
+                self.cache_of(pid).ok_or(Errno::ESRCH)?.gadget = Some(g);
+                g
+            }
+        };
+        let p = Pid::from_raw(tid);
+        let saved = getregs(tid)?;
+        let mut r = saved;
+        r.rip = gadget;
+        r.rax = nr;
+        r.orig_rax = u64::MAX;
+        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (args[0], args[1], args[2], args[3], args[4], args[5]);
+        ptrace::setregs(p, r)?;
+        let mut requeue = Vec::new();
+        let mut result = Err(Errno::EIO);
+        for _ in 0..16 {
+            if !self.step_in_stub(tid, &mut requeue) {
+                return Err(Errno::ESRCH);
+            }
+            let now = getregs(tid)?;
+            if now.rip == gadget + 2 {
+                result = Ok(now.rax);
+                break;
+            }
+            if now.rip != gadget {
+                break;
+            }
+        }
+        ptrace::setregs(p, saved)?;
+        for sig in requeue {
+            // SAFETY: tgkill with plain integers.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig as i32) };
+        }
+        let v = result?;
+        if v > (-4096i64) as u64 {
+            return Err(Errno::from_raw(-(v as i64) as i32));
+        }
+        Ok(v)
+    }
+}
+
+/// A `syscall` instruction (bytes 0f 05) in the process's vDSO.
+fn find_syscall_instruction(pid: i32) -> Option<u64> {
+    let maps = crate::procfs::exec_mappings(pid).ok()?;
+    let vdso = maps.iter().find(|m| m.path == "[vdso]")?;
+    let mut image = vec![0u8; (vdso.end - vdso.start) as usize];
+    let n = super::super::tables::read_mem(pid, vdso.start, &mut image);
+    image[..n].windows(2).position(|w| w == [0x0f, 0x05]).map(|o| vdso.start + o as u64)
+}
+
+/// Where thread-state blocks go: above the first 64 GB (a non-PIE program and its heap are
+/// below), far below where a PIE program and the kernel's top-down mappings are.
+const STATE_AREA: u64 = 0x10_0000_0000;
+
+/// One line of /proc/PID/maps.
+struct MapRange {
+    start: u64,
+    end: u64,
+    stack: bool,
+}
+
+/// Every mapping of a process, in address order.
+fn all_mappings(pid: i32) -> Vec<MapRange> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    text.lines()
+        .filter_map(|l| {
+            let range = l.split(' ').next()?;
+            let (s, e) = range.split_once('-')?;
+            Some(MapRange {
+                start: u64::from_str_radix(s, 16).ok()?,
+                end: u64::from_str_radix(e, 16).ok()?,
+                stack: l.ends_with("[stack]"),
+            })
+        })
+        .collect()
+}
+
+/// Where a region of `size` bytes of cache for code at `pc` may go, best first. It must be
+/// within reach of the code's RIP-relative data (1 GB here), and should not be where the
+/// program's own mappings would go, or they would move:
+/// - the gap the kernel leaves below the stack for it to grow (at least 128 MB, of which the
+///   stack may use its limit, 8 MB by default): next to the libraries and the dynamic loader;
+/// - below the code (below a PIE program nothing is mapped);
+/// - above it, past room for the heap (a non-PIE program at 4 MB).
+fn region_candidates(maps: &[MapRange], pc: u64, size: u64) -> Vec<u64> {
+    const REACH: u64 = 1 << 30;
+    const MB: u64 = 1 << 20;
+    let free = |base: u64| maps.iter().all(|m| base + size + MB <= m.start || base >= m.end + MB);
+    let mut out = Vec::new();
+    if let Some(stack) = maps.iter().find(|m| m.stack) {
+        let below = maps.iter().filter(|m| m.end <= stack.start).map(|m| m.end).max().unwrap_or(0);
+        let lo = (below + 16 * MB + size - 1) & !(size - 1);
+        // Room for the stack to grow to 64 MB, a guard gap, and more.
+        let hi = stack.start.saturating_sub(96 * MB);
+        let mut base = lo;
+        while base + size <= hi {
+            if base.abs_diff(pc) < REACH {
+                out.push(base);
+            }
+            base += size;
+        }
+    }
+    let home = pc & !(size - 1);
+    out.extend((1..64u64).filter_map(|k| home.checked_sub(k * size)).filter(|&b| b >= 1 << 24));
+    out.extend((0..64u64).map(|k| home + 512 * MB + k * size));
+    out.retain(|&b| free(b) && b.abs_diff(pc) < REACH);
+    out.truncate(4);
+    out
+}

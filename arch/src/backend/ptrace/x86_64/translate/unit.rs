@@ -1,0 +1,667 @@
+//! Translating one unit: the application's instructions from an entry address, through
+//! conditional branches not taken, up to an unconditional control transfer (or an instruction
+//! the cache does not run, or a size limit), rewritten to run from the code cache.
+//!
+//! What a unit is made of (iced-x86's block encoder lays it out and relocates RIP-relative
+//! operands and branch displacements; nothing here encodes x86 by hand):
+//! - the link slots of its direct exits (8-byte aligned data, at the start);
+//! - the application's instructions, copied; a conditional branch's taken side jumps to an
+//!   out-of-line stub; calls push the *application's* return address and returns pop it, so the
+//!   stack holds application addresses only;
+//! - at each taken exit a record stub appends `[exit id][target]` to the thread's ring
+//!   (`layout.rs`) without touching the flags (`lea`, `jrcxz`, `not`, `movzx`), then goes on:
+//!   direct exits through their link slot (a miss `int3` until the target is translated),
+//!   indirect ones through the thread's lookup table (a miss `int3` when the target is not in it).
+//!
+//! Every instruction that can fault runs when the application's state is the one before the
+//! application instruction it stands for (the `Span`'s `start..commit`), so a fault maps back
+//! to that instruction exactly, with nothing to undo.
+
+use super::layout::*;
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, Instruction, InstructionBlock, MemoryOperand,
+    Mnemonic, OpKind, Register,
+};
+use itrace_decoders::Flow;
+use itrace_format::BranchKind;
+
+/// At most this many application instructions in one unit; longer straight-line code continues
+/// in the next unit (a fall-through record carries the count).
+pub(super) const MAX_UNIT_INSNS: u32 = 256;
+
+/// Instruction pointers of the builder's own instructions and labels: non-canonical, so that no
+/// application address (a RIP-relative operand's target) can be taken for one of them.
+const FAKE_BASE: u64 = 0x8000_0000_0000_0000;
+
+/// RIP-relative operands must reach their data from the cache (the block encoder's limit is
+/// 2 GB; keep a margin for the unit's own size).
+const RIP_REACH: u64 = 0x7000_0000;
+
+/// What a record in the ring means.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Exit {
+    /// The branch instruction.
+    pub(super) from: u64,
+    /// A direct exit's target (an indirect exit's is in the record).
+    pub(super) to: u64,
+    /// `None`: no branch (the size limit); its count carries on to the next record.
+    pub(super) kind: Option<BranchKind>,
+    /// Application instructions of the unit up to and including the branch.
+    pub(super) count: u32,
+    /// The target is in the record.
+    pub(super) indirect: bool,
+}
+
+/// What an `int3` of the cache asks of itrace.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Trap {
+    /// A direct exit whose target has no unit yet: translate it, link the slot.
+    Link { exit: u32, slot: u64 },
+    /// An indirect branch whose target is not in the thread's table (target in `TARGET`).
+    IndirectMiss,
+    /// The ring is full: drain it, resume at `resume`.
+    RingFull { resume: u64 },
+    /// The next instruction (at `pc`) is not run from the cache: leave it, with `count`
+    /// instructions of the unit done.
+    Leave { pc: u64, count: u32 },
+}
+
+/// Where application instruction `app_pc` is in the cache: its copy (or expansion) starts at
+/// `start`; until `commit` the application's state is the one before it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Span {
+    pub(super) app_pc: u64,
+    pub(super) start: u64,
+    pub(super) commit: u64,
+}
+
+/// A translated unit, encoded for its cache address.
+#[derive(Clone)]
+pub(super) struct Unit {
+    pub(super) app_start: u64,
+    /// Application bytes translated: `app_start..app_end`.
+    pub(super) app_end: u64,
+    pub(super) cache_start: u64,
+    pub(super) code: Vec<u8>,
+    /// One per application instruction, in order (the first one's `start` is the entry).
+    pub(super) spans: Vec<Span>,
+    /// `int3` addresses and what they mean.
+    pub(super) traps: Vec<(u64, Trap)>,
+    /// The unit's exits, numbered from the `first_exit` it was built with.
+    pub(super) exits: Vec<Exit>,
+    /// Direct exits: (link slot address, its miss `int3`, target).
+    pub(super) links: Vec<(u64, u64, u64)>,
+}
+
+impl Unit {
+    pub(super) fn entry(&self) -> u64 {
+        self.spans[0].start
+    }
+
+    pub(super) fn cache_end(&self) -> u64 {
+        self.cache_start + self.code.len() as u64
+    }
+}
+
+/// Why a unit could not be made (the thread is stepped there instead).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TranslateError {
+    #[error("the first instruction is not run from the cache")]
+    NotTranslatable,
+    #[error("encoding failed: {0}")]
+    Encode(String),
+}
+
+/// How the cache runs one application instruction.
+enum Kind {
+    /// Not from the cache: the thread leaves before it (system calls, interrupts, far
+    /// transfers, gs, transactions, undecodable bytes, data out of reach).
+    Special,
+    /// Copied as it is (the block encoder relocates a RIP-relative operand).
+    Copy,
+    /// `jcc`, `loop*`, `jrcxz` to `target`.
+    CondJump {
+        target: u64,
+    },
+    DirectJump {
+        target: u64,
+    },
+    DirectCall {
+        target: u64,
+    },
+    /// `jmp`/`call` through a register or memory.
+    IndirectJump,
+    IndirectCall,
+    /// `ret` / `ret imm16`.
+    Return {
+        pop: u16,
+    },
+}
+
+fn classify(i: &Instruction, flow: Flow, cache_at: u64) -> Kind {
+    let next = i.next_ip();
+    let uses_gs = i.segment_prefix() == Register::GS
+        || (0..i.op_count()).any(|n| i.op_kind(n) == OpKind::Register && i.op_register(n) == Register::GS)
+        || matches!(i.mnemonic(), Mnemonic::Rdgsbase | Mnemonic::Wrgsbase | Mnemonic::Swapgs | Mnemonic::Lgs);
+    if uses_gs {
+        return Kind::Special;
+    }
+    if i.is_ip_rel_memory_operand() && i.ip_rel_memory_address().abs_diff(cache_at) > RIP_REACH {
+        return Kind::Special;
+    }
+    match flow {
+        Flow::Next | Flow::RepString => match i.mnemonic() {
+            // The abort path is a relative address: it would leave the cache natively.
+            Mnemonic::Xbegin => Kind::Special,
+            _ => Kind::Copy,
+        },
+        Flow::CondJump if i.is_jcc_short_or_near() || i.is_loop() || i.is_loopcc() || i.is_jcx_short() => {
+            let target = i.near_branch_target();
+            if target == next {
+                // Taken or not, it lands on the next instruction: never a taken branch to record.
+                Kind::Copy
+            } else {
+                Kind::CondJump { target }
+            }
+        }
+        Flow::Jump => match i.code() {
+            Code::Jmp_rel8_64 | Code::Jmp_rel32_64 => Kind::DirectJump { target: i.near_branch_target() },
+            Code::Jmp_rm64 => Kind::IndirectJump,
+            _ => Kind::Special,
+        },
+        Flow::Call => match i.code() {
+            Code::Call_rel32_64 => Kind::DirectCall { target: i.near_branch_target() },
+            Code::Call_rm64 => Kind::IndirectCall,
+            _ => Kind::Special,
+        },
+        Flow::Return => match i.code() {
+            Code::Retnq => Kind::Return { pop: 0 },
+            Code::Retnq_imm16 => Kind::Return { pop: i.immediate16() },
+            _ => Kind::Special,
+        },
+        _ => Kind::Special,
+    }
+}
+
+/// A gs-relative absolute operand (`gs:[disp]`).
+fn gs(disp: i64) -> MemoryOperand {
+    MemoryOperand::new(Register::None, Register::None, 1, disp, 4, false, Register::GS)
+}
+
+/// `gs:[base + index*scale + disp]`.
+fn gs_at(base: Register, index: Register, scale: u32, disp: i64) -> MemoryOperand {
+    MemoryOperand::new(base, index, scale, disp, displ_size(base, disp), false, Register::GS)
+}
+
+fn mem(base: Register, index: Register, scale: u32, disp: i64) -> MemoryOperand {
+    MemoryOperand::new(base, index, scale, disp, displ_size(base, disp), false, Register::None)
+}
+
+/// The displacement size to ask of the encoder: none, the smallest that fits (1), or 32 bits
+/// where there is no base register.
+fn displ_size(base: Register, disp: i64) -> u32 {
+    match (base, disp) {
+        (Register::None, _) => 4,
+        (_, 0) => 0,
+        _ => 1,
+    }
+}
+
+/// The instruction list of a unit, with labels: every instruction gets a fake ip, a label is the
+/// fake ip of the instruction bound to it.
+struct Builder {
+    insns: Vec<Instruction>,
+    next_fake: u64,
+    bound: Option<u64>,
+    /// Slots first (they are moved to the front), kept apart.
+    slots: Vec<Instruction>,
+    error: Option<String>,
+}
+
+impl Builder {
+    fn label(&mut self) -> u64 {
+        self.next_fake += 1;
+        FAKE_BASE + self.next_fake
+    }
+
+    fn bind(&mut self, label: u64) {
+        debug_assert!(self.bound.is_none(), "two labels on one instruction");
+        self.bound = Some(label);
+    }
+
+    /// Append; returns the instruction's index.
+    fn push(&mut self, i: Result<Instruction, iced_x86::IcedError>) -> usize {
+        let mut i = match i {
+            Ok(i) => i,
+            Err(e) => {
+                self.error.get_or_insert_with(|| e.to_string());
+                Instruction::with(Code::Nopd)
+            }
+        };
+        let ip = match self.bound.take() {
+            Some(l) => l,
+            None => self.label(),
+        };
+        i.set_ip(ip);
+        self.insns.push(i);
+        self.insns.len() - 1
+    }
+
+    fn int3(&mut self) -> usize {
+        self.push(Ok(Instruction::with(Code::Int3)))
+    }
+
+    /// A link slot (8-byte data at the unit's start); returns its label.
+    fn slot(&mut self) -> u64 {
+        let l = self.label();
+        let mut q = Instruction::with_declare_qword_1(0);
+        q.set_ip(l);
+        self.slots.push(q);
+        l
+    }
+
+    /// Append `[exit]` to the ring; rcx is the application's again after it. Returns the
+    /// label of the resume point of a full ring and the label of its `int3`.
+    fn record_direct(&mut self, exit: u32) -> (u64, u64) {
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RCX), Register::RCX));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, gs(RING_OFF)));
+        self.push(Instruction::with2(Code::Mov_rm64_imm32, gs_at(Register::RCX, Register::None, 1, RING_END), exit));
+        self.push(Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RCX,
+            mem(Register::RCX, Register::None, 1, RECORD_BYTES),
+        ));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(RING_OFF), Register::RCX));
+        let (full, back) = (self.label(), self.label());
+        self.push(Instruction::with_branch(Code::Jrcxz_rel8_64, full));
+        self.bind(back);
+        self.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, gs(SPILL_RCX)));
+        (back, full)
+    }
+
+    /// Go to the unit of application address `target` through a link slot. Returns (slot label,
+    /// miss `int3` index).
+    fn direct_jump(&mut self) -> (u64, usize) {
+        let slot = self.slot();
+        self.push(Instruction::with1(Code::Jmp_rm64, MemoryOperand::with_base_displ(Register::RIP, slot as i64)));
+        let miss = self.int3();
+        (slot, miss)
+    }
+
+    /// The full-ring `int3` of a record stub, bound to `full`.
+    fn full_trap(&mut self, full: u64) -> usize {
+        self.bind(full);
+        self.int3()
+    }
+
+    /// Append `[exit][gs:TARGET]` to the ring and go to the target's unit through the thread's
+    /// table. Returns (resume label, full label, miss `int3` index).
+    fn record_indirect_and_lookup(&mut self, exit: u32) -> (u64, u64, usize) {
+        use Register::*;
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RCX), RCX));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RDX), RDX));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs(RING_OFF)));
+        self.push(Instruction::with2(Code::Mov_rm64_imm32, gs_at(RCX, None, 1, RING_END), exit));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(TARGET)));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs_at(RCX, None, 1, RING_END + 8), RDX));
+        self.push(Instruction::with2(Code::Lea_r64_m, RCX, mem(RCX, None, 1, RECORD_BYTES)));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(RING_OFF), RCX));
+        let (full, back, hit) = (self.label(), self.label(), self.label());
+        self.push(Instruction::with_branch(Code::Jrcxz_rel8_64, full));
+        // rcx = table[target & 0xffff].pc - target, without flags.
+        self.bind(back);
+        self.push(Instruction::with2(Code::Movzx_r32_rm16, ECX, DX));
+        self.push(Instruction::with2(Code::Lea_r64_m, RCX, mem(RCX, RCX, 1, 0)));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs_at(None, RCX, 8, TABLE)));
+        self.push(Instruction::with1(Code::Not_rm64, RDX));
+        self.push(Instruction::with2(Code::Lea_r64_m, RCX, mem(RCX, RDX, 1, 1)));
+        self.push(Instruction::with_branch(Code::Jrcxz_rel8_64, hit));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs(SPILL_RCX)));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(SPILL_RDX)));
+        let miss = self.int3();
+        self.bind(hit);
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(TARGET)));
+        self.push(Instruction::with2(Code::Movzx_r32_rm16, ECX, DX));
+        self.push(Instruction::with2(Code::Lea_r64_m, RCX, mem(RCX, RCX, 1, 0)));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs_at(None, RCX, 8, TABLE + 8)));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(JUMP), RCX));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs(SPILL_RCX)));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(SPILL_RDX)));
+        self.push(Instruction::with1(Code::Jmp_rm64, gs(JUMP)));
+        (back, full, miss)
+    }
+
+    /// Put the branch target of `i` (a register or memory operand) in `gs:TARGET`, reading it
+    /// as the application instruction would.
+    fn fetch_target(&mut self, i: &Instruction) {
+        match i.op0_kind() {
+            OpKind::Register => {
+                self.push(Instruction::with2(Code::Mov_rm64_r64, gs(TARGET), i.op0_register()));
+            }
+            _ => {
+                let m = MemoryOperand::new(
+                    i.memory_base(),
+                    i.memory_index(),
+                    i.memory_index_scale(),
+                    i.memory_displacement64() as i64,
+                    i.memory_displ_size(),
+                    false,
+                    i.segment_prefix(),
+                );
+                self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RCX), Register::RCX));
+                self.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, m));
+                self.push(Instruction::with2(Code::Mov_rm64_r64, gs(TARGET), Register::RCX));
+                self.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, gs(SPILL_RCX)));
+            }
+        }
+    }
+
+    /// Push the application return address `ret` (faults, if at all, on its first instruction).
+    fn push_return_address(&mut self, ret: u64) {
+        self.push(Instruction::with1(Code::Pushq_imm32, ret as u32 as i32));
+        if (ret as i64) != (ret as u32 as i32 as i64) {
+            let hi = MemoryOperand::with_base_displ(Register::RSP, 4);
+            self.push(Instruction::with2(Code::Mov_rm32_imm32, hi, (ret >> 32) as u32));
+        }
+    }
+}
+
+/// A stub to emit after the main path: a conditional branch's taken side.
+struct TakenStub {
+    label: u64,
+    exit: u32,
+    target: u64,
+}
+
+/// Where things are, as instruction indexes, until the layout gives addresses.
+struct Pending {
+    /// (app pc, start index, commit index)
+    spans: Vec<(u64, usize, usize)>,
+    /// (int3 index, what it means; labels for RingFull's resume)
+    traps: Vec<(usize, PendingTrap)>,
+    /// (slot label, miss int3 index, target)
+    links: Vec<(u64, usize, u64)>,
+}
+
+enum PendingTrap {
+    Link { exit: u32, slot: u64 },
+    IndirectMiss,
+    RingFull { resume: u64 },
+    Leave { pc: u64, count: u32 },
+}
+
+/// Translate the unit at application address `start` for cache address `cache_at` (8-byte
+/// aligned). `fetch` reads application code (up to the buffer's length; fewer bytes where the
+/// mapping ends); `stop_before` says where a unit must end before an instruction (region
+/// triggers) unless it is the first. Exits are numbered from `first_exit`.
+pub(super) fn translate(
+    start: u64,
+    cache_at: u64,
+    first_exit: u32,
+    fetch: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+    stop_before: &dyn Fn(u64) -> bool,
+) -> Result<Unit, TranslateError> {
+    let mut b = Builder { insns: Vec::new(), next_fake: 0, bound: None, slots: Vec::new(), error: None };
+    let mut p = Pending { spans: Vec::new(), traps: Vec::new(), links: Vec::new() };
+    let mut exits: Vec<Exit> = Vec::new();
+    let mut taken: Vec<TakenStub> = Vec::new();
+    let mut pc = start;
+    // The end of the last application instruction the unit holds.
+    let mut end = start;
+    let mut count: u32 = 0;
+    let new_exit = |exits: &mut Vec<Exit>, e: Exit| {
+        exits.push(e);
+        first_exit + exits.len() as u32 - 1
+    };
+    loop {
+        if count > 0 && stop_before(pc) {
+            let i = b.int3();
+            p.traps.push((i, PendingTrap::Leave { pc, count }));
+            break;
+        }
+        if count >= MAX_UNIT_INSNS {
+            let exit = new_exit(&mut exits, Exit { from: pc, to: pc, kind: None, count, indirect: false });
+            let (back, full) = b.record_direct(exit);
+            let (slot, miss) = b.direct_jump();
+            p.links.push((slot, miss, pc));
+            p.traps.push((miss, PendingTrap::Link { exit, slot }));
+            let f = b.full_trap(full);
+            p.traps.push((f, PendingTrap::RingFull { resume: back }));
+            break;
+        }
+        let mut bytes = [0u8; itrace_decoders::x86::MAX_INSN_LEN];
+        let n = fetch(pc, &mut bytes);
+        let flow = itrace_decoders::x86::decode(64, pc, &bytes[..n]).flow;
+        let mut decoder = Decoder::with_ip(64, &bytes[..n], pc, DecoderOptions::NONE);
+        let insn = decoder.decode();
+        let kind = if insn.is_invalid() { Kind::Special } else { classify(&insn, flow, cache_at) };
+        let next = insn.next_ip();
+        let span_start = b.insns.len();
+        if !matches!(kind, Kind::Special) {
+            end = next;
+        }
+        match kind {
+            Kind::Special => {
+                if count == 0 {
+                    return Err(TranslateError::NotTranslatable);
+                }
+                let i = b.int3();
+                p.traps.push((i, PendingTrap::Leave { pc, count }));
+                break;
+            }
+            Kind::Copy => {
+                b.push(Ok(insn));
+                count += 1;
+                p.spans.push((pc, span_start, span_start + 1));
+                pc = next;
+            }
+            Kind::CondJump { target } => {
+                count += 1;
+                let exit = new_exit(
+                    &mut exits,
+                    Exit { from: pc, to: target, kind: Some(BranchKind::CondJump), count, indirect: false },
+                );
+                let label = b.label();
+                let mut j = insn;
+                if insn.is_jcc_short_or_near() {
+                    j.set_near_branch64(label);
+                    b.push(Ok(j));
+                } else {
+                    // loop*/jrcxz have only a short form: hop through a near jump.
+                    let (far, over) = (b.label(), b.label());
+                    j.set_near_branch64(far);
+                    b.push(Ok(j));
+                    b.push(Instruction::with_branch(Code::Jmp_rel8_64, over));
+                    b.bind(far);
+                    b.push(Instruction::with_branch(Code::Jmp_rel32_64, label));
+                    b.bind(over);
+                }
+                p.spans.push((pc, span_start, span_start + 1));
+                taken.push(TakenStub { label, exit, target });
+                pc = next;
+            }
+            Kind::DirectJump { target } | Kind::DirectCall { target } => {
+                let call = matches!(kind, Kind::DirectCall { .. });
+                if call {
+                    b.push_return_address(next);
+                }
+                count += 1;
+                let bk = if call { BranchKind::Call } else { BranchKind::Jump };
+                let exit = new_exit(&mut exits, Exit { from: pc, to: target, kind: Some(bk), count, indirect: false });
+                let commit = b.insns.len();
+                p.spans.push((pc, span_start, if call { span_start + 1 } else { commit.max(span_start) }));
+                let (back, full) = b.record_direct(exit);
+                let (slot, miss) = b.direct_jump();
+                p.links.push((slot, miss, target));
+                p.traps.push((miss, PendingTrap::Link { exit, slot }));
+                let f = b.full_trap(full);
+                p.traps.push((f, PendingTrap::RingFull { resume: back }));
+                break;
+            }
+            Kind::IndirectJump | Kind::IndirectCall | Kind::Return { .. } => {
+                let bk = match kind {
+                    Kind::IndirectJump => {
+                        b.fetch_target(&insn);
+                        BranchKind::Jump
+                    }
+                    Kind::IndirectCall => {
+                        b.fetch_target(&insn);
+                        b.push_return_address(next);
+                        BranchKind::Call
+                    }
+                    Kind::Return { pop } => {
+                        b.push(Instruction::with1(Code::Pop_rm64, gs(TARGET)));
+                        if pop != 0 {
+                            let m = MemoryOperand::with_base_displ(Register::RSP, pop as i64);
+                            b.push(Instruction::with2(Code::Lea_r64_m, Register::RSP, m));
+                        }
+                        BranchKind::Return
+                    }
+                    _ => unreachable!("indirect kinds only"),
+                };
+                count += 1;
+                // Faults are possible up to the return address push (or the pop): the state is
+                // the one before the instruction until then.
+                let commit = match kind {
+                    Kind::Return { .. } => span_start + 1,
+                    Kind::IndirectJump => b.insns.len(),
+                    _ => b.insns.len() - if (next as i64) != (next as u32 as i32 as i64) { 1 } else { 0 },
+                };
+                p.spans.push((pc, span_start, commit));
+                let exit = new_exit(&mut exits, Exit { from: pc, to: 0, kind: Some(bk), count, indirect: true });
+                let (back, full, miss) = b.record_indirect_and_lookup(exit);
+                p.traps.push((miss, PendingTrap::IndirectMiss));
+                let f = b.full_trap(full);
+                p.traps.push((f, PendingTrap::RingFull { resume: back }));
+                break;
+            }
+        }
+    }
+    for s in taken {
+        b.bind(s.label);
+        let (back, full) = b.record_direct(s.exit);
+        let (slot, miss) = b.direct_jump();
+        p.links.push((slot, miss, s.target));
+        p.traps.push((miss, PendingTrap::Link { exit: s.exit, slot }));
+        let f = b.full_trap(full);
+        p.traps.push((f, PendingTrap::RingFull { resume: back }));
+    }
+    if let Some(e) = b.error.take() {
+        return Err(TranslateError::Encode(e));
+    }
+    // Slots first, so that they are 8-byte aligned at the (aligned) unit start.
+    let nslots = b.slots.len();
+    let mut all = std::mem::take(&mut b.slots);
+    all.extend(b.insns.iter().copied());
+    let block = InstructionBlock::new(&all, cache_at);
+    let out = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .map_err(|e| TranslateError::Encode(e.to_string()))?;
+    let mut code = out.code_buffer;
+    let offsets = out.new_instruction_offsets;
+    let at = |index: usize| -> Result<u64, TranslateError> {
+        match offsets.get(index + nslots) {
+            Some(&o) if o != u32::MAX => Ok(cache_at + o as u64),
+            _ => Err(TranslateError::Encode(format!("instruction {index} was rewritten"))),
+        }
+    };
+    // Labels (fake ips) to addresses.
+    let by_ip: rustc_hash::FxHashMap<u64, usize> = all.iter().enumerate().map(|(n, i)| (i.ip(), n)).collect();
+    let label_at = |label: u64| -> Result<u64, TranslateError> {
+        let n = by_ip.get(&label).ok_or_else(|| TranslateError::Encode("unbound label".into()))?;
+        match offsets.get(*n) {
+            Some(&o) if o != u32::MAX => Ok(cache_at + o as u64),
+            _ => Err(TranslateError::Encode("label on a rewritten instruction".into())),
+        }
+    };
+    let mut spans = Vec::with_capacity(p.spans.len());
+    for (app_pc, s, c) in p.spans {
+        spans.push(Span { app_pc, start: at(s)?, commit: at(c)? });
+    }
+    let mut traps = Vec::with_capacity(p.traps.len());
+    for (i, t) in p.traps {
+        let t = match t {
+            PendingTrap::Link { exit, slot } => Trap::Link { exit, slot: label_at(slot)? },
+            PendingTrap::IndirectMiss => Trap::IndirectMiss,
+            PendingTrap::RingFull { resume } => Trap::RingFull { resume: label_at(resume)? },
+            PendingTrap::Leave { pc, count } => Trap::Leave { pc, count },
+        };
+        traps.push((at(i)?, t));
+    }
+    let mut links = Vec::with_capacity(p.links.len());
+    for (slot, miss, target) in p.links {
+        let (slot, miss) = (label_at(slot)?, at(miss)?);
+        // Until linked, a slot sends its exit to the miss trap.
+        let o = (slot - cache_at) as usize;
+        code[o..o + 8].copy_from_slice(&miss.to_le_bytes());
+        links.push((slot, miss, target));
+    }
+    if spans.is_empty() {
+        return Err(TranslateError::NotTranslatable);
+    }
+    Ok(Unit { app_start: start, app_end: end, cache_start: cache_at, code, spans, traps, exits, links })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decode `code` (placed at `at`) and return its instructions' text, for reading.
+    fn disasm(code: &[u8], at: u64) -> Vec<String> {
+        use iced_x86::{Formatter, IntelFormatter};
+        let mut d = Decoder::with_ip(64, code, at, DecoderOptions::NONE);
+        let mut f = IntelFormatter::new();
+        let mut out = Vec::new();
+        for i in &mut d {
+            let mut s = String::new();
+            f.format(&i, &mut s);
+            out.push(format!("{:x} {s}", i.ip()));
+        }
+        out
+    }
+
+    fn fetch_from(code: &'static [u8], base: u64) -> impl FnMut(u64, &mut [u8]) -> usize {
+        move |pc, buf| {
+            let o = (pc - base) as usize;
+            let n = buf.len().min(code.len().saturating_sub(o));
+            buf[..n].copy_from_slice(&code[o..o + n]);
+            n
+        }
+    }
+
+    #[test]
+    fn loop_with_conditional_branch_and_return() {
+        // 0x1000: mov eax, 3 ; 0x1005: dec eax ; 0x1007: jnz 0x1005 ; 0x1009: lea rbx,[rip+0x10]; 0x1010: ret
+        static CODE: [u8; 17] = [0xb8, 3, 0, 0, 0, 0xff, 0xc8, 0x75, 0xfc, 0x48, 0x8d, 0x1d, 0x10, 0, 0, 0, 0xc3];
+        let mut fetch = fetch_from(&CODE, 0x1000);
+        let u = translate(0x1000, 0x10_0000, 7, &mut fetch, &|_| false).expect("translates");
+        assert_eq!(u.spans.len(), 5, "{:#?}", disasm(&u.code, u.cache_start));
+        assert_eq!(u.app_end, 0x1011);
+        // Exits: the jnz taken (7, count 3) and the return (8, count 5, indirect).
+        assert_eq!(u.exits.len(), 2);
+        assert_eq!((u.exits[0].from, u.exits[0].to, u.exits[0].count), (0x1007, 0x1005, 3));
+        assert!(u.exits[1].indirect && u.exits[1].count == 5 && u.exits[1].kind == Some(BranchKind::Return));
+        // The RIP-relative lea still addresses 0x1020 from its new place.
+        let lea = u.spans[3].start;
+        let o = (lea - u.cache_start) as usize;
+        let i = Decoder::with_ip(64, &u.code[o..], lea, DecoderOptions::NONE).decode();
+        assert_eq!(i.ip_rel_memory_address(), 0x1020);
+        // The jnz's taken side goes to a stub, not to the application.
+        let o = (u.spans[2].start - u.cache_start) as usize;
+        let j = Decoder::with_ip(64, &u.code[o..], u.spans[2].start, DecoderOptions::NONE).decode();
+        assert!(j.near_branch_target() >= u.cache_start && j.near_branch_target() < u.cache_end());
+    }
+
+    #[test]
+    fn system_call_leaves_and_first_special_refuses() {
+        // nop ; syscall
+        static CODE: [u8; 3] = [0x90, 0x0f, 0x05];
+        let mut fetch = fetch_from(&CODE, 0x2000);
+        let u = translate(0x2000, 0x10_0000, 0, &mut fetch, &|_| false).expect("translates");
+        assert!(matches!(u.traps[0].1, Trap::Leave { pc: 0x2001, count: 1 }));
+        let mut fetch = fetch_from(&CODE, 0x2000);
+        assert!(matches!(
+            translate(0x2001, 0x10_0000, 0, &mut fetch, &|_| false),
+            Err(TranslateError::NotTranslatable)
+        ));
+    }
+}
