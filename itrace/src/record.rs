@@ -40,6 +40,8 @@ pub fn settings(a: &RecordArgs) -> Result<RecordSettings> {
     let mut s = RecordSettings::new(target, a.output.clone());
     let backend = match a.backend {
         Some(b) => b,
+        // The environment's default gives way to a --step or a test hook of the ptrace backend.
+        None if a.step.is_some() || a.emulate_block_step => BackendArg::Auto,
         None => match std::env::var("ITRACE_BACKEND") {
             Ok(v) if !v.is_empty() => <BackendArg as clap::ValueEnum>::from_str(&v, true).map_err(|_| {
                 anyhow::anyhow!("ITRACE_BACKEND={v}: expected auto, ptrace, inproc, qemu, kmod or translate")

@@ -402,7 +402,12 @@ impl Session<'_> {
     /// The cache entry of application address `pc`, translating it if needed. `None`: the
     /// thread steps there.
     fn unit_entry(&mut self, tid: i32, pid: i32, pc: u64) -> Option<u64> {
-        let c = self.cache_of(pid)?;
+        let p = self.procs.get_mut(&pid)?;
+        if p.region.bps.kind_at(pc).is_some() {
+            // A region trigger: the engine handles it where the thread steps.
+            return None;
+        }
+        let c = &mut p.arch.cache;
         if let Some(e) = c.entry(pc) {
             return Some(e);
         }
