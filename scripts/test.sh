@@ -37,6 +37,13 @@ ITRACE_STEP=instruction cargo test -p itrace-tests --no-fail-fast \
     --test exact_counts --test oracles --test libc_counts --test examples --test crash --test jit \
     --test modes --test region --test attach --test symbols_lines
 
+# The translating recorder (--backend translate, x86_64) must record the same traces: the
+# fidelity tests a third time with it, against the same oracles.
+step "fidelity tests with ITRACE_BACKEND=translate (the code cache records)"
+ITRACE_BACKEND=translate cargo test -p itrace-tests --no-fail-fast \
+    --test exact_counts --test oracles --test libc_counts --test examples --test crash --test jit \
+    --test modes --test region --test attach --test symbols_lines --test program_traps --test inherit
+
 step "scripts/fuzz-smoke.sh (fuzz/: each libFuzzer target 15 s on its corpus)"; scripts/fuzz-smoke.sh
 # On CI the fuzz build (about 1 GB) is not needed again: its disk goes to the guest tests.
 if [ -n "${CI:-}" ]; then rm -rf fuzz/target; fi

@@ -321,6 +321,7 @@ impl Session<'_> {
                 until_tick = TICK_EVERY;
                 let st = self.sink.tick();
                 self.after_store(st);
+                self.periodic();
             }
             let status = match waitpid(None, Some(WaitPidFlag::__WALL)) {
                 Ok(s) => s,
@@ -329,6 +330,7 @@ impl Session<'_> {
                     // write what has waited too long now.
                     let st = self.sink.tick();
                     self.after_store(st);
+                    self.periodic();
                     continue;
                 }
                 Err(_) => break, // ECHILD: nothing left
@@ -464,4 +466,7 @@ pub(super) trait PtraceArch {
     fn take_out_traps(&mut self, tid: i32);
     /// The recording ended: warn about what made it less exact, if anything.
     fn warn_at_end(&self);
+    /// Called now and then from the wait loop (at least at itrace's periodic signal): work
+    /// that waits on time, such as collecting records threads keep themselves.
+    fn periodic(&mut self) {}
 }

@@ -168,6 +168,8 @@ impl ProcessArch {
 pub(super) struct SessionArch {
     /// Debug-register mode: stops that were not on the planned path (counts unreliable).
     hw_lost: u64,
+    /// Translate mode: what the threads stopped for (`ITRACE_STATS=1` prints it).
+    xl_stats: translate::Stats,
 }
 
 pub(super) fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
@@ -229,8 +231,14 @@ impl PtraceArch for Session<'_> {
             return self.resume_running(tid, sig);
         }
         t.injected = (sig != 0).then_some(sig);
-        if self.opts.step.translate && sig == 0 && self.enter_cache(tid) {
-            return;
+        if self.opts.step.translate && sig == 0 {
+            if t.arch.xl.in_cache {
+                // Stopped only to have its ring drained: it goes on in the cache.
+                return self.run_in_cache(tid);
+            }
+            if self.enter_cache(tid) {
+                return;
+            }
         }
         if self.opts.step.hw_step {
             if sig == 0 && self.opts.triggers.is_some() {
@@ -481,7 +489,14 @@ impl PtraceArch for Session<'_> {
         self.hw_clear(tid);
     }
 
+    fn periodic(&mut self) {
+        self.cache_periodic();
+    }
+
     fn warn_at_end(&self) {
+        if self.opts.step.translate && std::env::var_os("ITRACE_STATS").is_some() {
+            eprintln!("itrace: translate: {}", self.arch.xl_stats);
+        }
         if self.arch.hw_lost > 0 {
             eprintln!(
                 "itrace: warning: {} stops off the decoded path in block mode; instruction counts may be off",

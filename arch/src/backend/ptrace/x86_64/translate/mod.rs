@@ -34,11 +34,37 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use unit::{TranslateError, Trap};
 
+/// A thread in the cache keeps its records until its ring fills; older than this, itrace
+/// interrupts it to collect them (continuous mode writes them, a kill loses no more).
+const DRAIN_EVERY_NS: u64 = 250_000_000;
+
 /// `si_code` of a SIGTRAP raised by `int3`.
 const SI_KERNEL: i32 = 0x80;
 /// At most this many single steps to bring a thread stopped inside a stub to an application
 /// instruction (the longest stub is about thirty instructions).
 const MAX_SETTLE_STEPS: u32 = 256;
+
+/// What threads in the cache stopped for, and what was translated.
+#[derive(Debug, Default)]
+pub(super) struct Stats {
+    units: u64,
+    links: u64,
+    indirect_misses: u64,
+    ring_full: u64,
+    leaves: u64,
+    signals: u64,
+    drains_by_interrupt: u64,
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped), {} signals, {} periodic drains",
+            self.units, self.links, self.indirect_misses, self.ring_full, self.leaves, self.signals, self.drains_by_interrupt
+        )
+    }
+}
 
 /// A thread's place in the cache.
 #[derive(Clone, Copy, Debug, Default)]
@@ -49,6 +75,10 @@ pub(super) struct ThreadCache {
     pub(super) in_cache: bool,
     /// The application's own gs base, put back whenever it leaves the cache.
     pub(super) app_gs: u64,
+    /// When its ring was last drained.
+    pub(super) drained_ns: u64,
+    /// It is interrupted only to have its ring drained: it stays in the cache.
+    pub(super) drain_only: bool,
 }
 
 /// What a cache trap leads to.
@@ -92,7 +122,7 @@ impl Session<'_> {
         true
     }
 
-    fn run_in_cache(&mut self, tid: i32) {
+    pub(in super::super) fn run_in_cache(&mut self, tid: i32) {
         if self.detaching.is_some() {
             // Tracing ends: bring it out, and let the engine let it go.
             self.settle(tid, false, true);
@@ -134,6 +164,7 @@ impl Session<'_> {
                 return;
             }
         }
+        self.arch.xl_stats.signals += 1;
         // A signal for the program: from the application instruction its state is at, the
         // engine delivers it with a step (the stop after shows the handler).
         let fault = si.is_some_and(|si| {
@@ -165,17 +196,35 @@ impl Session<'_> {
         let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
         let event = si.map(|si| si.si_code >> 8).unwrap_or(0);
         let signo = si.map(|si| si.si_signo).unwrap_or(0);
+        let drain_only = self.threads.get_mut(&tid).map(|t| std::mem::take(&mut t.arch.xl.drain_only)).unwrap_or(false);
         if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
             self.drain(tid);
             let group_stop = event == libc::PTRACE_EVENT_STOP
                 && matches!(signo, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
-            if group_stop && self.detaching.is_none() {
+            if (group_stop || (drain_only && event == libc::PTRACE_EVENT_STOP)) && self.detaching.is_none() {
+                self.arch.xl_stats.drains_by_interrupt += drain_only as u64;
                 return;
             }
             self.settle(tid, false, event != libc::PTRACE_EVENT_EXIT);
         }
         if event == libc::PTRACE_EVENT_EXIT {
             self.cache_thread_done(tid, false);
+        }
+    }
+
+    /// Interrupt the threads in the cache whose records have waited too long (their stop
+    /// drains them; they go on in the cache).
+    pub(in super::super) fn cache_periodic(&mut self) {
+        if !self.opts.step.translate || self.detaching.is_some() {
+            return;
+        }
+        let now = now_ns();
+        for t in self.threads.values_mut() {
+            let xl = &mut t.arch.xl;
+            if xl.in_cache && !t.stopped && !xl.drain_only && now.saturating_sub(xl.drained_ns) > DRAIN_EVERY_NS {
+                xl.drain_only = true;
+                let _ = ptrace::interrupt(Pid::from_raw(t.tid));
+            }
         }
     }
 
@@ -208,6 +257,13 @@ impl Session<'_> {
 
     /// What an `int3` of the cache asks for (the ring was drained).
     fn on_trap(&mut self, tid: i32, pid: i32, trap: Trap) -> Next {
+        let st = &mut self.arch.xl_stats;
+        match trap {
+            Trap::Leave { .. } => st.leaves += 1,
+            Trap::RingFull { .. } => st.ring_full += 1,
+            Trap::Link { .. } => st.links += 1,
+            Trap::IndirectMiss => st.indirect_misses += 1,
+        }
         match trap {
             Trap::Leave { pc, count } => Next::Leave { pc, count },
             Trap::RingFull { resume } => Next::Run(resume),
@@ -356,7 +412,8 @@ impl Session<'_> {
 
     /// Turn the records in the thread's ring into branch records, and empty it.
     fn drain(&mut self, tid: i32) {
-        let Some(t) = self.threads.get(&tid) else { return };
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.arch.xl.drained_ns = now_ns();
         let (pid, state, cpu) = (t.pid, t.arch.xl.state, t.cpu);
         if state == 0 {
             return;
@@ -437,7 +494,10 @@ impl Session<'_> {
             }
         };
         match p.arch.cache.insert(pid, region, unit) {
-            Ok(entry) => Some(entry),
+            Ok(entry) => {
+                self.arch.xl_stats.units += 1;
+                Some(entry)
+            }
             Err(e) => {
                 let why = format!("cannot write the code cache of process {pid}: {e}");
                 eprintln!("itrace: warning: {why}; its code is stepped from here on");
