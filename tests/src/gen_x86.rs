@@ -259,7 +259,7 @@ struct Gen {
 
 const COUNTER_SLOTS: u64 = 4;
 /// Instructions `_start`'s body may add to a run, its calls included (an estimate).
-const MAIN_BUDGET: u64 = 1200;
+const MAIN_BUDGET: u64 = 2500;
 
 impl Gen {
     fn new(seed: u64, options: GenOptions) -> Self {
@@ -1451,7 +1451,7 @@ impl Gen {
                 nesting: 0,
                 budget: MAIN_BUDGET,
             };
-            let items = g.rng.range(4, 10);
+            let items = g.rng.range(6, 16);
             g.block(&mut ctx, items);
             g.emit("add $128, %rsp");
             g.save_state(ctx.flags);
@@ -1498,7 +1498,7 @@ impl Gen {
         let ret_pop = if self.rng.chance(20) { 16 } else { 0 };
         let frame = *self.rng.pick(&[0u64, 16, 32, 64, 64, 128]);
         let enter = self.rng.chance(25);
-        let budget = self.rng.range(30, 250);
+        let budget = self.rng.range(40, 400);
         let full_frame = frame + COUNTER_SLOTS * 8;
         let mut ctx = Ctx {
             protected: if enter { 1 << RBP } else { 0 },

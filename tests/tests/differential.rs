@@ -10,13 +10,13 @@
 //! - `ITRACE_DIFF_BACKEND`: `translate` (default: `--backend translate`, issue 28), `block`
 //!   (`--step block`) or `qemu` (`--backend qemu`, which compares the trace's records but not
 //!   its module table: see [`Compare::Records`]).
-//! - `ITRACE_DIFF_PROGRAMS`: how many programs (default 600: about 3 minutes on 2 busy cores);
+//! - `ITRACE_DIFF_PROGRAMS`: how many programs (default 2000: about 3 minutes on 2 busy cores);
 //!   `ITRACE_DIFF_FIRST_SEED` the first seed (default 1); `ITRACE_DIFF_SEED` one seed only.
 //! - `ITRACE_DIFF_JOBS`: programs checked at once (default 2).
 //! - `ITRACE_DIFF_KEEP`: set, keeps every program's directory (a failing one is always kept).
 //!
 //! A failure names the seed, keeps the program's source, binary, outputs and both dumps in
-//! `target/test-output/differential/seed-N/`, and shows the first differing lines.
+//! `target/test-output/differential/BACKEND-seed-N/`, and shows the first differing lines.
 
 use itrace_tests::gen_x86::{generate, GenOptions, DUMP_SIZE, STATE_SIZE};
 use itrace_tests::{itrace, itrace_bin, normalized_dump, require_tool, run, run_binary, target_dir, BinaryOutput};
@@ -43,6 +43,9 @@ struct Backend {
     options: Vec<&'static str>,
     compare: Compare,
     generate: GenOptions,
+    /// For the tests of this test: the backend runs the program built from this change of its
+    /// source (at the same path), natively and the reference run the original.
+    mutate: Option<fn(&str) -> String>,
 }
 
 fn backend_under_test() -> Backend {
@@ -58,7 +61,7 @@ fn backend_under_test() -> Backend {
         }
         other => panic!("ITRACE_DIFF_BACKEND={other}: expected translate, block or qemu"),
     };
-    Backend { name, options, compare, generate }
+    Backend { name, options, compare, generate, mutate: None }
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -66,8 +69,8 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// The directory of one program's files (emptied first).
-fn program_dir(seed: u64) -> PathBuf {
-    let d = target_dir().join("test-output").join("differential").join(format!("seed-{seed}"));
+fn program_dir(backend: &str, seed: u64) -> PathBuf {
+    let d = target_dir().join("test-output").join("differential").join(format!("{backend}-seed-{seed}"));
     if d.exists() {
         std::fs::remove_dir_all(&d).unwrap_or_else(|e| panic!("removing {}: {e}", d.display()));
     }
@@ -132,7 +135,8 @@ fn first_differing_lines(a: &[String], b: &[String]) -> String {
     let mut s = String::new();
     for (name, lines) in [("reference", a), ("backend", b)] {
         s.push_str(&format!("--- {name}, lines {}..:\n", from + 1));
-        for l in lines.iter().skip(from).take(6) {
+        for (i, l) in lines.iter().enumerate().skip(from).take(6) {
+            s.push_str(if i == at { "> " } else { "  " });
             s.push_str(l);
             s.push('\n');
         }
@@ -141,6 +145,26 @@ fn first_differing_lines(a: &[String], b: &[String]) -> String {
         }
     }
     s
+}
+
+/// Whether two normalised dumps agree as `compare` says; if not, where.
+fn compare_traces(reference: &[String], under_test: &[String], compare: Compare) -> Result<(), String> {
+    let (reference, under_test) = match compare {
+        Compare::Whole => (reference.to_vec(), under_test.to_vec()),
+        Compare::Records => (records_only(reference), records_only(under_test)),
+    };
+    if reference.len() < 5 {
+        return Err(format!("the reference trace has only {} lines", reference.len()));
+    }
+    if reference != under_test {
+        return Err(format!(
+            "the traces differ ({} and {} lines compared):\n{}",
+            reference.len(),
+            under_test.len(),
+            first_differing_lines(&reference, &under_test)
+        ));
+    }
+    Ok(())
 }
 
 /// `itrace record -o TRACE OPTIONS -- BIN`, the program's stdout kept as bytes.
@@ -155,17 +179,24 @@ fn normalized_dump_of(trace: &Path, save_as: &Path) -> Vec<String> {
     normalized_dump(&dump.stdout)
 }
 
+/// Assembles and links a generated program.
+fn build(source: &Path, bin: &Path) -> Result<(), String> {
+    let built = run(Command::new("gcc").args(["-nostdlib", "-static", "-no-pie", "-o"]).arg(bin).arg(source));
+    if built.success() {
+        Ok(())
+    } else {
+        Err(format!("the generated program does not assemble (a generator bug):\n{}", built.stderr))
+    }
+}
+
 /// Builds, runs and records the program of `seed`; an error says what differs.
 fn check_program(seed: u64, backend: &Backend) -> Result<u64, String> {
-    let dir = program_dir(seed);
+    let dir = program_dir(&backend.name, seed);
     let program = generate(seed, backend.generate);
     let source = dir.join("prog.s");
     std::fs::write(&source, &program.source).unwrap();
     let bin = dir.join("prog");
-    let built = run(Command::new("gcc").args(["-nostdlib", "-static", "-no-pie", "-o"]).arg(&bin).arg(&source));
-    if !built.success() {
-        return Err(format!("the generated program does not assemble (a generator bug):\n{}", built.stderr));
-    }
+    build(&source, &bin)?;
     let native = run_binary(&mut Command::new(&bin));
     std::fs::write(dir.join("native.out"), &native.stdout).unwrap();
     let code = native.status.code().ok_or_else(|| format!("the program died natively: {}", native.status))?;
@@ -176,6 +207,11 @@ fn check_program(seed: u64, backend: &Backend) -> Result<u64, String> {
     outputs.push((backend.options.join(" "), backend.options.clone(), "backend"));
     let mut dumps = Vec::new();
     for (label, options, file) in outputs {
+        if let (Some(mutate), "backend") = (backend.mutate, file) {
+            let changed = dir.join("prog-mutated.s");
+            std::fs::write(&changed, mutate(&program.source)).unwrap();
+            build(&changed, &bin)?;
+        }
         let trace = dir.join(format!("{file}.itr"));
         let rec = record_binary(&trace, &options, &bin);
         std::fs::write(dir.join(format!("{file}.out")), &rec.stdout).unwrap();
@@ -209,22 +245,8 @@ fn check_program(seed: u64, backend: &Backend) -> Result<u64, String> {
         }
         dumps.push(normalized_dump_of(&trace, &dir.join(format!("{file}.dump"))));
     }
-    let (mut reference, mut under_test) = (dumps.remove(0), dumps.remove(0));
-    if backend.compare == Compare::Records {
-        reference = records_only(&reference);
-        under_test = records_only(&under_test);
-    }
-    if reference.len() < 5 {
-        return Err(format!("the reference trace has only {} lines", reference.len()));
-    }
-    if reference != under_test {
-        return Err(format!(
-            "the traces differ ({} and {} lines compared):\n{}",
-            reference.len(),
-            under_test.len(),
-            first_differing_lines(&reference, &under_test)
-        ));
-    }
+    let (reference, under_test) = (dumps.remove(0), dumps.remove(0));
+    compare_traces(&reference, &under_test, backend.compare)?;
     let instructions = reference
         .iter()
         .rev()
@@ -242,7 +264,7 @@ fn generated_programs_run_and_trace_the_same() {
     let backend = backend_under_test();
     let (first, count) = match env_u64("ITRACE_DIFF_SEED") {
         Some(seed) => (seed, 1),
-        None => (env_u64("ITRACE_DIFF_FIRST_SEED").unwrap_or(1), env_u64("ITRACE_DIFF_PROGRAMS").unwrap_or(600)),
+        None => (env_u64("ITRACE_DIFF_FIRST_SEED").unwrap_or(1), env_u64("ITRACE_DIFF_PROGRAMS").unwrap_or(2000)),
     };
     let jobs = env_u64("ITRACE_DIFF_JOBS").unwrap_or(2).max(1);
     let next = AtomicU64::new(first);
@@ -250,26 +272,33 @@ fn generated_programs_run_and_trace_the_same() {
     let failures: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
     let (done, instructions) = (AtomicU64::new(0), AtomicU64::new(0));
     let start = std::time::Instant::now();
+    let check_next = || {
+        while !failed.load(Ordering::SeqCst) {
+            let seed = next.fetch_add(1, Ordering::SeqCst);
+            if seed >= first + count {
+                break;
+            }
+            match check_program(seed, &backend) {
+                Ok(n) => {
+                    done.fetch_add(1, Ordering::SeqCst);
+                    instructions.fetch_add(n, Ordering::SeqCst);
+                }
+                Err(e) => {
+                    failed.store(true, Ordering::SeqCst);
+                    failures.lock().unwrap().push((seed, e));
+                }
+            }
+            if seed == first {
+                // The first program alone, on the test's thread: a missing backend fails here
+                // with its own message.
+                break;
+            }
+        }
+    };
+    check_next();
     std::thread::scope(|s| {
         for _ in 0..jobs {
-            s.spawn(|| {
-                while !failed.load(Ordering::SeqCst) {
-                    let seed = next.fetch_add(1, Ordering::SeqCst);
-                    if seed >= first + count {
-                        break;
-                    }
-                    match check_program(seed, &backend) {
-                        Ok(n) => {
-                            done.fetch_add(1, Ordering::SeqCst);
-                            instructions.fetch_add(n, Ordering::SeqCst);
-                        }
-                        Err(e) => {
-                            failed.store(true, Ordering::SeqCst);
-                            failures.lock().unwrap().push((seed, e));
-                        }
-                    }
-                }
-            });
+            s.spawn(check_next);
         }
     });
     let done = done.load(Ordering::SeqCst);
@@ -282,7 +311,7 @@ fn generated_programs_run_and_trace_the_same() {
     );
     let failures = failures.into_inner().unwrap();
     if let Some((seed, why)) = failures.iter().min_by_key(|f| f.0) {
-        let dir = target_dir().join("test-output").join("differential").join(format!("seed-{seed}"));
+        let dir = target_dir().join("test-output").join("differential").join(format!("{}-seed-{seed}", backend.name));
         panic!(
             "seed {seed} (ITRACE_DIFF_SEED={seed} ITRACE_DIFF_BACKEND={} reruns it), {} against --step instruction: \
              {why}\n(program, outputs and dumps in {})",
@@ -292,4 +321,115 @@ fn generated_programs_run_and_trace_the_same() {
         );
     }
     assert_eq!(done, count, "programs checked");
+}
+
+// The test of the test: the comparisons catch what they are for.
+
+/// A backend that is `--step instruction` again, run on the program changed by `mutate`.
+fn self_check_backend(name: &str, compare: Compare, mutate: Option<fn(&str) -> String>) -> Backend {
+    Backend {
+        name: name.to_string(),
+        options: vec!["--step", "instruction"],
+        compare,
+        generate: GenOptions::default(),
+        mutate,
+    }
+}
+
+/// Seeds of the self-checks (any would do; these are programs of some hundred instructions).
+const SELF_CHECK_SEEDS: [u64; 3] = [11, 12, 13];
+
+/// The same recorder twice on the same program: no difference (the comparisons are not
+/// failing on what legitimately differs between two recordings).
+#[test]
+fn self_check_the_reference_agrees_with_itself() {
+    for seed in SELF_CHECK_SEEDS {
+        for compare in [Compare::Whole, Compare::Records] {
+            let backend = self_check_backend(&format!("self-same-{compare:?}"), compare, None);
+            check_program(seed, &backend).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        }
+    }
+}
+
+/// Every initial quad of data_area with its lowest bit flipped: the program's state differs, and
+/// the test says so.
+fn flip_data(source: &str) -> String {
+    let (head, data) = source.split_once("data_area:\n").expect("data_area in the program");
+    let mut out = format!("{head}data_area:\n");
+    for line in data.lines() {
+        match line.strip_prefix("    .quad 0x").and_then(|v| u64::from_str_radix(v, 16).ok()) {
+            Some(v) if !out.contains("stack_area:") => out.push_str(&format!("    .quad {:#x}\n", v ^ 1)),
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn self_check_a_different_state_is_caught() {
+    for seed in SELF_CHECK_SEEDS {
+        let backend = self_check_backend("self-state", Compare::Whole, Some(flip_data));
+        let err = check_program(seed, &backend).expect_err("a program with other data passed");
+        eprintln!("seed {seed}, as expected: {err}");
+        assert!(err.contains("the program's output (its state)") && err.contains("first difference at"), "{err}");
+    }
+}
+
+/// `sub $128, %rsp` (7 bytes) becomes `lea -128(%rsp), %rsp` (5) and `jmp` to the next
+/// instruction (2): the same state and addresses, one more taken branch in the trace.
+fn extra_jump(source: &str) -> String {
+    let changed = source.replacen("    sub $128, %rsp\n", "    lea -128(%rsp), %rsp\n    jmp .Lextra\n.Lextra:\n", 1);
+    assert_ne!(changed, source, "no `sub $128, %rsp` in the program");
+    changed
+}
+
+#[test]
+fn self_check_a_different_trace_is_caught() {
+    for seed in SELF_CHECK_SEEDS {
+        for compare in [Compare::Whole, Compare::Records] {
+            let backend = self_check_backend(&format!("self-trace-{compare:?}"), compare, Some(extra_jump));
+            let err = check_program(seed, &backend).expect_err("a trace with one more branch passed");
+            eprintln!("seed {seed}, {compare:?}, as expected: {err}");
+            assert!(err.contains("the traces differ"), "{err}");
+            if compare == Compare::Records {
+                // The first difference is the extra branch (Jump) itself.
+                let backend_part = err.split("--- backend").nth(1).unwrap_or("");
+                assert!(backend_part.contains(" U Jump "), "{err}");
+            }
+        }
+    }
+}
+
+/// One record removed from a real trace, or one count changed: both comparisons see it.
+#[test]
+fn self_check_a_removed_record_is_caught() {
+    let seed = SELF_CHECK_SEEDS[0];
+    let dir = program_dir("self-removed", seed);
+    let source = dir.join("prog.s");
+    std::fs::write(&source, generate(seed, GenOptions::default()).source).unwrap();
+    let bin = dir.join("prog");
+    build(&source, &bin).unwrap();
+    let trace = dir.join("reference.itr");
+    let rec = record_binary(&trace, &["--step", "instruction"], &bin);
+    assert!(rec.status.code().is_some(), "{}", rec.stderr);
+    let whole = normalized_dump_of(&trace, &dir.join("reference.dump"));
+    let records: Vec<usize> = (0..whole.len()).filter(|&i| whole[i].contains(" U ")).collect();
+    assert!(records.len() > 10, "{} branch records", records.len());
+    for compare in [Compare::Whole, Compare::Records] {
+        compare_traces(&whole, &whole, compare).unwrap();
+        for &at in &[records[0], records[records.len() / 2], *records.last().unwrap()] {
+            let mut removed = whole.clone();
+            removed.remove(at);
+            assert!(compare_traces(&whole, &removed, compare).is_err(), "line {at} removed, {compare:?}");
+            let mut recounted = whole.clone();
+            let line = &recounted[at];
+            let n: u64 = line.rsplit("n=").next().unwrap().parse().unwrap();
+            recounted[at] = format!("{}n={}", line.rsplit_once("n=").unwrap().0, n + 1);
+            let err = compare_traces(&whole, &recounted, compare).expect_err("a changed count passed");
+            assert!(err.contains(&recounted[at]), "{err}");
+        }
+    }
 }
