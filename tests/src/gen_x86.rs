@@ -1057,15 +1057,11 @@ impl Gen {
     /// A straight-line run of `n` operations, stack balanced at its end.
     fn straight(&mut self, ctx: &mut Ctx, n: u64) {
         for _ in 0..n {
-            if self.cost_so_far_fits(ctx, 4) {
+            if ctx.budget >= 4 {
                 self.op(ctx);
             }
         }
         self.pop_all(ctx);
-    }
-
-    fn cost_so_far_fits(&self, ctx: &Ctx, more: u64) -> bool {
-        ctx.budget >= more
     }
 
     /// Generates a body with `f`, returning its text and cost without emitting it.
