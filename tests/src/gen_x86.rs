@@ -46,8 +46,13 @@
 //! and no saved flag reads a flag unless an instruction since the last merge point defined it
 //! (a `cmp` is put in front where needed). So even qemu's emulated flags agree. `getpid`'s value
 //! is overwritten; `%r11` after `syscall` is masked to the defined flags (single-stepping
-//! leaves TF there). With [`GenOptions::qemu_compatible`], `%rcx` after `syscall` is
-//! and `%r11` are overwritten instead: qemu-user 7.2 leaves both unchanged instead of loading them.
+//! leaves TF there).
+//!
+//! With [`GenOptions::qemu_compatible`], what qemu-user 7.2 does differently from the CPU stays
+//! out: `%rcx` and `%r11` are overwritten after each `syscall` (qemu leaves both unchanged),
+//! `shld`/`shrd` work on registers only (qemu stores a wrong value for `shld $3, %eax, m32`),
+//! and floating-point arithmetic gets integer operands, never a NaN (when both operands are
+//! NaNs, qemu returns the other one than the CPU).
 
 use std::fmt::Write as _;
 
@@ -100,8 +105,7 @@ pub const DUMP_SIZE: u64 = STATE_SIZE + 8 + DATA_SIZE + STACK_SIZE;
 /// How the program must be built for a backend.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GenOptions {
-    /// Overwrite `%rcx` after each `syscall` (qemu-user does not load it with the return
-    /// address, the CPU does).
+    /// Leave out what qemu-user 7.2 does differently from the CPU (see the module comment).
     pub qemu_compatible: bool,
 }
 
@@ -884,6 +888,8 @@ impl Gen {
         match self.rng.below(10) {
             0..=2 => {
                 let op = *self.rng.pick(&BINARY);
+                // qemu-user 7.2 picks the other NaN than the CPU when both operands are NaNs.
+                let op = if op == "addpd" && self.options.qemu_compatible { "paddw" } else { op };
                 let d = self.xmm();
                 let s = if self.rng.chance(25) { self.data_mem(16, 16) } else { self.xmm() };
                 self.emit(&format!("{op} {s}, {d}"));
@@ -891,6 +897,16 @@ impl Gen {
             3 => {
                 let op = *self.rng.pick(&SCALAR);
                 let d = self.xmm();
+                if self.options.qemu_compatible {
+                    // Integers as operands, never a NaN (see addpd above): the results may
+                    // still be the default NaN (0/0), infinities, rounded values.
+                    let s = self.xmm();
+                    let (a, b) = (self.src(), self.src());
+                    self.emit(&format!("cvtsi2sdq %{}, {s}", R64[a]));
+                    self.emit(&format!("cvtsi2sdq %{}, {d}", R64[b]));
+                    self.emit(&format!("{op} {s}, {d}"));
+                    return;
+                }
                 let s = if self.rng.chance(25) { self.mem(ctx, 8) } else { self.xmm() };
                 self.emit(&format!("{op} {s}, {d}"));
             }
