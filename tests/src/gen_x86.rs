@@ -36,7 +36,8 @@
 //!   an up-counter with `cmp`/`jb`, a counter in the stack frame), jump tables (`jmp *table(,%r,8)`
 //!   and `jmp *(%r,%i,8)`), `jmp *%reg`, direct calls, calls through a register, through a table
 //!   in memory and through a stack slot, nested calls (function i calls only functions j > i, so
-//!   every program terminates), tail jumps, `enter`/`leave` frames, `ret $16` with two pushed
+//!   every program terminates), `jmp`, `jcc` and `call` to the next instruction, `loop` to
+//!   itself, tail jumps, `enter`/`leave` frames, `ret $16` with two pushed
 //!   arguments, and system calls in the middle (`getpid`, `write` of part of `data_area`).
 //!
 //! # Determinism
@@ -1034,7 +1035,7 @@ impl Gen {
     }
 
     fn misc(&mut self, ctx: &mut Ctx) {
-        match self.rng.below(4) {
+        match self.rng.below(6) {
             0 => {
                 let d = self.dst(ctx);
                 let size = *self.rng.pick(&[Size::L, Size::Q]);
@@ -1052,11 +1053,29 @@ impl Gen {
                 self.place(&l);
                 self.emit(&format!("pop %{}", R64[d]));
             }
-            _ => {
+            3 => {
                 let l = self.label();
                 self.emit(&format!("jmp {l}"));
                 self.place(&l);
             }
+            4 => {
+                // A conditional jump to the next instruction: taken or not, it lands there.
+                let cc = self.condition(ctx);
+                let l = self.label();
+                self.emit(&format!("j{cc} {l}"));
+                self.place(&l);
+            }
+            _ if Self::free(ctx, &[RCX]) => {
+                // `loop` to itself: a branch whose target is its own address, taken count-1
+                // times.
+                let count = self.rng.range(1, 5);
+                let l = self.label();
+                self.emit(&format!("mov ${count}, %ecx"));
+                self.place(&l);
+                self.emit(&format!("loop {l}"));
+                self.cost += count - 1;
+            }
+            _ => {}
         }
     }
 
