@@ -10,7 +10,8 @@
 //! - `ITRACE_DIFF_BACKEND`: `translate` (default: `--backend translate`, issue 28), `block`
 //!   (`--step block`) or `qemu` (`--backend qemu`, which compares the trace's records but not
 //!   its module table: see [`Compare::Records`]).
-//! - `ITRACE_DIFF_PROGRAMS`: how many programs (default 2000: about 3 minutes on 2 busy cores);
+//! - `ITRACE_DIFF_PROGRAMS`: how many programs (default 2000: 3.5 to 7 minutes with `block` on 2
+//!   cores shared at load 13-14; most of it is `--step instruction`);
 //!   `ITRACE_DIFF_FIRST_SEED` the first seed (default 1); `ITRACE_DIFF_SEED` one seed only.
 //! - `ITRACE_DIFF_JOBS`: programs checked at once (default 2).
 //! - `ITRACE_DIFF_KEEP`: set, keeps every program's directory (a failing one is always kept).
