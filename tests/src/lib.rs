@@ -12,12 +12,15 @@
 //! `use itrace_tests::{program, record, test_dir, Oracle};`.
 
 pub mod arc;
+pub mod dump;
+pub mod gen_x86;
 pub mod oracle;
 pub mod programs;
 pub mod report;
 pub mod run;
 
 pub use arc::*;
+pub use dump::*;
 pub use oracle::binutils::*;
 pub use oracle::callgrind::*;
 pub use oracle::cross::*;

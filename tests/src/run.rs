@@ -190,6 +190,26 @@ fn describe(cmd: &Command) -> String {
 /// Runs `cmd` to completion (stdin closed, stdout and stderr captured),
 /// killing it if it outlives [`HANG_GUARD`].
 pub fn run(cmd: &mut Command) -> Output {
+    let out = run_binary(cmd);
+    Output {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: out.stderr,
+        command: out.command,
+    }
+}
+
+/// The result of a finished command whose standard output is bytes (a program's binary dump).
+#[derive(Debug)]
+pub struct BinaryOutput {
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+    pub command: String,
+}
+
+/// [`run`], keeping stdout as it came (not read as UTF-8).
+pub fn run_binary(cmd: &mut Command) -> BinaryOutput {
     let command = describe(cmd);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {command}: {e}"));
@@ -198,18 +218,18 @@ pub fn run(cmd: &mut Command) -> Output {
     let out_t = std::thread::spawn(move || read_all(out));
     let err_t = std::thread::spawn(move || read_all(err));
     let status = wait_with_guard(&mut child, &command);
-    Output {
+    BinaryOutput {
         status,
         stdout: out_t.join().expect("stdout reader"),
-        stderr: err_t.join().expect("stderr reader"),
+        stderr: String::from_utf8_lossy(&err_t.join().expect("stderr reader")).into_owned(),
         command,
     }
 }
 
-fn read_all(mut r: impl Read) -> String {
+fn read_all(mut r: impl Read) -> Vec<u8> {
     let mut v = Vec::new();
     let _ = r.read_to_end(&mut v);
-    String::from_utf8_lossy(&v).into_owned()
+    v
 }
 
 /// Waits for `child`; kills it (by its pid) after [`HANG_GUARD`].

@@ -3,48 +3,7 @@
 //! one, in `itrace dump` (timestamps, file offsets, pids and the step method aside).
 //! Skipped (with a message) where the probe finds the breakpoints do not work.
 
-use itrace_tests::{itrace, program, record, report_calls, report_json, report_self_counts, test_dir};
-
-/// `itrace dump` text without what differs between two recordings of one program.
-fn normalized(dump: &str) -> Vec<String> {
-    dump.lines()
-        .map(|line| {
-            // "0x000021ec cpu0 TraceOn(...)": the file offset goes; so does a branch's timestamp
-            // ("0x... cpu0 11349238898155 U CondJump ...").
-            let mut words: Vec<&str> = line.split(' ').collect();
-            if words.first().is_some_and(|w| w.starts_with("0x")) {
-                words.remove(0);
-            }
-            if words.first().is_some_and(|w| w.starts_with("cpu"))
-                && words.get(1).is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
-            {
-                words.remove(1);
-            }
-            let mut out: Vec<String> = Vec::new();
-            let mut blank_next = false;
-            for w in words {
-                if w.starts_with("step=") {
-                    continue;
-                }
-                if blank_next {
-                    blank_next = false;
-                    let rest = w.trim_start_matches(|c: char| c.is_ascii_digit());
-                    out.push(format!("N{rest}"));
-                    continue;
-                }
-                if matches!(w, "ts:" | "pid:" | "tid:" | "ppid:") {
-                    blank_next = true;
-                }
-                if let Some(v) = w.strip_prefix("tid=") {
-                    out.push(format!("tid=N{}", v.trim_start_matches(|c: char| c.is_ascii_digit())));
-                    continue;
-                }
-                out.push(w.to_string());
-            }
-            out.join(" ")
-        })
-        .collect()
-}
+use itrace_tests::{itrace, normalized_dump, program, record, report_calls, report_json, report_self_counts, test_dir};
 
 /// Block stepping is what these tests are about: where the probe finds the debug registers
 /// unusable, they fail, saying so (never skip).
@@ -85,7 +44,7 @@ fn same_trace_with_args(name: &str, bin: &std::path::Path, options: &[&str], arg
         let dump = itrace([std::ffi::OsStr::new("dump"), trace.as_os_str()]);
         dump.assert_success();
         std::fs::write(dir.join(format!("{step}.dump")), &dump.stdout).unwrap();
-        dumps.push(normalized(&dump.stdout));
+        dumps.push(normalized_dump(&dump.stdout));
     }
     let (single, block) = (&dumps[0], &dumps[1]);
     assert!(single.len() > 10, "{name}: a trace of {} lines", single.len());
@@ -177,9 +136,9 @@ fn normalizing() {
     let b = "# itrace trace v2.0 arch=x86_64 mode=continuous step=ptrace-singlestep cpus=2\n\
              0x0000230c cpu0 21349238898155 U CondJump flags=0 aux=0 0x40100b -> 0x401007 tid=5600 n=5\n\
              0x0000019c mte Mte(ProcessName { ts: 21349232912494, pid: 5600, ppid: 5594, name: \"x\" })";
-    assert_eq!(normalized(a), normalized(b));
+    assert_eq!(normalized_dump(a), normalized_dump(b));
     let c = a.replace("n=5", "n=6");
-    assert_ne!(normalized(a), normalized(&c));
+    assert_ne!(normalized_dump(a), normalized_dump(&c));
 }
 
 /// SIGALRM every millisecond lands anywhere in timer_compute's loop, mid-block in block mode:

@@ -1,0 +1,44 @@
+//! `itrace dump` text made comparable between two recordings of one program: the file
+//! offsets, timestamps, pids, thread ids and the step method go (tests/tests/step_block.rs,
+//! tests/tests/differential.rs).
+
+/// `itrace dump` text without what differs between two recordings of one program.
+pub fn normalized_dump(dump: &str) -> Vec<String> {
+    dump.lines()
+        .map(|line| {
+            // "0x000021ec cpu0 TraceOn(...)": the file offset goes; so does a branch's timestamp
+            // ("0x... cpu0 11349238898155 U CondJump ...").
+            let mut words: Vec<&str> = line.split(' ').collect();
+            if words.first().is_some_and(|w| w.starts_with("0x")) {
+                words.remove(0);
+            }
+            if words.first().is_some_and(|w| w.starts_with("cpu"))
+                && words.get(1).is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
+            {
+                words.remove(1);
+            }
+            let mut out: Vec<String> = Vec::new();
+            let mut blank_next = false;
+            for w in words {
+                if w.starts_with("step=") {
+                    continue;
+                }
+                if blank_next {
+                    blank_next = false;
+                    let rest = w.trim_start_matches(|c: char| c.is_ascii_digit());
+                    out.push(format!("N{rest}"));
+                    continue;
+                }
+                if matches!(w, "ts:" | "pid:" | "tid:" | "ppid:") {
+                    blank_next = true;
+                }
+                if let Some(v) = w.strip_prefix("tid=") {
+                    out.push(format!("tid=N{}", v.trim_start_matches(|c: char| c.is_ascii_digit())));
+                    continue;
+                }
+                out.push(w.to_string());
+            }
+            out.join(" ")
+        })
+        .collect()
+}
