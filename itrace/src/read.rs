@@ -68,6 +68,7 @@ fn read_trace<T>(
         PostError::NoSuchFunction(_)
         | PostError::NamesGone { .. }
         | PostError::NoSuchThread(_)
+        | PostError::Name(_)
         | PostError::CodeUnreadable { .. } => anyhow::Error::new(e),
         e => anyhow::Error::new(e).context(format!("cannot read {}", trace.path().display())),
     })?;

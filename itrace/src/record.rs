@@ -162,15 +162,29 @@ struct SymbolResolver {
 }
 
 impl TriggerResolver for SymbolResolver {
-    fn address(&self, m: &Mapping, name: &str) -> Option<u64> {
+    fn addresses(&self, m: &Mapping, name: &str) -> Result<Vec<u64>, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let ms = cache.get(&m.path)?;
-        let vaddr = ms.find_function(name)?;
-        ms.runtime_addr(m.start, m.offset, m.end - m.start, vaddr)
+        let Some(ms) = cache.get(&m.path) else { return Ok(Vec::new()) };
+        let vaddrs = functions_named(ms, name)?;
+        Ok(vaddrs.into_iter().filter_map(|v| ms.runtime_addr(m.start, m.offset, m.end - m.start, v)).collect())
     }
 
-    fn defines(&self, path: &Path, name: &str) -> bool {
+    fn defines(&self, path: &Path, name: &str) -> Result<bool, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.get(&path.to_string_lossy()).is_some_and(|m| m.find_function(name).is_some())
+        match cache.get(&path.to_string_lossy()) {
+            Some(ms) => Ok(!functions_named(ms, name)?.is_empty()),
+            None => Ok(false),
+        }
+    }
+}
+
+/// The image addresses of the functions of `ms` that `name` names (as `report` matches names:
+/// [`itrace_post::funcname`]); an ambiguous name is an error line listing the candidates.
+fn functions_named(ms: &itrace_post::symbols::ModuleSymbols, name: &str) -> Result<Vec<u64>, String> {
+    use itrace_post::funcname::{FunctionQuery, NameError};
+    match ms.find_functions(&FunctionQuery::new(name)) {
+        Ok(v) => Ok(v),
+        Err(NameError::NotFound(_)) => Ok(Vec::new()),
+        Err(e @ NameError::Ambiguous { .. }) => Err(format!("{e} in {}", ms.name())),
     }
 }

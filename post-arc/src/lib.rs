@@ -11,6 +11,7 @@ pub mod archive;
 pub mod callgrind;
 pub mod diff;
 pub mod flame;
+pub mod funcname;
 mod names;
 mod notes;
 pub mod parquet;
@@ -44,6 +45,9 @@ pub enum PostError {
         "no function named {function} in the trace: {why} (`itrace archive` keeps a copy of the files a trace ran)"
     )]
     NamesGone { function: String, why: String },
+    /// A name typed that names several functions.
+    #[error(transparent)]
+    Name(crate::funcname::NameError),
     #[error("no thread {0} in the trace (`itrace report` lists the threads)")]
     NoSuchThread(u32),
     #[error("cannot read the code of {function} from {path}: {why} (`itrace archive` keeps a copy of the files a trace ran)")]

@@ -162,7 +162,11 @@ fn check_functions_exist<'a>(
     }
     let Some(objects) = crate::elf::linked_objects(program) else { return Ok(()) };
     for name in names {
-        if !objects.iter().any(|o| resolver.defines(o, name)) {
+        let mut defined = false;
+        for o in &objects {
+            defined |= resolver.defines(o, name).map_err(BackendError::Settings)?;
+        }
+        if !defined {
             return Err(BackendError::Settings(format!(
                 "no function named {name} in {} or its libraries",
                 program.display()

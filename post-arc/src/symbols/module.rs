@@ -148,6 +148,16 @@ impl ModuleSymbols {
         self.table.find(name)
     }
 
+    /// Addresses (in the image's own terms) of the functions `query` names
+    /// ([`crate::funcname`]): a symbol's name as written in the ELF, or its demangled name
+    /// whole, qualified (every overload) or by a unique trailing part.
+    pub fn find_functions(
+        &self,
+        query: &crate::funcname::FunctionQuery,
+    ) -> Result<Vec<u64>, crate::funcname::NameError> {
+        self.table.find_all(query)
+    }
+
     /// Function symbol covering `vaddr`: demangled name and offset from the symbol start.
     /// PLT stubs (.plt, .plt.sec, .plt.got) give `name@plt`, PLT headers `<plt>`.
     #[inline]

@@ -204,6 +204,19 @@ impl SymbolTable {
             .or_else(|| self.entries.iter().find(|e| e.name() == name))
             .map(|e| e.addr)
     }
+
+    /// Addresses of the symbols `query` names (each address once).
+    pub fn find_all(&self, query: &crate::funcname::FunctionQuery) -> Result<Vec<u64>, crate::funcname::NameError> {
+        let raw: Vec<u64> = self.entries.iter().filter(|e| &*e.raw == query.text()).map(|e| e.addr).collect();
+        let mut found = if raw.is_empty() {
+            query.select(self.entries.iter().map(|e| (e.addr, e.name().to_string())))?
+        } else {
+            raw
+        };
+        found.sort_unstable();
+        found.dedup();
+        Ok(found)
+    }
 }
 
 /// The local entry point's offset in bytes from a 64-bit PowerPC ELFv2 symbol's `st_other`

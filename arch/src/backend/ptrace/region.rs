@@ -465,7 +465,7 @@ pub(super) fn resolve_triggers(
     let mut resolved = vec![false; wanted.len()];
     for m in maps.iter().filter(|m| !m.path.is_empty() && !m.path.starts_with('[')) {
         for (i, (name, kind)) in wanted.iter().enumerate() {
-            if let Some(addr) = resolver.address(m, name) {
+            for addr in resolver.addresses(m, name)? {
                 resolved[i] = true;
                 if !found.iter().any(|t| t.addr == addr) {
                     found.push(Trigger { addr, kind: *kind });
