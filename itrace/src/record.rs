@@ -22,7 +22,7 @@ pub fn command(args: RecordArgs) -> Result<ExitCode> {
     summary.print();
     if args.arc {
         let arc_path = settings.output.with_extension("arc");
-        crate::read::write_arc(&settings.output, Some(&arc_path))?;
+        crate::read::write_arc(&settings.output, Some(&arc_path), &Default::default())?;
     }
     Ok(summary.program.exit_code())
 }

@@ -242,6 +242,9 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
         }
     }
     let mut scope = Vec::new();
+    if !trace.range().is_all() {
+        scope.push(format!("range {}: every total is of the instructions in it", trace.range().describe()));
+    }
     if let Some(tid) = opts.tid {
         scope.push(format!("thread {tid} only: every total and percentage is of this thread's instructions"));
     }

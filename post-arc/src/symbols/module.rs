@@ -148,6 +148,11 @@ impl ModuleSymbols {
         self.table.find(name)
     }
 
+    /// The demangled names of the image's functions (symbols and call-frame information).
+    pub fn function_names(&self) -> impl Iterator<Item = &str> {
+        self.table.names()
+    }
+
     /// Addresses (in the image's own terms) of the functions `query` names
     /// ([`crate::funcname`]): a symbol's name as written in the ELF, or its demangled name
     /// whole, qualified (every overload) or by a unique trailing part.
