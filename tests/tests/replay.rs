@@ -270,3 +270,53 @@ fn bad_ranges_are_one_line_errors() {
         }
     }
 }
+
+/// Every call of `calls` (recursively) with its name.
+fn each<'a>(calls: &'a [Call], out: &mut Vec<&'a Call>) {
+    for c in calls {
+        out.push(c);
+        each(&c.children, out);
+    }
+}
+
+/// The outermost calls of `name` (those with no call of `name` above them).
+fn outermost<'a>(calls: &'a [Call], name: &str, out: &mut Vec<&'a Call>) {
+    for c in calls {
+        if c.name == name {
+            out.push(c);
+        } else {
+            outermost(&c.children, name, out);
+        }
+    }
+}
+
+/// longjmp out of a recursion, a signal handler, calls through the PLT: the flow has as many
+/// calls of each of the program's functions as the report (whose calls and inclusive counts
+/// tests/calltree.rs checks against callgrind), and their outermost calls add up to its
+/// inclusive instructions.
+#[test]
+fn longjmp_signals_and_plt_as_in_the_report() {
+    for (name, functions) in [
+        ("longjmp", &["lj_round", "lj_dive", "main"][..]),
+        ("signal", &["sig_handler", "sig_compute", "main"]),
+        ("pltcalls", &["main"]),
+    ] {
+        let trace = traced(name, name, &[]);
+        let roots = flow(&trace, &[]);
+        let mut all = Vec::new();
+        each(&roots, &mut all);
+        for f in functions {
+            let row = function(&trace, &[], f);
+            let lines = all.iter().filter(|c| c.name == *f).count() as u64;
+            let not_seen_called = all.iter().filter(|c| c.name == *f && c.note == "not seen called").count() as u64;
+            assert_eq!(lines - not_seen_called, row["calls"].as_u64().unwrap(), "{name}: calls of {f}");
+            let mut outer = Vec::new();
+            outermost(&roots, f, &mut outer);
+            let inclusive: u64 = outer.iter().map(|c| c.inclusive).sum();
+            assert_eq!(inclusive, row["inclusive"].as_u64().unwrap(), "{name}: inclusive of {f}");
+        }
+        if name == "signal" {
+            assert!(all.iter().any(|c| c.name == "sig_handler" && c.note == "signal handler"));
+        }
+    }
+}
