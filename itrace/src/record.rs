@@ -8,8 +8,8 @@ use anyhow::Result;
 use itrace_arch::backend::{self, Backend, RecordSettings, Recorded, Target, TriggerResolver};
 use itrace_arch::procfs::Mapping;
 use itrace_format::{LiveCounts, Mode};
-use itrace_post::symbols::SymbolCache;
-use std::path::{Path, PathBuf};
+use itrace_post::symbols::{ModuleSymbols, SymbolCache};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -162,29 +162,53 @@ struct SymbolResolver {
 }
 
 impl TriggerResolver for SymbolResolver {
-    fn addresses(&self, m: &Mapping, name: &str) -> Result<Vec<u64>, String> {
+    fn addresses(&self, maps: &[Mapping], name: &str) -> Result<Vec<u64>, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(ms) = cache.get(&m.path) else { return Ok(Vec::new()) };
-        let vaddrs = functions_named(ms, name)?;
-        Ok(vaddrs.into_iter().filter_map(|v| ms.runtime_addr(m.start, m.offset, m.end - m.start, v)).collect())
+        let files = maps.iter().filter_map(|m| {
+            let ms = cache.get(&m.path)?.clone();
+            Some((ms, Some(m)))
+        });
+        let files: Vec<_> = files.collect();
+        functions_named(&files, name)
     }
 
-    fn defines(&self, path: &Path, name: &str) -> Result<bool, String> {
+    fn defines(&self, paths: &[PathBuf], name: &str) -> Result<bool, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.get(&path.to_string_lossy()) {
-            Some(ms) => Ok(!functions_named(ms, name)?.is_empty()),
-            None => Ok(false),
-        }
+        let files: Vec<_> =
+            paths.iter().filter_map(|p| Some((cache.get(&p.to_string_lossy())?.clone(), None))).collect();
+        Ok(!functions_named(&files, name)?.is_empty())
     }
 }
 
-/// The image addresses of the functions of `ms` that `name` names (as `report` matches names:
-/// [`itrace_post::funcname`]); an ambiguous name is an error line listing the candidates.
-fn functions_named(ms: &itrace_post::symbols::ModuleSymbols, name: &str) -> Result<Vec<u64>, String> {
+/// The addresses of the functions `name` names (as `report` matches names:
+/// [`itrace_post::funcname`]) among those of `files`: runtime addresses for a file with its
+/// mapping, image addresses otherwise. An ambiguous name is an error line listing the candidates.
+fn functions_named(files: &[(Arc<ModuleSymbols>, Option<&Mapping>)], name: &str) -> Result<Vec<u64>, String> {
     use itrace_post::funcname::{FunctionQuery, NameError};
-    match ms.find_functions(&FunctionQuery::new(name)) {
-        Ok(v) => Ok(v),
+    let query = FunctionQuery::new(name);
+    let mut candidates: Vec<(u64, String)> = Vec::new();
+    for (ms, mapping) in files {
+        // A symbol's name as written in the ELF (a versioned C name, a mangled name) names it too.
+        let raw = ms.find_function(name).filter(|_| query.matches(name).is_none());
+        let named = ms.functions().filter(|(_, n)| query.matches(n).is_some()).map(|(v, n)| (v, n.to_string()));
+        for (vaddr, n) in raw.map(|v| (v, name.to_string())).into_iter().chain(named) {
+            let addr = match mapping {
+                Some(m) => match ms.runtime_addr(m.start, m.offset, m.end - m.start, vaddr) {
+                    Some(a) => a,
+                    None => continue,
+                },
+                None => vaddr,
+            };
+            candidates.push((addr, n));
+        }
+    }
+    match query.select(candidates) {
+        Ok(mut v) => {
+            v.sort_unstable();
+            v.dedup();
+            Ok(v)
+        }
         Err(NameError::NotFound(_)) => Ok(Vec::new()),
-        Err(e @ NameError::Ambiguous { .. }) => Err(format!("{e} in {}", ms.name())),
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -162,11 +162,7 @@ fn check_functions_exist<'a>(
     }
     let Some(objects) = crate::elf::linked_objects(program) else { return Ok(()) };
     for name in names {
-        let mut defined = false;
-        for o in &objects {
-            defined |= resolver.defines(o, name).map_err(BackendError::Settings)?;
-        }
-        if !defined {
+        if !resolver.defines(&objects, name).map_err(BackendError::Settings)? {
             return Err(BackendError::Settings(format!(
                 "no function named {name} in {} or its libraries",
                 program.display()

@@ -148,19 +148,14 @@ impl ModuleSymbols {
         self.table.find(name)
     }
 
+    /// The image's functions (symbols and call-frame information): address, demangled name.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.table.functions()
+    }
+
     /// The demangled names of the image's functions (symbols and call-frame information).
     pub fn function_names(&self) -> impl Iterator<Item = &str> {
         self.table.names()
-    }
-
-    /// Addresses (in the image's own terms) of the functions `query` names
-    /// ([`crate::funcname`]): a symbol's name as written in the ELF, or its demangled name
-    /// whole, qualified (every overload) or by a unique trailing part.
-    pub fn find_functions(
-        &self,
-        query: &crate::funcname::FunctionQuery,
-    ) -> Result<Vec<u64>, crate::funcname::NameError> {
-        self.table.find_all(query)
     }
 
     /// Function symbol covering `vaddr`: demangled name and offset from the symbol start.

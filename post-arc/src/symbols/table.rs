@@ -192,6 +192,11 @@ impl SymbolTable {
         Some(SymbolHit { name: e.name(), start: e.addr, offset: addr - e.addr, plt: None, local_entry: e.local_entry })
     }
 
+    /// The functions: address, demangled name.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.entries.iter().map(|e| (e.addr, e.name()))
+    }
+
     /// The demangled names of the functions (each demangled now if not yet).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|e| e.name())
@@ -208,19 +213,6 @@ impl SymbolTable {
             .find(|e| &*e.raw == name)
             .or_else(|| self.entries.iter().find(|e| e.name() == name))
             .map(|e| e.addr)
-    }
-
-    /// Addresses of the symbols `query` names (each address once).
-    pub fn find_all(&self, query: &crate::funcname::FunctionQuery) -> Result<Vec<u64>, crate::funcname::NameError> {
-        let raw: Vec<u64> = self.entries.iter().filter(|e| &*e.raw == query.text()).map(|e| e.addr).collect();
-        let mut found = if raw.is_empty() {
-            query.select(self.entries.iter().map(|e| (e.addr, e.name().to_string())))?
-        } else {
-            raw
-        };
-        found.sort_unstable();
-        found.dedup();
-        Ok(found)
     }
 }
 
