@@ -18,6 +18,16 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::io::Write;
 use std::sync::Arc;
 
+/// `name` as a call: `main()`, and a C++ signature as it is (`geo::Rect::area() const`).
+fn called(name: &str) -> String {
+    let name = printable(name);
+    if name.contains('(') {
+        name.into_owned()
+    } else {
+        format!("{name}()")
+    }
+}
+
 /// What `itrace replay` shows.
 #[derive(Clone, Debug, Default)]
 pub struct FlowOptions {
@@ -140,11 +150,11 @@ impl FlowWriter<'_> {
             f.opened = true;
             writeln!(
                 self.out,
-                "  {:>12} {:>12}  [{tid:>5}]  {}{}() {{{}",
+                "  {:>12} {:>12}  [{tid:>5}]  {}{} {{{}",
                 "",
                 "",
                 Self::indent(depth),
-                printable(&f.name),
+                called(&f.name),
                 Self::kind_note(f.kind)
             )?;
         }
@@ -227,7 +237,8 @@ impl TimelineWriter for FlowWriter<'_> {
         } else {
             writeln!(
                 self.out,
-                "  {inclusive:>12} {self_instructions:>12}  [{tid:>5}]  {indent}{name}();{}",
+                "  {inclusive:>12} {self_instructions:>12}  [{tid:>5}]  {indent}{};{}",
+                called(&f.name),
                 Self::kind_note(f.kind)
             )?;
         }

@@ -121,6 +121,10 @@ pub fn replay(
         if n % PROGRESS_EVERY == 0 {
             progress(ev.offset);
         }
+        if let (Record::TraceOff(off), false, None) = (ev.record, at.started, &after) {
+            // A thread's last, partial block starts the range as a block would.
+            at.started = range.from.is_none_or(|f| at.reached(f, off.ts.saturating_sub(start_ns)));
+        }
         match ev.record {
             Record::Branch(b) => {
                 let in_range = at.started;

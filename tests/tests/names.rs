@@ -123,6 +123,11 @@ fn an_ambiguous_name_lists_its_candidates() {
     assert!(o.assert_clean_error().ends_with(&line), "{}", o.stderr);
     let o = itrace(["annotate", trace.to_str().unwrap(), "area"]);
     assert!(o.assert_clean_error().ends_with(&line), "{}", o.stderr);
+    // replay -F and --after too (chosen among the symbols of the files the trace mapped).
+    let o = itrace(["replay", trace.to_str().unwrap(), "-F", "area"]);
+    assert!(o.assert_clean_error().ends_with(&line), "{}", o.stderr);
+    let o = itrace(["report", trace.to_str().unwrap(), "--after", "area"]);
+    assert!(o.assert_clean_error().ends_with(&line), "{}", o.stderr);
     // record --start resolves names the same way, before running anything.
     let o = record(&test_dir("names-start-ambiguous").join("t.itr"), &["--start", "area"], &program("cpp_names"), &[]);
     assert!(o.assert_clean_error().contains(&line), "{}", o.stderr);
@@ -154,6 +159,24 @@ fn annotate_and_start_take_short_names() {
     let v: Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["functions"].as_array().unwrap().len(), 1);
     assert_eq!(v["functions"][0]["name"], "geo::Tri::area() const");
+
+    // replay -F total: geo::total calls the area methods of {&r, &t, &r} in that order
+    // (main's source), each named as nm -C names it.
+    let o = itrace(["replay", trace.to_str().unwrap(), "-F", "total"]);
+    o.assert_success();
+    let calls: Vec<&str> = o.stdout.lines().filter_map(|l| l.split("]  ").nth(1)).map(str::trim).collect();
+    assert_eq!(
+        calls,
+        [
+            "geo::total(geo::Shape const* const*, int) {",
+            "geo::Rect::area() const;",
+            "geo::Tri::area() const;",
+            "geo::Rect::area() const;",
+            "} /* geo::total(geo::Shape const* const*, int) */"
+        ],
+        "{}",
+        o.stdout
+    );
 
     // Tracing starts at geo::total (and goes on to the end): Rect::area runs twice inside it.
     let started = test_dir("names-start").join("t.itr");

@@ -55,9 +55,11 @@ fn parse_flow(text: &str) -> Vec<Call> {
             Some((t, note)) if !t.starts_with('}') => (t, note.trim_end_matches(" */").to_string()),
             _ => (body, String::new()),
         };
-        if let Some(name) = text.strip_suffix("() {") {
+        // `main()`, or a C++ signature as it is (`geo::Rect::area() const`).
+        let unparen = |t: &str| t.strip_suffix("()").unwrap_or(t).to_string();
+        if let Some(name) = text.strip_suffix(" {").map(unparen) {
             assert!(n.is_empty(), "an opening line has no counts: {line:?}");
-            open.push(Call { name: name.into(), inclusive: 0, self_instructions: 0, note, children: Vec::new() });
+            open.push(Call { name, inclusive: 0, self_instructions: 0, note, children: Vec::new() });
             continue;
         }
         let call = if let Some(name) = text.strip_prefix("} /* ").and_then(|t| t.strip_suffix(" */")) {
@@ -66,8 +68,8 @@ fn parse_flow(text: &str) -> Vec<Call> {
             (c.inclusive, c.self_instructions) = (n[0], n[1]);
             c
         } else {
-            let name = text.strip_suffix("();").unwrap_or_else(|| panic!("not a call line: {line:?}"));
-            Call { name: name.into(), inclusive: n[0], self_instructions: n[1], note, children: Vec::new() }
+            let name = unparen(text.strip_suffix(';').unwrap_or_else(|| panic!("not a call line: {line:?}")));
+            Call { name, inclusive: n[0], self_instructions: n[1], note, children: Vec::new() }
         };
         match open.last_mut() {
             Some(parent) => parent.children.push(call),
@@ -225,6 +227,19 @@ fn ranges_keep_the_totals() {
     let t = total(&trace, part);
     assert!(t > 39_000 && t <= 40_100, "{t}: blocks starting in 20000..60000");
     assert_eq!(folded_total(&trace, part), t);
+
+    // A range of time: the same in every view, and less than the whole trace. (Which blocks
+    // fall in it depends on the run's timing, so only the views' agreement is checked.)
+    let span = itrace(["info", trace.to_str().unwrap()]);
+    let line = span.stdout.lines().find(|l| l.starts_with("time span:")).expect("info says the time span");
+    // `time span: S s (records from A s to B s after the trace started)`
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (a, b): (f64, f64) = (words[6].parse().unwrap(), words[9].parse().unwrap());
+    let mid = format!("{}us", ((a + b) / 2.0 * 1e6) as u64);
+    let first_half = total(&trace, &["--to", &mid]);
+    let second_half = total(&trace, &["--from", &mid]);
+    assert_eq!(first_half + second_half, all, "--to {mid} and --from {mid} split the trace");
+    assert_eq!(folded_total(&trace, &["--from", &mid]), second_half);
 
     // --after main: the start-up is left out; main's and fib_asm's counts are the same.
     let main_all = function(&trace, &[], "main");
