@@ -103,6 +103,9 @@ pub struct CallGraphEntry {
 pub struct Views {
     #[serde(flatten)]
     pub report: Report,
+    /// The range the report covers (`--from`, `--to`, `--after`), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range: Option<String>,
     /// The thread the report is limited to (`--tid`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tid: Option<u32>,
@@ -249,7 +252,8 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
         scope.push(format!("thread {tid} only: every total and percentage is of this thread's instructions"));
     }
     report.notes.extend(report_notes);
-    Ok(Views { report, tid: opts.tid, tree, call_graph, scope, sort: SortKey::default() })
+    let range = (!trace.range().is_all()).then(|| trace.range().describe());
+    Ok(Views { report, range, tid: opts.tid, tree, call_graph, scope, sort: SortKey::default() })
 }
 
 /// The stack tree as nested nodes, each child list most inclusive first.

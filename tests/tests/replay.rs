@@ -248,6 +248,9 @@ fn ranges_keep_the_totals() {
     assert_eq!(function(&trace, &["--after", "main"], "fib_asm")["self"], 17752);
     assert!(function(&trace, &["--after", "main"], "_dl_start").is_null(), "the dynamic linker's start-up is out");
     let after = total(&trace, &["--after", "main"]);
+    let o = itrace(["report", trace.to_str().unwrap(), "--json", "--after", "main"]);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["range"], "after the first call of main");
     assert!(after < all);
     assert_eq!(folded_total(&trace, &["--after", "main"]), after);
     // The flow of the range starts with main, as if a trace started there, and what ran
@@ -333,5 +336,29 @@ fn longjmp_signals_and_plt_as_in_the_report() {
         if name == "signal" {
             assert!(all.iter().any(|c| c.name == "sig_handler" && c.note == "signal handler"));
         }
+    }
+}
+
+/// Threads: `--tid T` shows T's calls alone, and its outermost calls add up to T's
+/// instructions in the report's thread table (the main thread and four workers).
+#[test]
+fn each_thread_alone() {
+    let trace = traced("threads", "threads", &[]);
+    let o = itrace(["report", trace.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    let threads = v["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 5);
+    for th in threads {
+        let tid = th["tid"].as_u64().unwrap().to_string();
+        let o = itrace(["replay", trace.to_str().unwrap(), "--tid", &tid, "--depth", "1"]);
+        o.assert_success();
+        let tag = format!("[{tid:>5}]");
+        assert!(o.stdout.lines().skip(1).all(|l| l.contains(&tag)), "only thread {tid}: {}", o.stdout);
+        let roots = parse_flow(&o.stdout);
+        assert_eq!(
+            roots.iter().map(|c| c.inclusive).sum::<u64>(),
+            th["instructions"].as_u64().unwrap(),
+            "thread {tid}"
+        );
     }
 }
