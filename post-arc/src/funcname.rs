@@ -71,8 +71,11 @@ impl FunctionQuery {
         }
         if self.signature {
             // A signature is matched whole, spaces aside (`f(int,int)` is `f(int, int)`).
+            // A template function's return type may be left out (`geo::biggest<int>(int, int)`).
             let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
-            return (squeeze(name) == squeeze(&self.text)).then_some(Match::Whole);
+            let same = |a: &str, b: &str| squeeze(a) == squeeze(b);
+            let matched = same(name, &self.text) || same(without_return_type(name), without_return_type(&self.text));
+            return matched.then_some(Match::Whole);
         }
         let qualified = qualified_name(name);
         let plain;
@@ -177,6 +180,15 @@ pub fn qualified_name(name: &str) -> &str {
     &name[start..]
 }
 
+/// `name` from its qualified name on: without the return type a template function's
+/// demangled name starts with (`int geo::biggest<int>(int, int)`).
+fn without_return_type(name: &str) -> &str {
+    let qualified = qualified_name(name);
+    // The qualified name is a slice of `name` (or of its start, with a clone suffix cut).
+    let start = qualified.as_ptr() as usize - name.as_ptr() as usize;
+    &name[start..]
+}
+
 /// Whether `operator` at byte `i` of `name` is the keyword (not part of a longer identifier).
 fn is_operator_at(name: &str, i: usize) -> bool {
     let before = name[..i].chars().next_back();
@@ -265,6 +277,8 @@ mod tests {
         assert_eq!(pick("geo::scale(double)").unwrap(), ["geo::scale(double)"]);
         assert_eq!(pick("biggest").unwrap().len(), 2);
         assert_eq!(pick("biggest<int>").unwrap(), ["int geo::biggest<int>(int, int)"]);
+        assert_eq!(pick("geo::biggest<int>(int,int)").unwrap(), ["int geo::biggest<int>(int, int)"]);
+        assert_eq!(pick("int geo::biggest<int>(int, int)").unwrap(), ["int geo::biggest<int>(int, int)"]);
         assert_eq!(pick("main").unwrap(), ["main"]);
         assert_eq!(
             pick("area"),

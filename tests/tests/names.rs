@@ -86,6 +86,8 @@ fn names_match_as_in_gdb_and_perf() {
         // Every instance of a template, or one.
         ("biggest", &[("int geo::biggest<int>(int, int)", 1), ("double geo::biggest<double>(double, double)", 1)]),
         ("geo::biggest<int>", &[("int geo::biggest<int>(int, int)", 1)]),
+        // A template function's signature without the return type nm -C writes first.
+        ("geo::biggest<int>(int, int)", &[("int geo::biggest<int>(int, int)", 1)]),
         // Operators and a class template's method.
         ("V::operator+", &[("geo::V::operator+(geo::V const&) const", 1)]),
         ("operator()", &[("geo::V::operator()(int) const", 1)]),
