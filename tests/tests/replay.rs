@@ -222,11 +222,28 @@ fn ranges_keep_the_totals() {
         let roots = flow(&trace, &args);
         assert_eq!(roots.iter().map(|c| c.inclusive).sum::<u64>(), all, "replay {range:?}");
     }
-    // A range of instructions: every view adds up to the same, and it is about what was asked.
-    let part = &["--from", "20000", "--to", "60000"];
+    // A range of instructions inside fib's recursion (fib runs its 29,592 instructions first
+    // thing after its first call): every view adds up to the same, about what was asked.
+    let before_fib = all - total(&trace, &["--after", "fib"]);
+    let (from, to) = ((before_fib + 1000).to_string(), (before_fib + 21000).to_string());
+    let part = &["--from", from.as_str(), "--to", to.as_str()][..];
     let t = total(&trace, part);
-    assert!(t > 39_000 && t <= 40_100, "{t}: blocks starting in 20000..60000");
+    assert!((19_990..=20_010).contains(&t), "{t}: blocks starting in a range of 20000");
     assert_eq!(folded_total(&trace, part), t);
+    // The callgrind export's summary and annotate's self count of fib are the report's.
+    let mut args = vec!["export", trace.to_str().unwrap(), "-f", "callgrind"];
+    args.extend(part);
+    let o = itrace(&args);
+    o.assert_success();
+    let summary = o.stdout.lines().find_map(|l| l.strip_prefix("summary: ")).expect("a summary line");
+    assert_eq!(summary.trim().parse::<u64>().unwrap(), t);
+    let mut args = vec!["annotate", trace.to_str().unwrap(), "fib", "--json"];
+    args.extend(part);
+    let o = itrace(&args);
+    o.assert_success();
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["total_instructions"].as_u64().unwrap(), t);
+    assert_eq!(v["functions"][0]["self"], function(&trace, part, "fib")["self"]);
 
     // A range of time: the same in every view, and less than the whole trace. (Which blocks
     // fall in it depends on the run's timing, so only the views' agreement is checked.)
