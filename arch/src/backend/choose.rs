@@ -173,7 +173,7 @@ fn check_functions_exist<'a>(
     }
     let Some(objects) = crate::elf::linked_objects(program) else { return Ok(()) };
     for name in names {
-        if !objects.iter().any(|o| resolver.defines(o, name)) {
+        if !resolver.defines(&objects, name).map_err(BackendError::Settings)? {
             return Err(BackendError::Settings(format!(
                 "no function named {name} in {} or its libraries",
                 program.display()
