@@ -22,7 +22,7 @@ pub const ENVIRONMENT_HELP: &str = "\
 Environment:
   ITRACE_QEMU_PLUGIN  the TCG plugin of --backend qemu (default: next to itrace)
   ITRACE_STEP         default of `record --step` (instruction, block, auto) where ptrace steps
-  ITRACE_BACKEND      default of `record --backend` when it is not given (auto, ptrace, translate...)
+  ITRACE_BACKEND      default of `record --backend` (auto, ptrace, translate, ...)
   PATH                where `record` finds a program named without a slash
   COLUMNS             report width when stdout is not a terminal (default 120)
   LD_PRELOAD          `record --region` accepts a preloaded libitrace.so
