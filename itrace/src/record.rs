@@ -149,7 +149,9 @@ pub fn summary_of(r: &Recorded, s: &RecordSettings, chosen: &Chosen, output: Opt
     let emulated = matches!(chosen.backend, Backend::Gdb | Backend::Qemu);
     // Say why auto chose a backend other than the default one.
     let step = match (s.backend, chosen.backend) {
-        (Backend::Auto, Backend::Kmod | Backend::Inproc) => format!("{} (auto: {})", r.step, chosen.why),
+        (Backend::Auto, Backend::Kmod | Backend::Inproc | Backend::Translate) => {
+            format!("{} (auto: {})", r.step, chosen.why)
+        }
         _ => r.step.clone(),
     };
     RecordSummary {
