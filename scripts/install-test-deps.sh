@@ -36,6 +36,7 @@ PACKAGES=(
     xz-utils              # extracting vmlinux from vmlinuz
     python3.11-minimal    # /usr/bin/python3.11: a large stripped program (tests/tests/stripped.rs)
     qemu-system-ppc       # ppc64le-guest/test-in-guest.sh: the native PowerPC64 recorder in a pseries guest (TCG)
+    debuginfod            # a real debuginfod server on loopback (tests/tests/debuginfod.rs)
     python3-pip           # pip for DuckDB's Python package (below), when python3 is Debian's
 )
 

@@ -14,6 +14,7 @@ pub mod flame;
 mod names;
 mod notes;
 pub mod parquet;
+pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod resolve;
