@@ -18,7 +18,8 @@ PACKAGES=(
     gdbserver             # a real GDB stub for the --gdb recorder tests
     strace                # a second tracer for the "already traced" test
     file                  # identifying binaries when debugging failures
-    coreutils             # env -i, sleep
+    coreutils             # env -i, sleep, stty, seq
+    bsdutils              # script: a pseudo-terminal for the status line test (tests/status_line.rs)
     mount                 # mount/umount of a small tmpfs for the disk-full test
     chromium              # renders a flame graph SVG headless: screenshot and DOM (tests/views.rs)
     libc6-dbg             # separate debug info of libc (post-arc symbol tests)

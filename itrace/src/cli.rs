@@ -124,7 +124,7 @@ pub enum ModeArg {
 
 #[derive(Args)]
 pub struct RecordArgs {
-    /// Trace file to write.
+    /// Trace file to write; a trace already there is kept as FILE.old (as perf does).
     #[arg(short, long, default_value = "itrace.itr")]
     pub output: PathBuf,
     /// Collection mode.

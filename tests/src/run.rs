@@ -74,6 +74,9 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("strace", "strace"),
     ("env", "coreutils"),
     ("sleep", "coreutils"),
+    ("stty", "coreutils"),
+    ("seq", "coreutils"),
+    ("script", "bsdutils"),
     ("chromium", "chromium"),
 ];
 
