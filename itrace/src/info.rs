@@ -27,6 +27,18 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
         h.ncpu,
         if h.aslr_disabled() { "off" } else { "on" }
     )?;
+    let started = itrace_post::origin::utc_date(h.start_realtime_ns / 1_000_000_000);
+    match itrace_post::origin::origin(&t) {
+        Some(o) => {
+            let p = |s: &str| itrace_post::names::printable(s).into_owned();
+            writeln!(out, "recorded {} on {} by itrace {}", o.date, p(&o.host), p(&o.version))?;
+            writeln!(out, "command: {}", p(&o.command()))?;
+            writeln!(out, "directory: {}", p(&o.cwd))?;
+            writeln!(out, "kernel: {}", p(&o.kernel))?;
+            writeln!(out, "cpu: {}", p(&o.cpu))?;
+        }
+        None => writeln!(out, "recorded {started} (no command line, host or kernel in this trace)")?,
+    }
     let mut ids: Vec<u16> = t.chunks().iter().map(|c| c.stream).collect();
     ids.sort_unstable();
     ids.dedup();
