@@ -49,8 +49,18 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
         "\n{:<8} {:>7} {:>11} {:>13} {:>13} {:>12}",
         "stream", "chunks", "records", "branches", "bytes", "B/branch"
     )?;
-    for id in ids {
-        let s = t.stream_stats(id)?;
+    // Decoding every record takes a while on a large trace: a bar on a terminal.
+    let pb = crate::read::progress(t.chunks().iter().map(|c| c.len as u64).sum());
+    let mut done = 0;
+    let mut stats = Vec::with_capacity(ids.len());
+    for &id in &ids {
+        stats.push(t.stream_stats_with_progress(id, &mut |n| {
+            done += n;
+            pb.set_position(done);
+        })?);
+    }
+    pb.finish_and_clear();
+    for (id, s) in ids.into_iter().zip(stats) {
         let name = match id {
             STREAM_MTE => "mte".to_string(),
             STREAM_END => "end".to_string(),
