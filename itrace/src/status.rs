@@ -185,6 +185,10 @@ fn draw(live: &LiveCounts, duration: Option<f64>, done: &AtomicBool) {
         let bytes = live.bytes.load(Ordering::Relaxed);
         // A backend whose trace another process writes (the qemu plugin) counts bytes only.
         let measure = if ins == 0 && br == 0 { bytes } else { ins };
+        if measure == ins && window.back().is_some_and(|&(_, m)| m > ins) {
+            // The counts just arrived (the qemu plugin's come late): the rate starts anew.
+            window.clear();
+        }
         window.push_back((secs, measure));
         while window.len() > 2 && secs - window[0].0 > 3.0 {
             window.pop_front();

@@ -37,9 +37,13 @@ fn screen_after(shell: &str) -> Vec<String> {
 }
 
 fn build(dir: &Path) -> std::path::PathBuf {
+    build_from(dir, PROGRAM)
+}
+
+fn build_from(dir: &Path, program: &str) -> std::path::PathBuf {
     require_tool("gcc");
     let src = dir.join("prints.c");
-    std::fs::write(&src, PROGRAM).unwrap();
+    std::fs::write(&src, program).unwrap();
     let exe = dir.join("prints");
     run(Command::new("gcc").arg("-O1").arg("-o").arg(&exe).arg(&src)).assert_success();
     exe
@@ -94,4 +98,46 @@ fn no_status_line_without_a_terminal() {
     out.assert_success();
     assert_eq!(out.stdout, "39998 79997\ndone\n");
     assert!(!out.stderr.contains('\x1b') && !out.stderr.contains("recording "), "{:?}", out.stderr);
+}
+
+/// Under `--backend qemu` the plugin writes the trace in qemu's process; its writer tells
+/// itrace the instructions and branches written so far: the status line shows them (seen in
+/// the bytes drawn on the last row while the program sleeps 3 s after its first line), and
+/// the counts it shows never exceed the trace's (`itrace report`).
+#[test]
+fn qemu_backend_status_line_shows_instructions_and_branches() {
+    require_tool("script");
+    require_tool("stty");
+    require_tool("qemu-x86_64");
+    let dir = test_dir("status-line-qemu");
+    let exe = build_from(&dir, &PROGRAM.replace("{0, 700000000}", "{3, 0}"));
+    let trace = dir.join("t.itr");
+    let shell = format!(
+        "stty rows {ROWS} cols 120; {} record --backend qemu -o {} {}",
+        itrace_bin().display(),
+        trace.display(),
+        exe.display()
+    );
+    let out = run(Command::new("script").args(["-qfec", &shell, "/dev/null"]).env("TERM", "xterm"));
+    out.assert_success();
+    // Each redraw: save the cursor, go to the last row, clear it, the text, restore.
+    let draws: Vec<&str> = out
+        .stdout
+        .split(&format!("\x1b[{ROWS};1H\x1b[2K"))
+        .skip(1)
+        .map(|d| d.split("\x1b8").next().unwrap_or(""))
+        .filter(|d| !d.is_empty())
+        .collect();
+    let number = |d: &str, what: &str| -> Option<u64> {
+        let before = d.split(&format!(" {what},")).next().filter(|b| b.len() < d.len())?;
+        before.rsplit(' ').next()?.replace(',', "").parse().ok()
+    };
+    let counted: Vec<(u64, u64)> =
+        draws.iter().filter_map(|d| Some((number(d, "instructions")?, number(d, "branches")?))).collect();
+    assert!(!counted.is_empty(), "no status line with instructions and branches: {draws:?}");
+    let report = itrace_tests::report_json(&trace);
+    let total = report["total_instructions"].as_u64().unwrap();
+    let (ins, br) = *counted.last().unwrap();
+    assert!(ins > 0 && ins <= total, "status line {ins} instructions, trace {total}");
+    assert!(br > 0 && br <= ins, "status line {br} branches for {ins} instructions");
 }
