@@ -44,6 +44,8 @@ fn main() -> ExitCode {
     };
     read::set_strict(cli.command.read_options().is_some_and(|r| r.strict));
     read::set_quiet(cli.command.read_options().is_some_and(|r| r.quiet));
+    // Debug files are fetched by build-id when a trace is read, never while recording.
+    itrace_post::symbols::debuginfod::allow_downloads(cli.command.read_options().is_some());
     let result = match cli.command {
         cli::Command::Record(args) => {
             let on_death = if args.pid.is_some() || args.gdb.is_some() {

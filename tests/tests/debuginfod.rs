@@ -256,3 +256,28 @@ fn stripped_hint_is_printed_once_per_trace() {
     record_plain(&trace, &b.stripped);
     assert_eq!(hints(&refs(&report), &cache, &b.stripped).len(), 1, "a new trace gets its hint");
 }
+
+/// `itrace record` never asks a server (the traced program would wait on the network): with
+/// `DEBUGINFOD_URLS` naming a listener and a `--start` function only the debug file names, the
+/// listener gets no connection.
+#[test]
+fn recording_asks_no_server() {
+    let b = build("debuginfod-record");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let cache = b.dir.join("cache");
+    let o = run(Command::new(itrace_tests::itrace_bin())
+        .args(["record", "--start", "main", "-o"])
+        .arg(b.dir.join("t.itr"))
+        .arg(&b.stripped)
+        .env("DEBUGINFOD_URLS", &url)
+        .env("DEBUGINFOD_CACHE_PATH", &cache)
+        .env("DEBUGINFOD_TIMEOUT", "5"));
+    o.assert_no_panic();
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("itrace record connected to the debuginfod server: {other:?}\n{}", o.stderr),
+    }
+    assert!(!cache.join(&b.id).exists(), "itrace record wrote a cache entry");
+}

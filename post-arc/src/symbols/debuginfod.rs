@@ -11,9 +11,12 @@
 //! - `DEBUGINFOD_TIMEOUT` (seconds, default 90, elfutils' default) bounds the connection and
 //!   each read: a server that fails or times out gets one warning and is not asked again by
 //!   this process, so a dead server costs at most one timeout per command.
+//! - Servers are asked only once a program allows it ([`allow_downloads`]): itrace does for the
+//!   commands that read traces, not while recording.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +32,15 @@ struct State {
 }
 
 static STATE: Mutex<State> = Mutex::new(State { failed: Vec::new(), warnings: Vec::new() });
+
+/// Whether servers may be asked (the cache is always looked in): off until a program turns it
+/// on, so that a recording never waits on the network with the traced program stopped.
+static DOWNLOADS: AtomicBool = AtomicBool::new(false);
+
+/// Let [`find_debuginfo`] ask the servers of `DEBUGINFOD_URLS` (the commands that read traces).
+pub fn allow_downloads(on: bool) {
+    DOWNLOADS.store(on, Ordering::Relaxed);
+}
 
 /// The warnings about servers given since the last call (one per failed server).
 pub fn take_warnings() -> Vec<String> {
@@ -95,6 +107,9 @@ pub fn find_debuginfo(build_id: &[u8], module: &str) -> Option<PathBuf> {
     }
     if let Some(p) = cached(build_id) {
         return Some(p);
+    }
+    if !DOWNLOADS.load(Ordering::Relaxed) {
+        return None;
     }
     let servers = servers();
     if servers.is_empty() {
