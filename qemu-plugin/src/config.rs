@@ -17,6 +17,9 @@ pub struct Config {
     /// A file the writer rewrites a few times a second with the instructions and branches
     /// written so far, for itrace's status line (`live=`).
     pub live: Option<PathBuf>,
+    /// A file holding the encoded recording record (where the trace came from) that itrace
+    /// made, written first in the MTE stream (`origin=`).
+    pub origin: Option<PathBuf>,
     pub arch: Arch,
     pub mode: Mode,
     pub buffer_size: usize,
@@ -41,6 +44,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
         status: None,
         ctl: None,
         live: None,
+        origin: None,
         arch: Arch::X86_64,
         mode: Mode::Continuous,
         buffer_size: 64 << 20,
@@ -61,6 +65,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
             "status" => c.status = Some(PathBuf::from(v)),
             "ctl" => c.ctl = Some(PathBuf::from(v)),
             "live" => c.live = Some(PathBuf::from(v)),
+            "origin" => c.origin = Some(PathBuf::from(v)),
             "arch" => {
                 c.arch = [Arch::X86_64, Arch::I386, Arch::Ppc64le, Arch::Ppc64, Arch::S390x]
                     .into_iter()

@@ -160,7 +160,12 @@ pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), Stri
         segment_size: cfg.segment_size,
         mte_size: cfg.mte_size,
     };
-    let buffers = Buffers::new(bcfg, writer).map_err(|e| e.to_string())?;
+    let mut buffers = Buffers::new(bcfg, writer).map_err(|e| e.to_string())?;
+    // Where the trace came from, as itrace encoded it; a trace without it is still a trace.
+    let origin = cfg.origin.as_ref().and_then(|p| std::fs::read(p).ok());
+    if let Some(r) = origin.and_then(|b| itrace_format::Record::decode(itrace_format::Endian::native(), &b, 0).ok()) {
+        let _ = buffers.push_mte(&r);
+    }
     // Chunks of at most 256 KiB: a chunk is the unit a reader decodes and a crash can lose.
     let chunk_size = cfg.segment_size.clamp(4096, CHUNK_MAX);
     let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);

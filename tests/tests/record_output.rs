@@ -89,3 +89,24 @@ fn trace_says_where_it_came_from() {
     info.assert_success();
     assert!(info.stdout.contains("(no command line, host or kernel in this trace)"), "{}", info.stdout);
 }
+
+/// Under `--backend qemu` the plugin writes the file: it writes the recording record itrace
+/// encoded for it, so `info` shows the command line there too.
+#[test]
+fn qemu_backend_trace_says_where_it_came_from() {
+    itrace_tests::require_tool("qemu-x86_64");
+    let dir = test_dir("record-output-origin-qemu");
+    let prog = program("loops");
+    let trace = dir.join("q.itr");
+    record(&trace, &["--backend", "qemu"], &prog, &[]).assert_success();
+    let info = itrace_tests::itrace([std::ffi::OsStr::new("info"), trace.as_os_str()]);
+    info.assert_success();
+    let want = format!(
+        "command: {} record -o {} --backend qemu -- {}",
+        itrace_tests::itrace_bin().display(),
+        trace.display(),
+        prog.display()
+    );
+    assert!(info.stdout.lines().any(|l| l == want), "no line {want:?} in:\n{}", info.stdout);
+    assert!(info.stdout.contains(&format!(" on {} by itrace ", uname("-n"))), "{}", info.stdout);
+}

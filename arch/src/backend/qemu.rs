@@ -275,15 +275,23 @@ impl Recorder for QemuRecorder {
         let status = StatusFile::new("run");
         let ctl = StatusFile::new("stop");
         let counts = StatusFile::new("live");
+        // Where the trace comes from, encoded here (the plugin cannot know itrace's command line).
+        let origin = StatusFile::new("origin");
+        let mut encoded = Vec::new();
+        let record = itrace_format::Record::Mte(super::output::recording_record(itrace_format::now_ns()));
+        if record.encode(&mut encoded).is_ok() {
+            let _ = std::fs::write(&origin.0, &encoded);
+        }
         let name: String = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let sysroot = cross_sysroot(arch);
         let mut spec = format!(
-            "{},out={},status={},ctl={},live={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
+            "{},out={},status={},ctl={},live={},origin={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
             opt_value(&plugin.to_string_lossy()),
             opt_value(&out.to_string_lossy()),
             opt_value(&status.0.to_string_lossy()),
             opt_value(&ctl.0.to_string_lossy()),
             opt_value(&counts.0.to_string_lossy()),
+            opt_value(&origin.0.to_string_lossy()),
             s.mode,
             s.buffer_size,
             s.segment_size,
