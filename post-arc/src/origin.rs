@@ -19,8 +19,7 @@ pub struct Origin {
     pub date: String,
 }
 
-/// The origin of `trace`: `None` for a trace recorded without it (an older itrace, the GDB
-/// backend).
+/// The origin of `trace`: `None` for a trace recorded without it (by an older itrace).
 pub fn origin(trace: &Trace) -> Option<Origin> {
     // Written first in the MTE stream: a few records are enough to look at.
     let found = trace.stream(STREAM_MTE).take(4).find_map(|r| match r {
