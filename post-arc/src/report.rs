@@ -150,6 +150,14 @@ impl Report {
         self.write_text_ordered(out, opts, "self instructions")
     }
 
+    /// Where the trace came from, one line, when the trace says.
+    pub(crate) fn write_origin(&self, out: &mut dyn Write) -> Result<(), PostError> {
+        if let Some(o) = &self.recorded {
+            writeln!(out, "{}", crate::names::printable(&o.line()))?;
+        }
+        Ok(())
+    }
+
     /// [`Self::write_text`], the function table's title saying it is sorted `by`.
     pub(crate) fn write_text_ordered(
         &self,
@@ -157,9 +165,7 @@ impl Report {
         opts: &TextOptions,
         by: &str,
     ) -> Result<(), PostError> {
-        if let Some(o) = &self.recorded {
-            writeln!(out, "{}", crate::names::printable(&o.line()))?;
-        }
+        self.write_origin(out)?;
         writeln!(
             out,
             "{} instructions, {} taken branches, {} records lost ({} trace, {} mode, {})",
