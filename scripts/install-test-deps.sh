@@ -18,7 +18,8 @@ PACKAGES=(
     gdbserver             # a real GDB stub for the --gdb recorder tests
     strace                # a second tracer for the "already traced" test
     file                  # identifying binaries when debugging failures
-    coreutils             # env -i, sleep
+    coreutils             # env -i, sleep, stty, seq
+    bsdutils              # script: a pseudo-terminal for the status line test (tests/status_line.rs)
     mount                 # mount/umount of a small tmpfs for the disk-full test
     chromium              # renders a flame graph SVG headless: screenshot and DOM (tests/views.rs)
     libc6-dbg             # separate debug info of libc (post-arc symbol tests)
@@ -36,6 +37,7 @@ PACKAGES=(
     xz-utils              # extracting vmlinux from vmlinuz
     python3.11-minimal    # /usr/bin/python3.11: a large stripped program (tests/tests/stripped.rs)
     qemu-system-ppc       # ppc64le-guest/test-in-guest.sh: the native PowerPC64 recorder in a pseries guest (TCG)
+    debuginfod            # a real debuginfod server on loopback (tests/tests/debuginfod.rs)
     python3-pip           # pip for DuckDB's Python package (below), when python3 is Debian's
 )
 

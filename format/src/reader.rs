@@ -629,6 +629,16 @@ pub struct StreamStats {
 impl TraceFile {
     /// Decode stream `id` whole and say what its records cost, by kind of item.
     pub fn stream_stats(&self, id: StreamId) -> Result<StreamStats, FormatError> {
+        self.stream_stats_with_progress(id, &mut |_| {})
+    }
+
+    /// [`Self::stream_stats`], calling `progress` with the payload bytes of each chunk (its
+    /// `len`) once it is decoded.
+    pub fn stream_stats_with_progress(
+        &self,
+        id: StreamId,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<StreamStats, FormatError> {
         use crate::compact::tag;
         let mut st = StreamStats::default();
         let chunks: Vec<ChunkInfo> = self.chunks.iter().filter(|c| c.stream == id).cloned().collect();
@@ -637,7 +647,9 @@ impl TraceFile {
             if c.truncated {
                 st.truncated = true;
             }
-            st.file_bytes += (self.chunk_header_len() + c.len) as u64;
+            let c_len = c.len;
+            let chunk_bytes = (self.chunk_header_len() + c_len) as u64;
+            st.file_bytes += chunk_bytes;
             // Only this chunk: the reader has no next one to go on to.
             let mut r = StreamRecords::new(self, Vec::new());
             r.open_chunk(c)?;
@@ -693,6 +705,7 @@ impl TraceFile {
                 st.first_ts = Some(st.first_ts.map_or(ts, |f| f.min(ts)));
                 st.last_ts = Some(st.last_ts.map_or(ts, |l| l.max(ts)));
             }
+            progress(c_len as u64);
         }
         Ok(st)
     }

@@ -44,6 +44,9 @@ pub mod mte_minor {
     pub const VDSO_IMAGE: u32 = 0x42;
     /// What the file of the segment record before it was when recorded: build-id, size, mtime.
     pub const MODULE_ID: u32 = 0x43;
+    /// Where the trace came from: itrace's version and command line, the working directory,
+    /// host, kernel and CPU model.
+    pub const RECORDING: u32 = 0x44;
     pub const CLONE: u32 = 0x63;
 }
 
@@ -299,6 +302,23 @@ pub enum Mte {
         build_id: Vec<u8>,
         path: String,
     },
+    /// Where the trace came from, written first in the MTE stream (the date is the header's
+    /// start time).
+    Recording {
+        ts: u64,
+        /// itrace's version.
+        version: String,
+        /// itrace's own command line (`itrace record -o t.itr ./prog`).
+        args: Vec<String>,
+        /// The working directory of `itrace record`.
+        cwd: String,
+        /// The host name.
+        host: String,
+        /// The kernel: `uname -srvm`.
+        kernel: String,
+        /// The CPU model (`model name` of /proc/cpuinfo, or what the architecture calls it).
+        cpu: String,
+    },
     /// A new thread (`thread` true) or process.
     Clone {
         ts: u64,
@@ -329,6 +349,7 @@ impl Mte {
             | Mte::JitSymbol { ts, .. }
             | Mte::VdsoImage { ts, .. }
             | Mte::ModuleId { ts, .. }
+            | Mte::Recording { ts, .. }
             | Mte::Clone { ts, .. } => ts,
         }
     }
@@ -469,6 +490,13 @@ impl Record {
                     w.u64(*mtime_ns);
                     w.out.extend_from_slice(id);
                     w.str(path);
+                }
+                Mte::Recording { ts, version, args, cwd, host, kernel, cpu } => {
+                    w.header(major::MTE, mte_minor::RECORDING, *ts);
+                    w.u32(args.len() as u32);
+                    for t in [version, cwd, host, kernel, cpu].into_iter().chain(args) {
+                        w.str(t);
+                    }
                 }
                 Mte::Clone { ts, parent_pid, parent_tid, child_pid, child_tid, thread } => {
                     w.header(major::MTE, mte_minor::CLONE, *ts);
@@ -640,6 +668,23 @@ impl Record {
                             build_id: p[32..32 + n].to_vec(),
                             path: s(32 + n)?,
                         }
+                    }
+                    mte_minor::RECORDING => {
+                        need(4)?;
+                        let argc = e.u32(p) as usize;
+                        let mut at = 4;
+                        let mut next = || -> Result<String, FormatError> {
+                            let t = s(at)?;
+                            at += 2 + e.u16(&p[at..]) as usize;
+                            Ok(t)
+                        };
+                        let (version, cwd, host, kernel, cpu) = (next()?, next()?, next()?, next()?, next()?);
+                        // Each string takes 2 bytes at least: a damaged count cannot allocate more.
+                        let mut args = Vec::with_capacity(argc.min(p.len() / 2));
+                        for _ in 0..argc {
+                            args.push(next()?);
+                        }
+                        Mte::Recording { ts, version, args, cwd, host, kernel, cpu }
                     }
                     mte_minor::CLONE => {
                         need(20)?;

@@ -23,6 +23,10 @@ Environment:
   ITRACE_QEMU_PLUGIN  the TCG plugin of --backend qemu (default: next to itrace)
   ITRACE_STEP         default of `record --step` (instruction, block, auto) where ptrace steps
   ITRACE_BACKEND      default of `record --backend` (auto, ptrace, translate, ...)
+  DEBUGINFOD_URLS     debuginfod servers (space-separated) for debug files of stripped modules
+  DEBUGINFOD_CACHE_PATH  their cache, shared with elfutils (default ~/.cache/debuginfod_client)
+  DEBUGINFOD_TIMEOUT  seconds to connect to a server and for each read (default 90)
+  XDG_CACHE_HOME      the hints already shown: itrace/hints-shown there (default: ~/.cache)
   PATH                where `record` finds a program named without a slash
   COLUMNS             report width when stdout is not a terminal (default 120)
   LD_PRELOAD          `record --region` accepts a preloaded libitrace.so
@@ -127,7 +131,7 @@ pub enum ModeArg {
 
 #[derive(Args)]
 pub struct RecordArgs {
-    /// Trace file to write.
+    /// Trace file to write; a trace already there is kept as FILE.old (as perf does).
     #[arg(short, long, default_value = "itrace.itr")]
     pub output: PathBuf,
     /// Collection mode.
@@ -275,6 +279,10 @@ pub struct ReadOptions {
     /// skipping it: an error naming its offset, exit 1.
     #[arg(long)]
     pub strict: bool,
+    /// Print no hints (what to install for the names of stripped modules); warnings stay.
+    /// Without it, each hint is printed once per trace.
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 impl Command {

@@ -27,6 +27,18 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
         h.ncpu,
         if h.aslr_disabled() { "off" } else { "on" }
     )?;
+    let started = itrace_post::origin::utc_date(h.start_realtime_ns / 1_000_000_000);
+    match itrace_post::origin::origin(&t) {
+        Some(o) => {
+            let p = |s: &str| itrace_post::names::printable(s).into_owned();
+            writeln!(out, "recorded {} on {} by itrace {}", o.date, p(&o.host), p(&o.version))?;
+            writeln!(out, "command: {}", p(&o.command()))?;
+            writeln!(out, "directory: {}", p(&o.cwd))?;
+            writeln!(out, "kernel: {}", p(&o.kernel))?;
+            writeln!(out, "cpu: {}", p(&o.cpu))?;
+        }
+        None => writeln!(out, "recorded {started} (no command line, host or kernel in this trace)")?,
+    }
     let mut ids: Vec<u16> = t.chunks().iter().map(|c| c.stream).collect();
     ids.sort_unstable();
     ids.dedup();
@@ -37,8 +49,18 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
         "\n{:<8} {:>7} {:>11} {:>13} {:>13} {:>12}",
         "stream", "chunks", "records", "branches", "bytes", "B/branch"
     )?;
-    for id in ids {
-        let s = t.stream_stats(id)?;
+    // Decoding every record takes a while on a large trace: a bar on a terminal.
+    let pb = crate::read::progress(t.chunks().iter().map(|c| c.len as u64).sum());
+    let mut done = 0;
+    let mut stats = Vec::with_capacity(ids.len());
+    for &id in &ids {
+        stats.push(t.stream_stats_with_progress(id, &mut |n| {
+            done += n;
+            pb.set_position(done);
+        })?);
+    }
+    pb.finish_and_clear();
+    for (id, s) in ids.into_iter().zip(stats) {
         let name = match id {
             STREAM_MTE => "mte".to_string(),
             STREAM_END => "end".to_string(),

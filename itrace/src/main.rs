@@ -5,6 +5,7 @@ mod calib;
 mod cli;
 mod diff;
 mod dump;
+mod hints;
 mod info;
 mod read;
 mod record;
@@ -42,6 +43,9 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e),
     };
     read::set_strict(cli.command.read_options().is_some_and(|r| r.strict));
+    read::set_quiet(cli.command.read_options().is_some_and(|r| r.quiet));
+    // Debug files are fetched by build-id when a trace is read, never while recording.
+    itrace_post::symbols::debuginfod::allow_downloads(cli.command.read_options().is_some());
     let result = match cli.command {
         cli::Command::Record(args) => {
             let on_death = if args.pid.is_some() || args.gdb.is_some() {

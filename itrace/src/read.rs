@@ -40,7 +40,7 @@ pub fn write_arc(trace_path: &Path, output: Option<&Path>, range: &RangeArgs) ->
         .with_context(|| format!("cannot write the arc of {}", trace_path.display()))?;
     pb.finish_and_clear();
     warn_truncated(&trace);
-    print_notes(&stats.notes);
+    print_notes(&trace, &stats.notes);
     if let Some(p) = output {
         eprintln!("itrace: wrote {} ({} lines)", p.display(), stats.lines);
     }
@@ -79,8 +79,9 @@ fn read_trace<T>(
 
 pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
     let path = args.input.path();
-    let folded = read_trace(&open_ranged(&path, &args.range)?, itrace_post::flame::folded)?;
-    print_notes(&folded.notes);
+    let trace = open_ranged(&path, &args.range)?;
+    let folded = read_trace(&trace, itrace_post::flame::folded)?;
+    print_notes(&trace, &folded.notes);
     if folded.stack_count() == 0 {
         eprintln!("itrace: note: {} holds no instructions: the flame graph is empty", path.display());
     }
@@ -119,7 +120,7 @@ pub fn export(args: ExportArgs) -> Result<ExitCode> {
             unreachable!("parquet and timelines are written above")
         }
     })?;
-    print_notes(&stats.notes);
+    print_notes(&trace, &stats.notes);
     if let Some(p) = &args.output {
         eprintln!(
             "itrace: wrote {} ({} functions, {} instructions)",
@@ -147,7 +148,7 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
     let stats = read_trace(&trace, |trace, progress| {
         itrace_post::parquet::write_parquet(trace, out, rows_per_group, progress)
     })?;
-    print_notes(&stats.notes);
+    print_notes(&trace, &stats.notes);
     if let Some(p) = &args.output {
         let ends = stats.rows - stats.branches;
         eprintln!(
@@ -181,7 +182,7 @@ fn export_timeline(args: &ExportArgs, trace: &itrace_post::Trace) -> Result<Exit
         itrace_post::timeline::write_timeline(trace, format, axis, &mut out, progress)
     })?;
     out.flush().context("cannot write the timeline")?;
-    print_notes(&stats.notes);
+    print_notes(trace, &stats.notes);
     if let Some(p) = &args.output {
         eprintln!(
             "itrace: wrote {} ({} threads, {} spans, {} markers, {} instructions)",
@@ -200,7 +201,7 @@ pub fn archive(args: ArchiveArgs) -> Result<ExitCode> {
     let trace = open_trace(&path)?;
     let stats =
         itrace_post::archive::write_archive(&trace).with_context(|| format!("cannot archive {}", path.display()))?;
-    print_notes(&stats.notes);
+    print_notes(&trace, &stats.notes);
     let dir = itrace_post::archive::archive_dir(&path);
     eprintln!(
         "itrace: archived {} files ({} bytes, {} already there) in {}; keep it next to {} (e.g. tar cf t.tar {} {})",
@@ -231,7 +232,7 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
     let trace = open_ranged(&path, &args.range)?;
     let opts = ViewOptions { tid: v.tid, tree: v.tree, callers: v.callers.clone(), callees: v.callees.clone() };
     let mut report = read_trace(&trace, |trace, progress| views::build(trace, &opts, progress))?;
-    print_notes(&report.report.notes);
+    print_notes(&trace, &report.report.notes);
     let matches = |name: &str| grep.as_ref().is_some_and(|re| re.is_match(name));
     let name_test: Option<&dyn Fn(&str) -> bool> = if grep.is_some() { Some(&matches) } else { None };
     report.filter(&Filter { module: v.module.as_deref(), name: name_test, name_pattern: v.grep.as_deref() });
@@ -265,7 +266,7 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
     let stats =
         read_trace(&trace, |trace, progress| itrace_post::callflow::write_call_flow(trace, &opts, &mut out, progress))?;
     out.flush().context("cannot write the call flow")?;
-    print_notes(&stats.notes);
+    print_notes(&trace, &stats.notes);
     if let Some(p) = &args.output {
         eprintln!("itrace: wrote {} ({} calls, {} instructions)", p.display(), stats.calls, stats.total_instructions);
     }
@@ -284,7 +285,7 @@ pub fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let module = args.module.as_deref();
     let annotation =
         read_trace(&trace, |trace, progress| itrace_post::annotate::annotate(trace, &function, module, progress))?;
-    print_notes(&annotation.notes);
+    print_notes(&trace, &annotation.notes);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
         annotation.write_json(&mut out)?;
@@ -303,7 +304,7 @@ pub fn build_report(path: &Path) -> Result<itrace_post::report::Report> {
         .with_context(|| format!("cannot read {}", path.display()))?;
     pb.finish_and_clear();
     warn_truncated(&trace);
-    print_notes(&report.notes);
+    print_notes(&trace, &report.notes);
     Ok(report)
 }
 
@@ -394,11 +395,26 @@ pub fn damage_warning(trace: &itrace_post::Trace) -> Option<String> {
     ))
 }
 
-/// Warnings and hints about the names in the output (stripped, changed or missing files).
-fn print_notes(notes: &[String]) {
+/// Warnings and hints about the names in the output (stripped, changed or missing files), on
+/// stderr. Warnings are said every time; a hint once per trace (see [`crate::hints`]), and never
+/// with `--quiet`.
+fn print_notes(trace: &itrace_post::Trace, notes: &[String]) {
+    let mut hints = crate::hints::Shown::load(trace.path());
     for n in notes {
+        if n.starts_with("hint:") && (QUIET.load(std::sync::atomic::Ordering::Relaxed) || !hints.first_time(n)) {
+            continue;
+        }
         eprintln!("itrace: {n}");
     }
+    hints.save();
+}
+
+/// `--quiet`: readers print no hints.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set once from the command line, before any trace is read.
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Tell the user when a trace was damaged (one line: where, and what was lost) or cut short

@@ -9,7 +9,7 @@ use itrace_arch::backend::{self, Backend, RecordSettings, Recorded, Target, Trig
 use itrace_arch::procfs::Mapping;
 use itrace_format::{LiveCounts, Mode};
 use itrace_post::symbols::{ModuleSymbols, SymbolCache};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 /// program's status.
 pub fn command(args: RecordArgs) -> Result<ExitCode> {
     let settings = settings(&args)?;
+    keep_previous(&settings.output)?;
     let (recorded, chosen) = run(&settings)?;
     let summary = summary_of(&recorded, &settings, &chosen, Some(settings.output.clone()));
     summary.print();
@@ -25,6 +26,22 @@ pub fn command(args: RecordArgs) -> Result<ExitCode> {
         crate::read::write_arc(&settings.output, Some(&arc_path), &Default::default())?;
     }
     Ok(summary.program.exit_code())
+}
+
+/// Keep the trace already at `output` as `output.old` (replacing an older `.old`), as perf keeps
+/// perf.data.old: recording again never loses the previous trace silently. Anything other than a
+/// regular file (a FIFO, /dev/null) is left alone.
+fn keep_previous(output: &Path) -> Result<()> {
+    use anyhow::Context;
+    let is_file = std::fs::symlink_metadata(output).is_ok_and(|m| m.file_type().is_file());
+    if is_file {
+        let mut old = output.as_os_str().to_owned();
+        old.push(".old");
+        std::fs::rename(output, &old).with_context(|| {
+            format!("cannot keep the previous trace {} as {}", output.display(), Path::new(&old).display())
+        })?;
+    }
+    Ok(())
 }
 
 /// The plain settings the command line asks for.

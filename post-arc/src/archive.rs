@@ -2,7 +2,9 @@
 //! can be read where they are gone or different (another machine, a rebuilt program).
 //! Files with a build-id are stored as `.build-id/xx/yyyy` (and their debug files as
 //! `.build-id/xx/yyyy.debug`, where readers look for debug files), others under
-//! `by-path/` + their absolute path. Readers use the directory when it is there.
+//! `by-path/` + their absolute path. Readers use the directory when it is there. A debug file
+//! found in the debuginfod client cache, or fetched from a `DEBUGINFOD_URLS` server, is archived
+//! like one from /usr/lib/debug.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,6 +89,7 @@ pub fn write_archive(trace: &Trace) -> Result<ArchiveStats, PostError> {
             }
         }
     }
+    stats.notes.extend(crate::symbols::debuginfod::take_warnings());
     Ok(stats)
 }
 

@@ -263,6 +263,7 @@ mod tests {
 
     fn report(functions: Vec<FunctionRow>) -> Report {
         Report {
+            recorded: None,
             stacks_cut_at_gaps: 0,
             arch: "x86_64".into(),
             mode: "continuous".into(),

@@ -20,6 +20,9 @@ pub(crate) fn stripped_hint(path: &str, build_id: Option<&[u8]>) -> String {
     if let Some(pkg) = owning_package(path) {
         hint.push_str(&format!(" (package {pkg}-dbgsym, or {pkg}'s -dbg package)"));
     }
+    if build_id.is_some_and(|id| id.len() > 1) && std::env::var_os("DEBUGINFOD_URLS").is_none_or(|v| v.is_empty()) {
+        hint.push_str(", or set DEBUGINFOD_URLS to a debuginfod server to fetch it");
+    }
     hint
 }
 

@@ -42,6 +42,9 @@ pub struct ThreadRow {
 /// The whole report.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// Where the trace came from (absent for a trace recorded without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<crate::origin::Origin>,
     pub arch: String,
     pub mode: String,
     pub step_method: String,
@@ -117,6 +120,7 @@ pub(crate) fn from_stacks(
         None => sink.lost,
     };
     Report {
+        recorded: crate::origin::origin(trace),
         arch: h.arch.to_string(),
         mode: h.mode.to_string(),
         step_method: h.step_method.to_string(),
@@ -146,6 +150,14 @@ impl Report {
         self.write_text_ordered(out, opts, "self instructions")
     }
 
+    /// Where the trace came from, one line, when the trace says.
+    pub(crate) fn write_origin(&self, out: &mut dyn Write) -> Result<(), PostError> {
+        if let Some(o) = &self.recorded {
+            writeln!(out, "{}", crate::names::printable(&o.line()))?;
+        }
+        Ok(())
+    }
+
     /// [`Self::write_text`], the function table's title saying it is sorted `by`.
     pub(crate) fn write_text_ordered(
         &self,
@@ -153,6 +165,7 @@ impl Report {
         opts: &TextOptions,
         by: &str,
     ) -> Result<(), PostError> {
+        self.write_origin(out)?;
         writeln!(
             out,
             "{} instructions, {} taken branches, {} records lost ({} trace, {} mode, {})",

@@ -254,6 +254,8 @@ impl Resolver {
                 self.notes.push(note);
             }
         }
+        // Loading the module may have asked debuginfod servers: one warning per failed server.
+        self.notes.extend(crate::symbols::debuginfod::take_warnings());
     }
 
     /// Apply a module-table record.

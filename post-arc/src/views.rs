@@ -434,6 +434,7 @@ impl Views {
             return self.report.write_text_ordered(out, opts, self.sort.title());
         }
         let r = &self.report;
+        r.write_origin(out)?;
         writeln!(
             out,
             "{} instructions, {} taken branches, {} records lost ({} trace, {} mode, {})",

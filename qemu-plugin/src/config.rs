@@ -14,6 +14,12 @@ pub struct Config {
     /// A file whose appearance asks the plugin to end the trace while the program runs on
     /// untraced (`ctl=`; itrace creates it on Ctrl-C, SIGTERM or `--duration`).
     pub ctl: Option<PathBuf>,
+    /// A file the writer rewrites a few times a second with the instructions and branches
+    /// written so far, for itrace's status line (`live=`).
+    pub live: Option<PathBuf>,
+    /// A file holding the encoded recording record (where the trace came from) that itrace
+    /// made, written first in the MTE stream (`origin=`).
+    pub origin: Option<PathBuf>,
     pub arch: Arch,
     pub mode: Mode,
     pub buffer_size: usize,
@@ -37,6 +43,8 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
         out: PathBuf::new(),
         status: None,
         ctl: None,
+        live: None,
+        origin: None,
         arch: Arch::X86_64,
         mode: Mode::Continuous,
         buffer_size: 64 << 20,
@@ -56,6 +64,8 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Config, String> {
             "out" => c.out = PathBuf::from(v),
             "status" => c.status = Some(PathBuf::from(v)),
             "ctl" => c.ctl = Some(PathBuf::from(v)),
+            "live" => c.live = Some(PathBuf::from(v)),
+            "origin" => c.origin = Some(PathBuf::from(v)),
             "arch" => {
                 c.arch = [Arch::X86_64, Arch::I386, Arch::Ppc64le, Arch::Ppc64, Arch::S390x]
                     .into_iter()

@@ -133,6 +133,9 @@ pub struct Totals {
 
 pub use itrace_format::now_ns;
 
+/// How often the writer rewrites itrace's `live=` file.
+const LIVE_EVERY_NS: u64 = 200_000_000;
+
 /// Create the trace file and start the writer thread.
 pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), String> {
     let header = FileHeader::starting_now(
@@ -157,13 +160,24 @@ pub fn spawn(cfg: &Config) -> Result<(SyncSender<Msg>, JoinHandle<Totals>), Stri
         segment_size: cfg.segment_size,
         mte_size: cfg.mte_size,
     };
-    let buffers = Buffers::new(bcfg, writer).map_err(|e| e.to_string())?;
+    let mut buffers = Buffers::new(bcfg, writer).map_err(|e| e.to_string())?;
+    // Where the trace came from, as itrace encoded it; a trace without it is still a trace.
+    let origin = cfg.origin.as_ref().and_then(|p| std::fs::read(p).ok());
+    if let Some(r) = origin.and_then(|b| itrace_format::Record::decode(itrace_format::Endian::native(), &b, 0).ok()) {
+        let _ = buffers.push_mte(&r);
+    }
     // Chunks of at most 256 KiB: a chunk is the unit a reader decodes and a crash can lose.
     let chunk_size = cfg.segment_size.clamp(4096, CHUNK_MAX);
     let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
     let h = std::thread::Builder::new()
         .name("itrace-writer".into())
-        .spawn(move || run(buffers, rx, chunk_size))
+        .spawn({
+            let live = cfg
+                .live
+                .as_ref()
+                .and_then(|p| std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(p).ok());
+            move || run(buffers, rx, chunk_size, live)
+        })
         .map_err(|e| format!("cannot start the writer thread: {e}"))?;
     Ok((tx, h))
 }
@@ -184,6 +198,9 @@ struct Writer {
     chunks: Vec<Chunk>,
     chunk_size: usize,
     scratch: Vec<u8>,
+    /// itrace's `live=` file, and when it was last written (the writer's clock).
+    live_file: Option<std::fs::File>,
+    live_at: u64,
 }
 
 /// A stream's chunk being encoded (continuous mode).
@@ -258,7 +275,7 @@ pub fn batch() -> Batch {
     BATCH_POOL.lock().ok().and_then(|mut p| p.pop()).unwrap_or_else(Batch::new)
 }
 
-fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
+fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize, live_file: Option<std::fs::File>) -> Totals {
     let n = buffers.records().len();
     let mut w = Writer {
         buffers,
@@ -270,6 +287,8 @@ fn run(buffers: Buffers, rx: Receiver<Msg>, chunk_size: usize) -> Totals {
         chunks: Vec::new(),
         chunk_size,
         scratch: Vec::new(),
+        live_file,
+        live_at: 0,
     };
     let mut end_ts = 0;
     loop {
@@ -359,6 +378,22 @@ impl Writer {
         if let Err(err) = self.buffers.flush_if_due() {
             self.failed(err.to_string());
         }
+        self.tell_live();
+    }
+
+    /// Rewrite the `live=` file (at most every 200 ms) with the instructions and branches
+    /// written so far: one line of two fixed-width numbers, so that a rewrite leaves no tail
+    /// of a longer one; itrace reads it for its status line. A failure only leaves it as it was.
+    fn tell_live(&mut self) {
+        let Some(f) = &self.live_file else { return };
+        let now = now_ns();
+        if now.saturating_sub(self.live_at) < LIVE_EVERY_NS {
+            return;
+        }
+        self.live_at = now;
+        use std::os::unix::fs::FileExt;
+        let line = format!("{:>20} {:>20}\n", self.t.instructions, self.t.branches);
+        let _ = f.write_all_at(line.as_bytes(), 0);
     }
 
     /// Continuous mode: the vCPU encoded a chunk and counted its records; write it.

@@ -65,12 +65,18 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("nm", "binutils"),
     ("addr2line", "binutils"),
     ("readelf", "binutils"),
+    ("objcopy", "binutils"),
+    ("strip", "binutils"),
+    ("debuginfod", "debuginfod"),
     ("qemu-x86_64", "qemu-user"),
     ("valgrind", "valgrind"),
     ("callgrind_annotate", "valgrind"),
     ("strace", "strace"),
     ("env", "coreutils"),
     ("sleep", "coreutils"),
+    ("stty", "coreutils"),
+    ("seq", "coreutils"),
+    ("script", "bsdutils"),
     ("chromium", "chromium"),
 ];
 

@@ -43,7 +43,14 @@ fn report_table_of_count_loop() {
     record(&trace, &[], &bin, &[]).assert_success();
     let o = itrace([OsStr::new("report"), trace.as_os_str(), OsStr::new("--width"), OsStr::new("100")]);
     o.assert_success();
-    let text = o.stdout;
+    // The first line says where the trace came from: the command that recorded it (as the
+    // recorder's argv: see `record`), the working directory and the itrace version.
+    let (origin, text) = o.stdout.split_once('\n').expect("a first line");
+    let text = text.to_string();
+    let cwd = std::env::current_dir().unwrap();
+    let command = format!("`{} record -o {} -- {}`", itrace_bin().display(), trace.display(), bin.display());
+    assert!(origin.starts_with(&format!("recorded by {command} in {}, ", cwd.display())), "{origin}");
+    assert!(origin.ends_with(&format!("(itrace {})", env!("CARGO_PKG_VERSION"))), "{origin}");
     let row = |name: &str| -> Vec<String> {
         let line = text.lines().find(|l| l.split_whitespace().nth(4) == Some(name)).unwrap_or_else(|| {
             panic!("no row for {name}:\n{text}");
@@ -69,7 +76,7 @@ fn report_table_of_count_loop() {
         .replace(&pid_line, &format!("{:>8} {:>8}{}", "PID", "TID", &pid_line[17..]))
         .replace(&bin.display().to_string(), "<programs>/count_loop");
     // The step method is the fastest the probes find on this machine; the counts are the same.
-    let masked = ["ptrace-hwbreak", "ptrace-singleblock", "ptrace-singlestep"]
+    let masked = ["ptrace-hwbreak", "ptrace-singleblock", "ptrace-singlestep", "translated"]
         .iter()
         .fold(masked, |t, m| t.replace(m, "<step method>"));
     insta::assert_snapshot!("count_loop_report", masked);

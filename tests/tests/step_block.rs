@@ -1,6 +1,7 @@
 //! `--step block` (debug-register breakpoints, arch/src/backend/ptrace/x86_64/hwstep.rs) against
 //! `--step instruction`: the same program recorded both ways gives the same records, one by
-//! one, in `itrace dump` (timestamps, file offsets, pids and the step method aside).
+//! one, in `itrace dump` (timestamps, file offsets, pids, the step method and the recording
+//! record, whose command line names the --step, aside).
 //! Skipped (with a message) where the probe finds the breakpoints do not work.
 
 use itrace_tests::{itrace, normalized_dump, program, record, report_calls, report_json, report_self_counts, test_dir};

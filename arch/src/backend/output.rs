@@ -39,7 +39,56 @@ pub fn open(
     if buffers.is_err() {
         let _ = std::fs::remove_file(&s.output);
     }
-    Ok(buffers?.with_live(live))
+    let mut buffers = buffers?.with_live(live);
+    // Where the trace came from, first in the MTE stream; a trace without it is still a trace.
+    let _ = buffers.push_mte(&itrace_format::Record::Mte(recording_record(header.start_monotonic_ns)));
+    Ok(buffers)
+}
+
+/// Longest command line the recording record keeps, in bytes (a record holds 64 KiB).
+const MAX_ARGS_BYTES: usize = 16 << 10;
+
+/// Where the trace comes from: itrace's version and command line, the working directory,
+/// host, kernel and CPU model.
+pub fn recording_record(ts: u64) -> itrace_format::Mte {
+    let mut args = Vec::new();
+    let mut bytes = 0;
+    for a in std::env::args_os() {
+        let a = a.to_string_lossy().into_owned();
+        bytes += a.len() + 2;
+        if bytes > MAX_ARGS_BYTES {
+            args.push("…".to_string());
+            break;
+        }
+        args.push(a);
+    }
+    let proc =
+        |name: &str| std::fs::read_to_string(format!("/proc/sys/kernel/{name}")).unwrap_or_default().trim().to_string();
+    let kernel = format!("{} {} {} {}", proc("ostype"), proc("osrelease"), proc("version"), std::env::consts::ARCH);
+    itrace_format::Mte::Recording {
+        ts,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        args,
+        cwd: std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+        host: proc("hostname"),
+        kernel: kernel.trim().to_string(),
+        cpu: cpu_model(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default()),
+    }
+}
+
+/// The CPU model in /proc/cpuinfo: `model name` (x86), `cpu` (PowerPC), `machine` (s390x's
+/// `processor 0:` lines have no model name).
+fn cpu_model(cpuinfo: &str) -> String {
+    for key in ["model name", "cpu", "machine"] {
+        let found = cpuinfo.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        });
+        if let Some(v) = found.filter(|v| !v.is_empty()) {
+            return v;
+        }
+    }
+    String::new()
 }
 
 /// Run a backend's recording loop into `buffers` and finish the file; when the loop fails
@@ -127,4 +176,20 @@ pub fn ncpu() -> u16 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
     n.clamp(1, u16::MAX as libc::c_long) as u16
+}
+
+#[cfg(test)]
+mod recording_tests {
+    use super::cpu_model;
+
+    #[test]
+    fn cpu_models_of_each_architecture() {
+        let x86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n";
+        assert_eq!(cpu_model(x86), "Intel(R) Xeon(R) CPU @ 2.20GHz");
+        let ppc = "processor\t: 0\ncpu\t\t: POWER9 (architected), altivec supported\nclock\t\t: 2200.000000MHz\n";
+        assert_eq!(cpu_model(ppc), "POWER9 (architected), altivec supported");
+        let s390 = "vendor_id       : IBM/S390\n# processors    : 2\nmachine         : 8561\n";
+        assert_eq!(cpu_model(s390), "8561");
+        assert_eq!(cpu_model(""), "");
+    }
 }

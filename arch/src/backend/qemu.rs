@@ -117,6 +117,13 @@ impl Drop for StatusFile {
     }
 }
 
+/// The plugin's live counts: `INSTRUCTIONS BRANCHES` (fixed-width, rewritten in place).
+fn parse_live(text: &str) -> Option<(u64, u64)> {
+    let mut it = text.split_whitespace();
+    let (ins, br) = (it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    Some((ins, br))
+}
+
 /// Check that qemu loads the plugin and accepts its API version: the plugin, told `probe=on`,
 /// reports and refuses to run, so qemu stops before starting the program.
 fn probe(qemu: &Path, plugin: &Path, arch: Arch, program: &Path) -> Result<()> {
@@ -267,14 +274,24 @@ impl Recorder for QemuRecorder {
         let out = std::fs::canonicalize(&s.output).unwrap_or_else(|_| s.output.clone());
         let status = StatusFile::new("run");
         let ctl = StatusFile::new("stop");
+        let counts = StatusFile::new("live");
+        // Where the trace comes from, encoded here (the plugin cannot know itrace's command line).
+        let origin = StatusFile::new("origin");
+        let mut encoded = Vec::new();
+        let record = itrace_format::Record::Mte(super::output::recording_record(itrace_format::now_ns()));
+        if record.encode(&mut encoded).is_ok() {
+            let _ = std::fs::write(&origin.0, &encoded);
+        }
         let name: String = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let sysroot = cross_sysroot(arch);
         let mut spec = format!(
-            "{},out={},status={},ctl={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
+            "{},out={},status={},ctl={},live={},origin={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
             opt_value(&plugin.to_string_lossy()),
             opt_value(&out.to_string_lossy()),
             opt_value(&status.0.to_string_lossy()),
             opt_value(&ctl.0.to_string_lossy()),
+            opt_value(&counts.0.to_string_lossy()),
+            opt_value(&origin.0.to_string_lossy()),
             s.mode,
             s.buffer_size,
             s.segment_size,
@@ -325,7 +342,8 @@ impl Recorder for QemuRecorder {
             });
         }
         let mut child = qcmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), e))?;
-        // The plugin writes the file: its size is all the status line can show. A stop request
+        // The plugin writes the file: the status line shows its size, and the instructions and
+        // branches the plugin's writer puts in the live file a few times a second. A stop request
         // (Ctrl-C, SIGTERM, --duration) creates the ctl file: the plugin ends the trace at the
         // program's next block and leaves it running under qemu, untraced.
         let mut asked: Option<std::time::Instant> = None;
@@ -337,6 +355,10 @@ impl Recorder for QemuRecorder {
                 Ok(Some(st)) => break Some(st),
                 Ok(None) => {
                     live.bytes.store(std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0), Ordering::Relaxed);
+                    if let Some((ins, br)) = parse_live(&counts.read()) {
+                        live.instructions.store(ins, Ordering::Relaxed);
+                        live.branches.store(br, Ordering::Relaxed);
+                    }
                     if asked.is_none() && stop.load(Ordering::Relaxed) {
                         std::fs::File::create(&ctl.0)
                             .map_err(|e| BackendError::io(format!("cannot create {}", ctl.0.display()), e))?;

@@ -6,6 +6,7 @@
 //! runtime addresses with [`ModuleSymbols::file_vaddr`] first.
 
 mod cache;
+pub mod debuginfod;
 pub(crate) mod demangle;
 mod elf;
 mod frames;

@@ -82,7 +82,18 @@ impl ModuleSymbols {
             .build_id
             .as_deref()
             .and_then(|id| find_debug_file(id, debug_dirs))
-            .or_else(|| find_debuglink_file(&name, &elf, &bytes, debug_dirs));
+            .or_else(|| find_debuglink_file(&name, &elf, &bytes, debug_dirs))
+            .or_else(|| {
+                // A stripped image of a file (not a saved vDSO): elfutils' client cache, then
+                // the debuginfod servers of DEBUGINFOD_URLS.
+                let stripped = elf.section(".symtab").is_none();
+                let file = name.starts_with('/');
+                stripped
+                    .then_some(())
+                    .filter(|_| file)
+                    .and(elf.build_id.as_deref())
+                    .and_then(|id| super::debuginfod::find_debuginfo(id, &name))
+            });
 
         // A debug file's .opd is NOBITS, so descriptors are always read from
         // the image itself.

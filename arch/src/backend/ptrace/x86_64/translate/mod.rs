@@ -147,10 +147,11 @@ impl Session<'_> {
         };
         let pid = self.threads[&tid].pid;
         let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
-        self.drain(tid);
         if sig == libc::SIGTRAP && si.is_some_and(|si| si.si_code == SI_KERNEL) {
             let trap = self.cache_of(pid).and_then(|c| c.trap_at(regs.rip.wrapping_sub(1)));
             if let Some(trap) = trap {
+                // At an int3 the stub before it is done with the ring.
+                self.drain(tid);
                 match self.on_trap(tid, pid, trap) {
                     Next::Run(at) => {
                         self.set_rip(tid, at);
@@ -198,14 +199,26 @@ impl Session<'_> {
         let signo = si.map(|si| si.si_signo).unwrap_or(0);
         let drain_only = self.threads.get_mut(&tid).map(|t| std::mem::take(&mut t.arch.xl.drain_only)).unwrap_or(false);
         if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
-            self.drain(tid);
             let group_stop = event == libc::PTRACE_EVENT_STOP
                 && matches!(signo, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
-            if (group_stop || (drain_only && event == libc::PTRACE_EVENT_STOP)) && self.detaching.is_none() {
-                self.arch.xl_stats.drains_by_interrupt += drain_only as u64;
+            if group_stop && self.detaching.is_none() {
+                // It may be inside a stub: its ring waits for a safe point.
                 return;
             }
-            self.settle(tid, false, event != libc::PTRACE_EVENT_EXIT);
+            if event == libc::PTRACE_EVENT_EXIT {
+                // Dying: what the ring holds is all there is.
+                self.drain(tid);
+                self.settle(tid, false, false);
+            } else if drain_only && event == libc::PTRACE_EVENT_STOP && self.detaching.is_none() {
+                // Only for its records: drained at a safe point, it goes on in the cache.
+                self.arch.xl_stats.drains_by_interrupt += 1;
+                if self.safe_point(tid, false, true).is_some() {
+                    self.drain(tid);
+                }
+                return;
+            } else {
+                self.settle(tid, false, true);
+            }
         }
         if event == libc::PTRACE_EVENT_EXIT {
             self.cache_thread_done(tid, false);
@@ -231,7 +244,6 @@ impl Session<'_> {
     /// Before a thread is let go: out of the cache.
     pub(in super::super) fn cache_leave_for_detach(&mut self, tid: i32) {
         if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
-            self.drain(tid);
             self.settle(tid, false, true);
         }
     }
@@ -303,25 +315,39 @@ impl Session<'_> {
     }
 
     /// Bring a thread stopped in the cache out of it, at the application instruction its state
-    /// is at: a unit's instruction boundary, or for a fault (`fault`) the instruction whose copy
-    /// or expansion raised it. Inside a stub it is single-stepped to the next boundary
-    /// (`can_step`; an exiting thread cannot be).
+    /// is at, its records drained there first.
     fn settle(&mut self, tid: i32, fault: bool, can_step: bool) {
-        let Some(pid) = self.threads.get(&tid).filter(|t| t.arch.xl.in_cache).map(|t| t.pid) else { return };
+        if let Some((pc, count)) = self.safe_point(tid, fault, can_step) {
+            self.drain(tid);
+            self.leave_cache(tid, pc, count);
+        }
+    }
+
+    /// Bring a thread stopped in the cache to a point where its ring may be drained and it may
+    /// leave: a unit's instruction boundary, or for a fault (`fault`) the instruction whose copy
+    /// or expansion raised it; returns that application instruction and the unit's count
+    /// before it. A stub keeps the ring's fill in rcx between reading and writing it, so the
+    /// ring is drained only at such a point (or at a trap). Inside a stub the thread is
+    /// single-stepped (`can_step`; an exiting thread cannot be). `None`: it left the cache
+    /// meanwhile (a trap said so) or is gone.
+    fn safe_point(&mut self, tid: i32, fault: bool, can_step: bool) -> Option<(u64, u32)> {
+        let pid = self.threads.get(&tid).filter(|t| t.arch.xl.in_cache).map(|t| t.pid)?;
         let mut requeue: Vec<Signal> = Vec::new();
+        let mut found = None;
         for _ in 0..MAX_SETTLE_STEPS {
             let Ok(regs) = getregs(tid) else { break };
             let loc = self.cache_of(pid).map(|c| c.locate(regs.rip)).unwrap_or(Loc::Outside);
             match loc {
                 Loc::Boundary { app_pc, count } => {
-                    self.leave_cache(tid, app_pc, count);
+                    found = Some((app_pc, count));
                     break;
                 }
                 Loc::Inside { fault: Some((app_pc, count)) } if fault || !can_step => {
-                    self.leave_cache(tid, app_pc, count);
+                    found = Some((app_pc, count));
                     break;
                 }
                 Loc::Trap(trap) => {
+                    // At an int3 the stub before it is done with the ring.
                     self.drain(tid);
                     match self.on_trap(tid, pid, trap) {
                         Next::Run(at) => self.set_rip(tid, at),
@@ -331,32 +357,33 @@ impl Session<'_> {
                         }
                     }
                 }
+                // Not in the cache (it should not be possible): the pc is the application's.
                 Loc::Outside => {
-                    // Not in the cache (it should not be possible): the pc is the application's.
-                    self.leave_cache(tid, regs.rip, 0);
+                    found = Some((regs.rip, 0));
                     break;
                 }
                 Loc::Inside { .. } if !can_step => {
-                    self.leave_cache(tid, regs.rip, 0);
+                    found = Some((regs.rip, 0));
                     break;
                 }
                 Loc::Inside { .. } => {
                     if !self.step_in_stub(tid, &mut requeue) {
-                        return;
+                        return None;
                     }
                 }
             }
         }
-        if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
+        let still_in = self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache);
+        if found.is_none() && still_in {
             eprintln!("itrace: warning: thread {tid} could not be brought out of the code cache; its count may be off");
-            let pc = getregs(tid).map(|r| r.rip).unwrap_or(0);
-            self.leave_cache(tid, pc, 0);
+            found = Some((getregs(tid).map(|r| r.rip).unwrap_or(0), 0));
         }
         for sig in requeue {
             // A signal that came while stepping the stub: the kernel gets it again.
             // SAFETY: tgkill with plain integers.
             unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig as i32) };
         }
+        found
     }
 
     /// One single step inside a stub; false if the thread is gone.
