@@ -261,7 +261,12 @@ fn asynchronous_signal_interrupts_translated_code() {
         let n = handled(&rec);
         assert_eq!(calls.get("xl_alarm_handler").copied(), Some(n), "{tag}: handler calls in the trace");
         let handler = own.get("xl_alarm_handler").copied().unwrap_or(0);
-        assert_eq!(handler % n, 0, "{tag}: handler calls differ in length ({handler} / {n})");
+        assert_eq!(
+            handler % n,
+            0,
+            "{tag}: handler calls differ in length ({handler} instructions in {n} calls; dump in {})",
+            dir.display()
+        );
         per_method.push((own.get("xl_alarm_work").copied(), handler / n));
         if tag == "translate" {
             assert_branches_at_instructions(&bin, &rec.dump);
