@@ -234,22 +234,25 @@ fn signal_handlers_see_the_application_pc() {
 /// differs from run to run, so the dumps cannot be equal; instead: the program's output is the
 /// native one; the trace has as many handler calls as the program counted, each as long as a
 /// call under --step instruction; xl_alarm_work's count (fixed work, however often interrupted)
-/// is --step instruction's; and every branch record within the program's own code goes from and
-/// to instructions objdump lists (an interrupted unit is cut at an instruction boundary).
+/// is --step instruction's; the spin loop (one conditional branch, at its bottom) has one taken
+/// branch fewer than the rounds the program counted, as under --step instruction; and every
+/// branch record within the program's own code goes from and to instructions objdump lists (an
+/// interrupted unit is cut at an instruction boundary).
 #[test]
 fn asynchronous_signal_interrupts_translated_code() {
     let bin = program("xl_alarm");
     let dir = test_dir("translate-xl_alarm");
     let nat = native(&bin, &[]);
     let first_line = |s: &str| s.lines().next().unwrap_or_default().to_string();
-    let handled = |rec: &Recording| -> u64 {
+    let field = |rec: &Recording, name: &str| -> u64 {
         rec.out
             .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("xl_alarm: handled="))
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no handled= line in {:?}", rec.out.stdout))
+            .unwrap_or_else(|| panic!("no {name} in {:?}", rec.out.stdout))
     };
+    let spin = symbol_range(&bin, "xl_alarm_spin");
     let mut per_method = Vec::new();
     for (tag, options) in [("translate", TRANSLATE), ("step", STEP)] {
         let rec = recording(&dir, tag, options, &bin, &[]);
@@ -258,7 +261,18 @@ fn asynchronous_signal_interrupts_translated_code() {
         let report = report_json(&rec.trace);
         let calls = report_calls(&report, &bin);
         let own = report_self_counts(&report, &bin);
-        let n = handled(&rec);
+        let n = field(&rec, "handled=");
+        // The spin loop's taken conditional branches against its own count of rounds: the
+        // difference depends on the loop's shape only.
+        let back_edges = rec
+            .dump
+            .lines()
+            .filter(|l| l.contains(" U CondJump "))
+            .filter_map(|l| l.split(' ').skip_while(|w| !w.starts_with("aux=")).nth(1))
+            .filter_map(|from| u64::from_str_radix(from.trim_start_matches("0x"), 16).ok())
+            .filter(|from| spin.contains(from))
+            .count() as i64;
+        let spins = field(&rec, "spins=") as i64;
         assert_eq!(calls.get("xl_alarm_handler").copied(), Some(n), "{tag}: handler calls in the trace");
         let handler = own.get("xl_alarm_handler").copied().unwrap_or(0);
         assert_eq!(
@@ -267,12 +281,35 @@ fn asynchronous_signal_interrupts_translated_code() {
             "{tag}: handler calls differ in length ({handler} instructions in {n} calls; dump in {})",
             dir.display()
         );
-        per_method.push((own.get("xl_alarm_work").copied(), handler / n));
+        per_method.push((own.get("xl_alarm_work").copied(), handler / n, back_edges - spins));
         if tag == "translate" {
             assert_branches_at_instructions(&bin, &rec.dump);
         }
     }
-    assert_eq!(per_method[0], per_method[1], "(xl_alarm_work, per handler call): translated, then --step instruction");
+    assert_eq!(
+        per_method[0],
+        per_method[1],
+        "(xl_alarm_work's count, per handler call, spin loop's taken branches - its rounds): translated, then \
+         --step instruction (dumps in {})",
+        dir.display()
+    );
+}
+
+/// The addresses of function `name` in `bin`, from `nm -S`.
+fn symbol_range(bin: &Path, name: &str) -> std::ops::Range<u64> {
+    require_tool("nm");
+    let out = run(Command::new("nm").arg("-S").arg(bin));
+    out.assert_success();
+    out.stdout
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && f[3] == name).then(|| {
+                let start = u64::from_str_radix(f[0], 16).unwrap();
+                start..start + u64::from_str_radix(f[1], 16).unwrap()
+            })
+        })
+        .unwrap_or_else(|| panic!("{name} not in nm -S of {}", bin.display()))
 }
 
 /// Every user branch record whose source or destination is in `bin`'s text (built -no-pie, so
