@@ -22,7 +22,7 @@ pub const ENVIRONMENT_HELP: &str = "\
 Environment:
   ITRACE_QEMU_PLUGIN  the TCG plugin of --backend qemu (default: next to itrace)
   ITRACE_STEP         default of `record --step` (instruction, block, auto) where ptrace steps
-  ITRACE_BACKEND      default of `record --backend` when it is not given (auto, ptrace, translate...)
+  ITRACE_BACKEND      default of `record --backend` (auto, ptrace, translate, ...)
   PATH                where `record` finds a program named without a slash
   COLUMNS             report width when stdout is not a terminal (default 120)
   LD_PRELOAD          `record --region` accepts a preloaded libitrace.so
@@ -36,6 +36,9 @@ pub enum Command {
     Arc(ArcArgs),
     /// Summarise a trace: instructions and calls per function, module and thread.
     Report(ReportArgs),
+    /// Show the call flow per thread: one line per call and return, nested, with each call's
+    /// inclusive and self instructions (as `uftrace replay`).
+    Replay(ReplayArgs),
     /// Show one function's instructions per source line (and per instruction with --asm).
     Annotate(AnnotateArgs),
     /// Compare two traces per function: self, inclusive and calls before, after and change.
@@ -239,6 +242,32 @@ pub struct TraceInput {
     pub read: ReadOptions,
 }
 
+/// The part of a trace a view reads (docs/arc-and-report.md, "Ranges"): a place is a count
+/// of instructions of all threads from the trace's start (1000000, 1.5M) or a time from its
+/// start (2.5ms, 100us, 1s); bounds fall between blocks.
+#[derive(Args, Clone, Default)]
+pub struct RangeArgs {
+    /// Read from this place on: instructions from the trace's start (1000000, 1.5M) or time (2.5ms, 100us, 1s).
+    #[arg(long, value_name = "PLACE", help_heading = "Range")]
+    pub from: Option<itrace_post::range::Bound>,
+    /// Read up to this place (as --from).
+    #[arg(long, value_name = "PLACE", help_heading = "Range")]
+    pub to: Option<itrace_post::range::Bound>,
+    /// Read from the first call of this function on, in any thread (`--after main` leaves out
+    /// the program's start-up).
+    #[arg(long, value_name = "FUNCTION", help_heading = "Range")]
+    pub after: Option<String>,
+}
+
+impl RangeArgs {
+    /// The range asked for, or why it is empty.
+    pub fn range(&self) -> Result<itrace_post::range::Range, String> {
+        let r = itrace_post::range::Range { from: self.from, to: self.to, after: self.after.clone() };
+        r.check()?;
+        Ok(r)
+    }
+}
+
 /// How every reading command reads a trace.
 #[derive(Args, Clone, Copy, Default)]
 pub struct ReadOptions {
@@ -255,6 +284,7 @@ impl Command {
             Command::Arc(a) => Some(a.input.read),
             Command::Report(a) => Some(a.input.read),
             Command::Annotate(a) => Some(a.read),
+            Command::Replay(a) => Some(a.input.read),
             Command::Diff(a) => Some(a.read),
             Command::Flamegraph(a) => Some(a.input.read),
             Command::Export(a) => Some(a.input.read),
@@ -278,6 +308,8 @@ impl TraceInput {
 pub struct ArcArgs {
     #[command(flatten)]
     pub input: TraceInput,
+    #[command(flatten)]
+    pub range: RangeArgs,
     /// Where to write the arc file (default: standard output).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -293,6 +325,8 @@ pub struct ArchiveArgs {
 pub struct ReportArgs {
     #[command(flatten)]
     pub input: TraceInput,
+    #[command(flatten)]
+    pub range: RangeArgs,
     #[command(flatten)]
     pub output: TableOutput,
     #[command(flatten)]
@@ -351,6 +385,27 @@ fn parse_percent(s: &str) -> Result<f64, String> {
 }
 
 #[derive(Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub input: TraceInput,
+    #[command(flatten)]
+    pub range: RangeArgs,
+    /// Only this thread.
+    #[arg(long, value_name = "TID")]
+    pub tid: Option<u32>,
+    /// Show calls this many levels deep at most (from the thread's outermost call, or from
+    /// -F's function); 0: all.
+    #[arg(long, default_value_t = 0, value_name = "LEVELS")]
+    pub depth: usize,
+    /// Only the calls of this function and what they call (a name as `report --callers` takes).
+    #[arg(short = 'F', long, value_name = "FUNCTION")]
+    pub function: Option<String>,
+    /// Where to write the flow (default: standard output).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Args)]
 pub struct AnnotateArgs {
     /// `[TRACE] FUNCTION`: the function to annotate, in TRACE (default: itrace.itr, or -i).
     #[arg(value_name = "ARGS", num_args = 1..=2, required = true)]
@@ -360,6 +415,8 @@ pub struct AnnotateArgs {
     pub input: Option<PathBuf>,
     #[command(flatten)]
     pub read: ReadOptions,
+    #[command(flatten)]
+    pub range: RangeArgs,
     /// Only the function of this module (file name or path), when several have the name.
     #[arg(long, value_name = "MODULE")]
     pub module: Option<String>,
@@ -403,6 +460,8 @@ pub struct DiffArgs {
 pub struct FlamegraphArgs {
     #[command(flatten)]
     pub input: TraceInput,
+    #[command(flatten)]
+    pub range: RangeArgs,
     /// Where to write the SVG (or the folded stacks) (default: standard output).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -456,6 +515,8 @@ pub enum TimeAxisArg {
 pub struct ExportArgs {
     #[command(flatten)]
     pub input: TraceInput,
+    #[command(flatten)]
+    pub range: RangeArgs,
     /// What to write.
     #[arg(short, long, value_enum)]
     pub format: ExportFormat,

@@ -55,6 +55,7 @@ fn main() -> ExitCode {
         cli::Command::Arc(args) => read::arc(args),
         cli::Command::Report(args) => read::report(args),
         cli::Command::Annotate(args) => read::annotate(args),
+        cli::Command::Replay(args) => read::replay(args),
         cli::Command::Diff(args) => diff::run(&diff::settings(args)),
         cli::Command::Flamegraph(args) => read::flamegraph(args),
         cli::Command::Export(args) => read::export(args),

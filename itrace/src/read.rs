@@ -2,8 +2,8 @@
 //! every reader shares (opening a trace, progress on a terminal, the truncation warning).
 
 use crate::cli::{
-    AnnotateArgs, ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, ReportArgs, SortArg, TimeAxisArg,
-    TraceInput,
+    AnnotateArgs, ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, RangeArgs, ReplayArgs, ReportArgs,
+    SortArg, TimeAxisArg, TraceInput,
 };
 use anyhow::{bail, Context, Result};
 use itrace_post::PostError;
@@ -27,13 +27,13 @@ pub fn progress(total: u64) -> indicatif::ProgressBar {
 }
 
 pub fn arc(args: ArcArgs) -> Result<ExitCode> {
-    write_arc(&args.input.path(), args.output.as_deref())?;
+    write_arc(&args.input.path(), args.output.as_deref(), &args.range)?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// The arc file of `trace`, into `output` (with a line saying so) or onto stdout.
-pub fn write_arc(trace_path: &Path, output: Option<&Path>) -> Result<()> {
-    let trace = open_trace(trace_path)?;
+/// The arc file of `trace` (over `range`), into `output` (with a line saying so) or onto stdout.
+pub fn write_arc(trace_path: &Path, output: Option<&Path>, range: &RangeArgs) -> Result<()> {
+    let trace = open_ranged(trace_path, range)?;
     let pb = progress(trace.trace_bytes());
     let out = create_output(output)?;
     let stats = itrace_post::arc::write_arc(&trace, out, &mut |done| pb.set_position(done))
@@ -68,6 +68,7 @@ fn read_trace<T>(
         PostError::NoSuchFunction(_)
         | PostError::NamesGone { .. }
         | PostError::NoSuchThread(_)
+        | PostError::Name(_)
         | PostError::CodeUnreadable { .. } => anyhow::Error::new(e),
         e => anyhow::Error::new(e).context(format!("cannot read {}", trace.path().display())),
     })?;
@@ -78,7 +79,7 @@ fn read_trace<T>(
 
 pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
     let path = args.input.path();
-    let folded = read_trace(&open_trace(&path)?, itrace_post::flame::folded)?;
+    let folded = read_trace(&open_ranged(&path, &args.range)?, itrace_post::flame::folded)?;
     print_notes(&folded.notes);
     if folded.stack_count() == 0 {
         eprintln!("itrace: note: {} holds no instructions: the flame graph is empty", path.display());
@@ -107,7 +108,7 @@ pub fn export(args: ExportArgs) -> Result<ExitCode> {
     if args.format == ExportFormat::Parquet {
         return export_parquet(args);
     }
-    let trace = open_trace(&args.input.path())?;
+    let trace = open_ranged(&args.input.path(), &args.range)?;
     if matches!(args.format, ExportFormat::Chrome | ExportFormat::Firefox) {
         return export_timeline(&args, &trace);
     }
@@ -133,7 +134,7 @@ pub fn export(args: ExportArgs) -> Result<ExitCode> {
 /// `itrace export --format parquet`: a binary file, to `-o FILE` or a pipe (never a terminal).
 fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
     use std::io::IsTerminal;
-    let trace = open_trace(&args.input.path())?;
+    let trace = open_ranged(&args.input.path(), &args.range)?;
     let out: Box<dyn Write + Send> = match &args.output {
         Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
         None if std::io::stdout().is_terminal() => {
@@ -227,7 +228,7 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
         None => None,
     };
     let path = args.input.path();
-    let trace = open_trace(&path)?;
+    let trace = open_ranged(&path, &args.range)?;
     let opts = ViewOptions { tid: v.tid, tree: v.tree, callers: v.callers.clone(), callees: v.callees.clone() };
     let mut report = read_trace(&trace, |trace, progress| views::build(trace, &opts, progress))?;
     print_notes(&report.report.notes);
@@ -255,6 +256,22 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `itrace replay`: the call flow, streamed to the output.
+pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
+    let path = args.input.path();
+    let trace = open_ranged(&path, &args.range)?;
+    let opts = itrace_post::callflow::FlowOptions { tid: args.tid, depth: args.depth, function: args.function.clone() };
+    let mut out = create_output(args.output.as_deref())?;
+    let stats =
+        read_trace(&trace, |trace, progress| itrace_post::callflow::write_call_flow(trace, &opts, &mut out, progress))?;
+    out.flush().context("cannot write the call flow")?;
+    print_notes(&stats.notes);
+    if let Some(p) = &args.output {
+        eprintln!("itrace: wrote {} ({} calls, {} instructions)", p.display(), stats.calls, stats.total_instructions);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let (path, function) = match args.args.as_slice() {
         [function] => (args.input.clone().unwrap_or_else(|| TraceInput::DEFAULT.into()), function),
@@ -263,7 +280,7 @@ pub fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
         _ => bail!("annotate needs a function name: itrace annotate [TRACE] FUNCTION"),
     };
     let function = function.to_string_lossy();
-    let trace = open_trace(&path)?;
+    let trace = open_ranged(&path, &args.range)?;
     let module = args.module.as_deref();
     let annotation =
         read_trace(&trace, |trace, progress| itrace_post::annotate::annotate(trace, &function, module, progress))?;
@@ -307,6 +324,12 @@ pub fn open_trace(path: &Path) -> Result<itrace_post::Trace> {
     let open =
         if STRICT.load(std::sync::atomic::Ordering::Relaxed) { itrace_post::open_strict } else { itrace_post::open };
     open(path).map_err(|e| naming(e, path))
+}
+
+/// [`open_trace`], read over `range` by every view.
+pub fn open_ranged(path: &Path, range: &RangeArgs) -> Result<itrace_post::Trace> {
+    let range = range.range().map_err(anyhow::Error::msg)?;
+    Ok(open_trace(path)?.with_range(range))
 }
 
 /// An error about reading `path`, named once: errors that already name the file keep their

@@ -8,8 +8,8 @@ use anyhow::Result;
 use itrace_arch::backend::{self, Backend, RecordSettings, Recorded, Target, TriggerResolver};
 use itrace_arch::procfs::Mapping;
 use itrace_format::{LiveCounts, Mode};
-use itrace_post::symbols::SymbolCache;
-use std::path::{Path, PathBuf};
+use itrace_post::symbols::{ModuleSymbols, SymbolCache};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -22,7 +22,7 @@ pub fn command(args: RecordArgs) -> Result<ExitCode> {
     summary.print();
     if args.arc {
         let arc_path = settings.output.with_extension("arc");
-        crate::read::write_arc(&settings.output, Some(&arc_path))?;
+        crate::read::write_arc(&settings.output, Some(&arc_path), &Default::default())?;
     }
     Ok(summary.program.exit_code())
 }
@@ -149,7 +149,9 @@ pub fn summary_of(r: &Recorded, s: &RecordSettings, chosen: &Chosen, output: Opt
     let emulated = matches!(chosen.backend, Backend::Gdb | Backend::Qemu);
     // Say why auto chose a backend other than the default one.
     let step = match (s.backend, chosen.backend) {
-        (Backend::Auto, Backend::Kmod | Backend::Inproc) => format!("{} (auto: {})", r.step, chosen.why),
+        (Backend::Auto, Backend::Kmod | Backend::Inproc | Backend::Translate) => {
+            format!("{} (auto: {})", r.step, chosen.why)
+        }
         _ => r.step.clone(),
     };
     RecordSummary {
@@ -174,15 +176,53 @@ struct SymbolResolver {
 }
 
 impl TriggerResolver for SymbolResolver {
-    fn address(&self, m: &Mapping, name: &str) -> Option<u64> {
+    fn addresses(&self, maps: &[Mapping], name: &str) -> Result<Vec<u64>, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let ms = cache.get(&m.path)?;
-        let vaddr = ms.find_function(name)?;
-        ms.runtime_addr(m.start, m.offset, m.end - m.start, vaddr)
+        let files = maps.iter().filter_map(|m| {
+            let ms = cache.get(&m.path)?.clone();
+            Some((ms, Some(m)))
+        });
+        let files: Vec<_> = files.collect();
+        functions_named(&files, name)
     }
 
-    fn defines(&self, path: &Path, name: &str) -> bool {
+    fn defines(&self, paths: &[PathBuf], name: &str) -> Result<bool, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.get(&path.to_string_lossy()).is_some_and(|m| m.find_function(name).is_some())
+        let files: Vec<_> =
+            paths.iter().filter_map(|p| Some((cache.get(&p.to_string_lossy())?.clone(), None))).collect();
+        Ok(!functions_named(&files, name)?.is_empty())
+    }
+}
+
+/// The addresses of the functions `name` names (as `report` matches names:
+/// [`itrace_post::funcname`]) among those of `files`: runtime addresses for a file with its
+/// mapping, image addresses otherwise. An ambiguous name is an error line listing the candidates.
+fn functions_named(files: &[(Arc<ModuleSymbols>, Option<&Mapping>)], name: &str) -> Result<Vec<u64>, String> {
+    use itrace_post::funcname::{FunctionQuery, NameError};
+    let query = FunctionQuery::new(name);
+    let mut candidates: Vec<(u64, String)> = Vec::new();
+    for (ms, mapping) in files {
+        // A symbol's name as written in the ELF (a versioned C name, a mangled name) names it too.
+        let raw = ms.find_function(name).filter(|_| query.matches(name).is_none());
+        let named = ms.functions().filter(|(_, n)| query.matches(n).is_some()).map(|(v, n)| (v, n.to_string()));
+        for (vaddr, n) in raw.map(|v| (v, name.to_string())).into_iter().chain(named) {
+            let addr = match mapping {
+                Some(m) => match ms.runtime_addr(m.start, m.offset, m.end - m.start, vaddr) {
+                    Some(a) => a,
+                    None => continue,
+                },
+                None => vaddr,
+            };
+            candidates.push((addr, n));
+        }
+    }
+    match query.select(candidates) {
+        Ok(mut v) => {
+            v.sort_unstable();
+            v.dedup();
+            Ok(v)
+        }
+        Err(NameError::NotFound(_)) => Ok(Vec::new()),
+        Err(e) => Err(e.to_string()),
     }
 }

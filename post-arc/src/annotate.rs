@@ -9,6 +9,7 @@
 //! lost its start) is counted as unplaced. Each instruction's line comes from the line
 //! tables, as callgrind charges each instruction to its own line.
 
+use crate::funcname::FunctionQuery;
 use crate::names::printable;
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
@@ -101,7 +102,9 @@ type CodeAt = (Arc<Vec<u8>>, usize);
 type BlockKey = (u32, u64, u32);
 
 struct AnnotateSink<'a> {
-    function: &'a str,
+    function: FunctionQuery,
+    /// Whether each function id seen matches `function` in some way (chosen after the replay).
+    matched: FxHashMap<u32, bool>,
     module: Option<&'a str>,
     dis: Disassembler,
     funcs: BTreeMap<u32, Func>,
@@ -119,8 +122,9 @@ struct AnnotateSink<'a> {
 }
 
 impl AnnotateSink<'_> {
-    fn wanted(&self, l: &Location) -> bool {
-        &*l.symbol == self.function
+    fn wanted(&mut self, l: &Location) -> bool {
+        let query = &self.function;
+        *self.matched.entry(l.func).or_insert_with(|| query.matches(&l.symbol).is_some())
             && match self.module {
                 None => true,
                 Some(m) => &*l.module == m || crate::report::basename(&l.module) == m,
@@ -136,7 +140,7 @@ impl AnnotateSink<'_> {
             None => {
                 let file = res.code_file(&path);
                 let bytes = std::fs::read(&*file).map_err(|e| PostError::CodeUnreadable {
-                    function: self.function.to_string(),
+                    function: self.function.text().to_string(),
                     path: file.to_string(),
                     why: e.to_string(),
                 })?;
@@ -280,7 +284,8 @@ pub fn annotate(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Annotation, PostError> {
     let mut sink = AnnotateSink {
-        function,
+        function: FunctionQuery::new(function),
+        matched: FxHashMap::default(),
         module,
         dis: Disassembler::new(trace.header().arch),
         funcs: BTreeMap::new(),
@@ -310,6 +315,11 @@ pub fn annotate(
     if sink.funcs.is_empty() {
         return Err(crate::no_such_function(function, res.notes()));
     }
+    // The functions the name selects of those it matched in some way (a trailing part must
+    // be unique).
+    let selected = sink.function.select(sink.funcs.iter().map(|(&id, f)| (id, f.name.clone())));
+    let selected = selected.map_err(PostError::Name)?;
+    sink.funcs.retain(|id, _| selected.contains(id));
     let functions = sink
         .funcs
         .into_values()

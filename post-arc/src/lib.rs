@@ -8,12 +8,15 @@
 pub mod annotate;
 pub mod arc;
 pub mod archive;
+pub mod callflow;
 pub mod callgrind;
 pub mod diff;
 pub mod flame;
+pub mod funcname;
 mod names;
 mod notes;
 pub mod parquet;
+pub mod range;
 pub mod replay;
 pub mod report;
 pub mod resolve;
@@ -28,8 +31,32 @@ pub use threads::Names;
 
 use std::path::Path;
 
-/// An open trace (the format crate's reader).
-pub type Trace = itrace_format::TraceFile;
+/// An open trace (the format crate's reader) and the part of it the views read.
+pub struct Trace {
+    file: itrace_format::TraceFile,
+    range: range::Range,
+}
+
+impl Trace {
+    /// The same trace, read over `range` only by every view.
+    pub fn with_range(mut self, range: range::Range) -> Self {
+        self.range = range;
+        self
+    }
+
+    /// The part of the trace the views read.
+    pub fn range(&self) -> &range::Range {
+        &self.range
+    }
+}
+
+impl std::ops::Deref for Trace {
+    type Target = itrace_format::TraceFile;
+
+    fn deref(&self) -> &itrace_format::TraceFile {
+        &self.file
+    }
+}
 
 /// What can stop post-processing.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +71,9 @@ pub enum PostError {
         "no function named {function} in the trace: {why} (`itrace archive` keeps a copy of the files a trace ran)"
     )]
     NamesGone { function: String, why: String },
+    /// A name typed that names several functions.
+    #[error(transparent)]
+    Name(crate::funcname::NameError),
     #[error("no thread {0} in the trace (`itrace report` lists the threads)")]
     NoSuchThread(u32),
     #[error("cannot read the code of {function} from {path}: {why} (`itrace archive` keeps a copy of the files a trace ran)")]
@@ -52,12 +82,12 @@ pub enum PostError {
 
 /// Open a trace for post-processing; damaged chunks are skipped (`Trace::damage` lists them).
 pub fn open(path: &Path) -> Result<Trace, PostError> {
-    Ok(itrace_format::TraceFile::open(path)?)
+    Ok(Trace { file: itrace_format::TraceFile::open(path)?, range: range::Range::default() })
 }
 
 /// [`open`], but a damaged chunk is an error (`--strict`).
 pub fn open_strict(path: &Path) -> Result<Trace, PostError> {
-    Ok(itrace_format::TraceFile::open_strict(path)?)
+    Ok(Trace { file: itrace_format::TraceFile::open_strict(path)?, range: range::Range::default() })
 }
 
 /// How often (in records) progress callbacks run.

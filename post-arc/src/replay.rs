@@ -3,13 +3,17 @@
 //! into a block (the instructions from the previous branch target of the
 //! same thread up to this branch) with its location resolved.
 
+use crate::funcname::{FunctionQuery, NameError};
 use crate::names;
+use crate::range::RangeState;
 use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
 use crate::{PostError, Trace, PROGRESS_EVERY};
+use itrace_format::Mte;
 use itrace_format::{branch_flags, Branch, BranchKind, Lost, Record, TraceOff};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::rc::Rc;
+use std::sync::Arc;
 
 /// One block of a thread.
 pub struct Block<'a> {
@@ -69,6 +73,17 @@ pub fn replay(
             res.preload(&m);
         }
     }
+    let range = trace.range();
+    let mut at = RangeState::new(range);
+    // The functions `--after` names (from the symbol tables of every file the trace mapped).
+    let after = match &range.after {
+        Some(name) => match functions_named(trace, &FunctionQuery::new(name)) {
+            Err(PostError::Name(NameError::NotFound(_))) => return Err(crate::no_such_function(name, res.notes())),
+            found => Some(found?),
+        },
+        None => None,
+    };
+    let start_ns = trace.header().start_monotonic_ns;
     // Start of each thread's current block.
     let mut block_start: FxHashMap<u32, u64> = FxHashMap::default();
     // With damaged chunks: the CPU stream each thread was last seen on, so that a gap in a
@@ -106,8 +121,13 @@ pub fn replay(
         if n % PROGRESS_EVERY == 0 {
             progress(ev.offset);
         }
+        if let (Record::TraceOff(off), false, None) = (ev.record, at.started, &after) {
+            // A thread's last, partial block starts the range as a block would.
+            at.started = range.from.is_none_or(|f| at.reached(f, off.ts.saturating_sub(start_ns)));
+        }
         match ev.record {
             Record::Branch(b) => {
+                let in_range = at.started;
                 let pid = names.pid_of(b.tid);
                 // The thread's block start: looked up once, and updated in place after the block.
                 let known_start = block_start.get_mut(&b.tid);
@@ -133,7 +153,23 @@ pub fn replay(
                     }
                     (start, Where::User(loc))
                 };
-                sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
+                let ns = b.ts.saturating_sub(start_ns);
+                if !in_range {
+                    let from_reached = range.from.is_none_or(|f| at.reached(f, ns));
+                    let after_reached = match (&after, &loc) {
+                        (None, _) => true,
+                        (Some(names), Where::User(l)) => names.contains(&l.symbol),
+                        (Some(_), Where::Kernel(_)) => false,
+                    };
+                    at.started = from_reached && after_reached;
+                }
+                if at.started && range.to.is_some_and(|t| at.reached(t, ns)) {
+                    break;
+                }
+                at.instructions += u64::from(b.icount);
+                if at.started {
+                    sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
+                }
                 match known_start {
                     Some(s) if b.to != 0 => *s = b.to,
                     None if b.to != 0 => {
@@ -151,7 +187,17 @@ pub fn replay(
                 }
                 block_start.insert(on.tid, on.pc);
             }
+            Record::TraceOff(off) if !at.started => {
+                // Outside the range: only where the thread stands changes.
+                at.instructions += u64::from(off.icount);
+                block_start.remove(&off.tid);
+            }
             Record::TraceOff(off) => {
+                let ns = off.ts.saturating_sub(start_ns);
+                if range.to.is_some_and(|t| at.reached(t, ns)) {
+                    break;
+                }
+                at.instructions += u64::from(off.icount);
                 let partial = if off.icount > 0 {
                     let start = block_start.get(&off.tid).copied().unwrap_or(off.pc);
                     Some(res.resolve(off.pid, start))
@@ -173,4 +219,25 @@ pub fn replay(
         }
     }
     Ok((names, res))
+}
+
+/// The names of the functions `query` selects among those of every file `trace` mapped (their
+/// symbol tables): for a name given before the replay (`-F`).
+pub fn functions_named(trace: &Trace, query: &FunctionQuery) -> Result<FxHashSet<Arc<str>>, PostError> {
+    let mut res = Resolver::new(false);
+    let archive = crate::archive::archive_dir(trace.path());
+    if archive.is_dir() {
+        res.use_archive(&archive);
+    }
+    let mut mapped: Vec<Arc<str>> = Vec::new();
+    for r in trace.stream(itrace_format::STREAM_MTE) {
+        match r? {
+            (_, Record::Mte(m @ Mte::ModuleId { .. })) => res.apply(&m),
+            (_, Record::Mte(Mte::Segment { path, .. })) if !mapped.iter().any(|p| **p == *path) => {
+                mapped.push(Arc::from(path.as_str()))
+            }
+            _ => {}
+        }
+    }
+    res.functions_named(query, &mapped).map_err(PostError::Name)
 }

@@ -322,6 +322,25 @@ impl Resolver {
         id
     }
 
+    /// The names of the functions of the files recorded at `paths` that `query` selects
+    /// ([`crate::funcname`]), from their symbol tables: a trailing part must be unique among
+    /// all of them.
+    pub fn functions_named(
+        &mut self,
+        query: &crate::funcname::FunctionQuery,
+        paths: &[Arc<str>],
+    ) -> Result<HashSet<Arc<str>>, crate::funcname::NameError> {
+        let mut names: Vec<(Arc<str>, String)> = Vec::new();
+        for path in paths {
+            if let Some(ms) = self.symbols_for(path) {
+                names.extend(
+                    ms.function_names().filter(|n| query.matches(n).is_some()).map(|n| (Arc::from(n), n.to_string())),
+                );
+            }
+        }
+        Ok(query.select(names)?.into_iter().collect())
+    }
+
     /// The id of a kernel event shown as a function (`signal_SIGUSR1` in module `[kernel]`): the
     /// root under which signal handlers run in call stacks.
     pub fn kernel_func(&mut self, name: &str) -> u32 {

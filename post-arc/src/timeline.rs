@@ -120,7 +120,7 @@ pub struct TimelineStats {
 /// A timeline format's writer. Per thread, calls come in time order, spans nest (an `end`
 /// ends the newest span of the thread), and `thread` comes before any other call of its tid.
 /// Times are nanoseconds on the chosen axis (an instruction is 1000).
-trait TimelineWriter {
+pub(crate) trait TimelineWriter {
     /// A thread, when first seen and again at the end (its name may have changed).
     fn thread(&mut self, pid: u32, tid: u32, process: &str, name: &str) -> Result<(), PostError>;
     fn begin(&mut self, tid: u32, name: &str, kind: SpanKind, time: u64) -> Result<(), PostError>;
@@ -169,7 +169,7 @@ pub fn write_timeline(
     }
 }
 
-fn run_timeline(
+pub(crate) fn run_timeline(
     trace: &Trace,
     axis: TimeAxis,
     start_ns: u64,

@@ -6,6 +6,7 @@
 //! All come from the call stacks of [`crate::stacks`]: the tree from its stack tree (one node
 //! per distinct call stack, merged over threads), the callers and callees from its call edges.
 
+use crate::funcname::{FunctionQuery, NameError};
 use crate::names::printable;
 use crate::report::{self, basename, fit, Report, TextOptions};
 use crate::resolve::Resolver;
@@ -102,6 +103,9 @@ pub struct CallGraphEntry {
 pub struct Views {
     #[serde(flatten)]
     pub report: Report,
+    /// The range the report covers (`--from`, `--to`, `--after`), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range: Option<String>,
     /// The thread the report is limited to (`--tid`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tid: Option<u32>,
@@ -158,7 +162,8 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
             return Err(PostError::NoSuchThread(tid));
         }
     }
-    let report = report::from_stacks(trace, &sink, &names, &res);
+    let mut report = report::from_stacks(trace, &sink, &names, &res);
+    let mut report_notes = Vec::new();
     let tree = sink.tree.as_ref().map(|t| call_tree(t, &res));
 
     let mut call_graph = Vec::new();
@@ -179,14 +184,22 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
             v.sort_by(|a, b| b.inclusive.cmp(&a.inclusive).then(a.name.cmp(&b.name)).then(a.module.cmp(&b.module)))
         };
         let mut done: Vec<u32> = Vec::new();
-        for name in wanted {
-            let ids: Vec<u32> = (0..res.func_count() as u32)
-                .filter(|&id| res.func(id).1 == name.as_str())
-                .filter(|&id| sink.funcs.get(id as usize).is_some_and(|f| f.calls > 0 || f.inclusive > 0))
-                .collect();
-            if ids.is_empty() {
-                return Err(crate::no_such_function(name, res.notes()));
-            }
+        let ran: Vec<u32> = (0..res.func_count() as u32)
+            .filter(|&id| sink.funcs.get(id as usize).is_some_and(|f| f.calls > 0 || f.inclusive > 0))
+            .collect();
+        let mut missing = Vec::new();
+        for name in &wanted {
+            let query = FunctionQuery::new(name);
+            let ids = match query.select(ran.iter().map(|&id| (id, res.func(id).1.to_string()))) {
+                Ok(ids) => ids,
+                Err(NameError::NotFound(_)) => {
+                    // As perf does with a symbol filter that matches nothing: the other name's
+                    // entry is still shown; only when no name is found is it an error.
+                    missing.push(name.as_str());
+                    continue;
+                }
+                Err(e) => return Err(PostError::Name(e)),
+            };
             for id in ids {
                 if done.contains(&id) {
                     continue;
@@ -223,12 +236,24 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
                 });
             }
         }
+        if !missing.is_empty() && missing.len() == wanted.len() {
+            return Err(crate::no_such_function(missing[0], res.notes()));
+        }
+        for name in missing {
+            report_notes
+                .push(format!("warning: no function named {name} ran in the trace: its call graph entry is left out"));
+        }
     }
     let mut scope = Vec::new();
+    if !trace.range().is_all() {
+        scope.push(format!("range {}: every total is of the instructions in it", trace.range().describe()));
+    }
     if let Some(tid) = opts.tid {
         scope.push(format!("thread {tid} only: every total and percentage is of this thread's instructions"));
     }
-    Ok(Views { report, tid: opts.tid, tree, call_graph, scope, sort: SortKey::default() })
+    report.notes.extend(report_notes);
+    let range = (!trace.range().is_all()).then(|| trace.range().describe());
+    Ok(Views { report, range, tid: opts.tid, tree, call_graph, scope, sort: SortKey::default() })
 }
 
 /// The stack tree as nested nodes, each child list most inclusive first.

@@ -96,6 +96,17 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     if !s.stop.is_empty() && s.start.is_empty() && !s.region {
         return refuse("--stop needs --start (or --region): nothing would start tracing");
     }
+    // auto: the translating recorder for an x86_64 program, unless something else was picked
+    // or a way of stepping was asked for (even by the environment: ITRACE_STEP).
+    let translate = s.backend == Backend::Translate
+        || (s.backend == Backend::Auto
+            && AUTO_TRANSLATES
+            && TRANSLATE_HERE
+            && arch == Arch::X86_64
+            && s.step == StepChoice::Auto
+            && !s.emulate_block_step
+            && !use_kmod
+            && !inproc);
     let native = Native { settings: s.clone(), program, arch };
     let (recorder, backend, why): (Box<dyn Recorder>, _, _) = if use_kmod {
         let why = if s.backend == Backend::Kmod { "asked for" } else { "the kernel module is loaded" };
@@ -103,8 +114,9 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     } else if inproc {
         let why = if s.backend == Backend::Inproc { "asked for" } else { "regions of a launched program" };
         (Box::new(inproc::InprocRecorder(native)), Backend::Inproc, why)
-    } else if s.backend == Backend::Translate {
-        (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Translate, "asked for")
+    } else if translate {
+        let why = if s.backend == Backend::Translate { "asked for" } else { "an x86_64 program" };
+        (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Translate, why)
     } else {
         let why = if s.backend == Backend::Ptrace { "asked for" } else { "the default" };
         (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Ptrace, why)
@@ -135,6 +147,9 @@ const NATIVE_ARCHES: &[Arch] = if cfg!(target_arch = "x86_64") {
 
 /// Whether the translating recorder (`--backend translate`) runs here.
 const TRANSLATE_HERE: bool = cfg!(target_arch = "x86_64");
+
+/// Whether `auto` picks the translating recorder for x86_64 programs.
+const AUTO_TRANSLATES: bool = false;
 
 /// Whether the in-process recorder (libitrace stepping itself with the trap flag) works here.
 const INPROC_HERE: bool = cfg!(target_arch = "x86_64");
@@ -173,7 +188,7 @@ fn check_functions_exist<'a>(
     }
     let Some(objects) = crate::elf::linked_objects(program) else { return Ok(()) };
     for name in names {
-        if !objects.iter().any(|o| resolver.defines(o, name)) {
+        if !resolver.defines(&objects, name).map_err(BackendError::Settings)? {
             return Err(BackendError::Settings(format!(
                 "no function named {name} in {} or its libraries",
                 program.display()

@@ -148,10 +148,13 @@ impl RecordSettings {
 /// Finds functions by name in the files a process maps. Symbol tables are post-processing's
 /// business: the command passes its lookup in.
 pub trait TriggerResolver {
-    /// The runtime address of function `name` in the file mapped as `m`, if it defines it.
-    fn address(&self, m: &Mapping, name: &str) -> Option<u64>;
-    /// Whether the file at `path` defines function `name`.
-    fn defines(&self, path: &Path, name: &str) -> bool;
+    /// The runtime addresses of the functions `name` names in the files mapped as `maps`,
+    /// chosen among all of them (every overload of a qualified C++ name; none when no file
+    /// defines such a function); an error line when the name is ambiguous.
+    fn addresses(&self, maps: &[Mapping], name: &str) -> Result<Vec<u64>, String>;
+    /// Whether the files at `paths` define a function `name` names; an error line when the
+    /// name is ambiguous among them.
+    fn defines(&self, paths: &[std::path::PathBuf], name: &str) -> Result<bool, String>;
 }
 
 /// Find `cmd` as execvp would: a path with a slash as it is, else along $PATH; it must be an

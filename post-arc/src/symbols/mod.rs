@@ -6,7 +6,7 @@
 //! runtime addresses with [`ModuleSymbols::file_vaddr`] first.
 
 mod cache;
-mod demangle;
+pub(crate) mod demangle;
 mod elf;
 mod frames;
 mod jit;

@@ -148,6 +148,16 @@ impl ModuleSymbols {
         self.table.find(name)
     }
 
+    /// The image's functions (symbols and call-frame information): address, demangled name.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.table.functions()
+    }
+
+    /// The demangled names of the image's functions (symbols and call-frame information).
+    pub fn function_names(&self) -> impl Iterator<Item = &str> {
+        self.table.names()
+    }
+
     /// Function symbol covering `vaddr`: demangled name and offset from the symbol start.
     /// PLT stubs (.plt, .plt.sec, .plt.got) give `name@plt`, PLT headers `<plt>`.
     #[inline]

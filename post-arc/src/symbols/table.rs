@@ -192,6 +192,16 @@ impl SymbolTable {
         Some(SymbolHit { name: e.name(), start: e.addr, offset: addr - e.addr, plt: None, local_entry: e.local_entry })
     }
 
+    /// The functions: address, demangled name.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.entries.iter().map(|e| (e.addr, e.name()))
+    }
+
+    /// The demangled names of the functions (each demangled now if not yet).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| e.name())
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

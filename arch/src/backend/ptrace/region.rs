@@ -463,13 +463,12 @@ pub(super) fn resolve_triggers(
 ) -> Result<Vec<Trigger>, String> {
     let mut found: Vec<Trigger> = Vec::new();
     let mut resolved = vec![false; wanted.len()];
-    for m in maps.iter().filter(|m| !m.path.is_empty() && !m.path.starts_with('[')) {
-        for (i, (name, kind)) in wanted.iter().enumerate() {
-            if let Some(addr) = resolver.address(m, name) {
-                resolved[i] = true;
-                if !found.iter().any(|t| t.addr == addr) {
-                    found.push(Trigger { addr, kind: *kind });
-                }
+    let files: Vec<Mapping> = maps.iter().filter(|m| !m.path.is_empty() && !m.path.starts_with('[')).cloned().collect();
+    for (i, (name, kind)) in wanted.iter().enumerate() {
+        for addr in resolver.addresses(&files, name)? {
+            resolved[i] = true;
+            if !found.iter().any(|t| t.addr == addr) {
+                found.push(Trigger { addr, kind: *kind });
             }
         }
     }

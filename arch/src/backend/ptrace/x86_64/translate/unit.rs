@@ -119,6 +119,8 @@ enum Kind {
     Special,
     /// Copied as it is (the block encoder relocates a RIP-relative operand).
     Copy,
+    /// Runs as a `nop` (a conditional branch to the next instruction).
+    Nop,
     /// `jcc`, `loop*`, `jrcxz` to `target`.
     CondJump {
         target: u64,
@@ -158,8 +160,9 @@ fn classify(i: &Instruction, flow: Flow, cache_at: u64) -> Kind {
         Flow::CondJump if i.is_jcc_short_or_near() || i.is_loop() || i.is_loopcc() || i.is_jcx_short() => {
             let target = i.near_branch_target();
             if target == next {
-                // Taken or not, it lands on the next instruction: never a taken branch to record.
-                Kind::Copy
+                // Taken or not, it lands on the next instruction: never a taken branch to
+                // record, and nothing else happens (a copy would keep its absolute target).
+                Kind::Nop
             } else {
                 Kind::CondJump { target }
             }
@@ -449,8 +452,8 @@ pub(super) fn translate(
                 p.traps.push((i, PendingTrap::Leave { pc, count }));
                 break;
             }
-            Kind::Copy => {
-                b.push(Ok(insn));
+            Kind::Copy | Kind::Nop => {
+                b.push(Ok(if matches!(kind, Kind::Nop) { Instruction::with(Code::Nopd) } else { insn }));
                 count += 1;
                 p.spans.push((pc, span_start, span_start + 1));
                 pc = next;
@@ -663,5 +666,22 @@ mod tests {
             translate(0x2001, 0x10_0000, 0, &mut fetch, &|_| false),
             Err(TranslateError::NotTranslatable)
         ));
+    }
+
+    #[test]
+    fn conditional_branch_to_the_next_instruction_stays_in_the_cache() {
+        // jno +0 ; ret: a copy would keep its absolute target (0x3002) and leave the cache.
+        static CODE: [u8; 3] = [0x71, 0x00, 0xc3];
+        let mut fetch = fetch_from(&CODE, 0x3000);
+        let u = translate(0x3000, 0x10_0000, 0, &mut fetch, &|_| false).expect("translates");
+        assert_eq!(u.spans.len(), 2);
+        assert_eq!(u.exits.len(), 1, "only the return exits");
+        let mut d = Decoder::with_ip(64, &u.code, u.cache_start, DecoderOptions::NONE);
+        for i in &mut d {
+            if i.is_jcc_short_or_near() || i.is_jmp_short_or_near() {
+                let t = i.near_branch_target();
+                assert!(t >= u.cache_start && t < u.cache_end(), "{i} leaves the cache");
+            }
+        }
     }
 }
