@@ -1,5 +1,5 @@
 //! `itrace dump` text made comparable between two recordings of one program: the file
-//! offsets, timestamps, pids, thread ids and the step method go (tests/tests/step_block.rs,
+//! offsets, timestamps, pids, thread ids (a clone's too) and the step method go (tests/tests/step_block.rs,
 //! tests/tests/differential.rs).
 
 /// `itrace dump` text without what differs between two recordings of one program.
@@ -31,7 +31,10 @@ pub fn normalized_dump(dump: &str) -> Vec<String> {
                     out.push(format!("N{rest}"));
                     continue;
                 }
-                if matches!(w, "ts:" | "pid:" | "tid:" | "ppid:") {
+                if matches!(
+                    w,
+                    "ts:" | "pid:" | "tid:" | "ppid:" | "parent_pid:" | "parent_tid:" | "child_pid:" | "child_tid:"
+                ) {
                     blank_next = true;
                 }
                 if let Some(v) = w.strip_prefix("tid=") {
