@@ -10,7 +10,7 @@
 //! - `ITRACE_DIFF_BACKEND`: `translate` (default: `--backend translate`, issue 28), `block`
 //!   (`--step block`) or `qemu` (`--backend qemu`, which compares the trace's records but not
 //!   its module table: see [`Compare::Records`]).
-//! - `ITRACE_DIFF_PROGRAMS`: how many programs (default 2000: 3.5 to 7 minutes with `block` on 2
+//! - `ITRACE_DIFF_PROGRAMS`: how many programs (default 1000; 2000: 3.5 to 7 minutes with `block` on 2
 //!   cores shared at load 13-14; most of it is `--step instruction`);
 //!   `ITRACE_DIFF_FIRST_SEED` the first seed (default 1); `ITRACE_DIFF_SEED` one seed only.
 //! - `ITRACE_DIFF_JOBS`: programs checked at once (default 2).
@@ -280,7 +280,7 @@ fn generated_programs_run_and_trace_the_same() {
     let backend = backend_under_test();
     let (first, count) = match env_u64("ITRACE_DIFF_SEED") {
         Some(seed) => (seed, 1),
-        None => (env_u64("ITRACE_DIFF_FIRST_SEED").unwrap_or(1), env_u64("ITRACE_DIFF_PROGRAMS").unwrap_or(2000)),
+        None => (env_u64("ITRACE_DIFF_FIRST_SEED").unwrap_or(1), env_u64("ITRACE_DIFF_PROGRAMS").unwrap_or(1000)),
     };
     let jobs = env_u64("ITRACE_DIFF_JOBS").unwrap_or(2).max(1);
     let next = AtomicU64::new(first);
