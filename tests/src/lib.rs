@@ -12,12 +12,14 @@
 //! `use itrace_tests::{program, record, test_dir, Oracle};`.
 
 pub mod arc;
+pub mod guest;
 pub mod oracle;
 pub mod programs;
 pub mod report;
 pub mod run;
 
 pub use arc::*;
+pub use guest::*;
 pub use oracle::binutils::*;
 pub use oracle::callgrind::*;
 pub use oracle::cross::*;
