@@ -72,7 +72,7 @@ impl NativeGuest {
         counted: &[&str],
     ) -> HashMap<String, u64> {
         let bin = self.file(program);
-        let (want, _) = cross_oracle_blocks(self.arch, pcs, insns);
+        let (want, _) = cross_oracle_blocks_native(self.arch, pcs, insns);
         let (got, _) = itrace_blocks(&self.file(&format!("{name}.itr")));
         let ranges = self.function_ranges(&bin, names);
         let inside = |b: &&CrossBlock| ranges.iter().any(|&(lo, hi)| b.from >= lo && b.from < hi);

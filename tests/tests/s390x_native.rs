@@ -198,7 +198,7 @@ fn static_glibc_consistent_and_own_code_equals_qemu() {
 fn execute_and_compare_and_branch_equal_qemu_and_the_hand_count() {
     let bin = guest_file("s390x-ex");
     let (insns, pcs) = GUEST.qemu_run(&bin);
-    let (want, want_total) = cross_oracle_blocks(ARCH, &pcs, &insns);
+    let (want, want_total) = itrace_tests::cross_oracle_blocks_native(ARCH, &pcs, &insns);
     let trace = guest_file("ex.itr");
     let (got, total) = itrace_blocks(&trace);
     compare_cross_blocks("native ex", &got, &want);

@@ -187,8 +187,27 @@ pub struct CrossBlock {
     pub kind: &'static str,
 }
 
-/// Blocks of an executed pc sequence (a rep string instruction logged once per iteration counts once).
+/// Blocks of an executed pc sequence (a rep string instruction logged once per iteration counts
+/// once), as qemu-user ran them: an s390x execute instruction whose instruction qemu ran inside
+/// its helper counts one (what qemu's log and its plugin API show), one whose instruction qemu
+/// logs after it counts two.
 pub fn cross_oracle_blocks(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossInsn>) -> (Vec<CrossBlock>, u64) {
+    oracle_blocks(arch, pcs, insns, false)
+}
+
+/// [`cross_oracle_blocks`] for a recorder on the machine itself (the native s390x one): an
+/// execute instruction always counts two, itself and the instruction it runs, also where qemu
+/// ran that one inside the execute's helper.
+pub fn cross_oracle_blocks_native(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossInsn>) -> (Vec<CrossBlock>, u64) {
+    oracle_blocks(arch, pcs, insns, true)
+}
+
+fn oracle_blocks(
+    arch: &str,
+    pcs: &[u64],
+    insns: &BTreeMap<u64, CrossInsn>,
+    execute_counts_two: bool,
+) -> (Vec<CrossBlock>, u64) {
     let mut out = Vec::new();
     let (mut count, mut total) = (0u64, 0u64);
     let mut i = 0;
@@ -210,11 +229,14 @@ pub fn cross_oracle_blocks(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossI
         let mut insn = insn;
         let executed;
         if arch == "s390x" && matches!(insn.mnemonic.as_str(), "ex" | "exrl") {
-            if pcs.get(j) == Some(&pc) {
+            let logged = pcs.get(j) == Some(&pc);
+            if logged {
                 j += 1;
             }
-            count += 1;
-            total += 1;
+            if logged || execute_counts_two {
+                count += 1;
+                total += 1;
+            }
             executed = s390x_executed(insn, insns);
             insn = &executed;
         }
