@@ -23,7 +23,7 @@ if [ "$WHAT" = test ]; then
     # System calls interrupted by a signal handler: a read restarted (SA_RESTART), a nanosleep
     # ended by EINTR and slept again. The program checks what it saw.
     record restart -- /t/restart
-    if grep -q "restart: read 1, nanosleep eintr 1" /tmp/restart.out; then
+    if grep -q "restart: read 1, nanosleep interrupted" /tmp/restart.out; then
         pass "restart: the program saw $(cat /tmp/restart.out)"
     else
         fail "restart: the program saw '$(cat /tmp/restart.out)'"

@@ -231,10 +231,10 @@ fn every_trace_consistent_with_the_code() {
     }
 }
 
-/// A read interrupted by SIGALRM and restarted (SA_RESTART), a nanosleep ended by EINTR
-/// (tests/programs/restart.c; the guest checked what the program saw): two deliveries to the
-/// handler, the interrupted read's record and its restart's (the block after the handler's
-/// sigreturn starts on the `svc` again), the trace consistent with the code.
+/// A read interrupted by SIGALRM handlers and restarted (SA_RESTART) until the third writes a
+/// byte, a nanosleep ended by EINTR (tests/programs/restart.c; the guest checked what the program
+/// saw): deliveries to the handler only, the interrupted reads' records and their restarts' (a
+/// block after a handler's sigreturn starts on the `svc` again, counting it alone).
 #[test]
 #[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
 fn restarted_system_calls() {
@@ -243,17 +243,21 @@ fn restarted_system_calls() {
     let handler = cross_code_symbols(ARCH, &bin).into_iter().find(|(_, n)| n == "on_alarm").expect("on_alarm").0;
     let dump = itrace(["dump".as_ref(), guest_file("restart.itr").as_os_str()]);
     let deliveries: Vec<&str> = dump.stdout.lines().filter(|l| l.contains(" K Iret flags=2 ")).collect();
-    assert_eq!(deliveries.len(), 2, "signal deliveries in\n{}", dump.stdout);
+    assert!(
+        deliveries.len() >= 4,
+        "signal deliveries (three in the read, one or more in the sleep) in\n{}",
+        dump.stdout
+    );
     for d in &deliveries {
         assert!(d.contains(" aux=14 "), "not SIGALRM: {d}");
         assert!(d.contains(&format!("-> {handler:#x} ")), "not to on_alarm ({handler:#x}): {d}");
     }
-    // read is system call 3 on s390x: once interrupted, once restarted to its end.
-    let reads: Vec<&str> = dump.stdout.lines().filter(|l| l.contains(" U Intrpt flags=1 aux=3 ")).collect();
-    assert_eq!(reads.len(), 2, "read records in\n{}", dump.stdout);
+    // read is system call 3 on s390x: interrupted at least twice, then to its end.
+    let reads = dump.stdout.lines().filter(|l| l.contains(" U Intrpt flags=1 aux=3 ")).count();
+    assert!(reads >= 3, "{reads} read records in\n{}", dump.stdout);
     let blocks = blocks_with_starts(&guest_file("restart.itr"));
     let restarted = blocks.iter().filter(|b| b.block.kind == "Intrpt" && b.start == b.block.from && b.block.count == 1);
-    assert!(restarted.count() >= 1, "no block starting on its svc (a restart)");
+    assert!(restarted.count() >= 2, "fewer than two blocks starting on their svc (restarts)");
 }
 
 /// Attached to a program sitting in a read (woken by a SIGALRM every 100 ms) for two seconds:
