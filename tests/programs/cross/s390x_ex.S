@@ -4,7 +4,10 @@
  *   unconditional jump and of a conditional one (taken, then not), and `ex` with its address in
  *   a register: each runs its instruction out of line (two instructions; a branch it runs is
  *   taken at the execute's address, relative to the executed instruction's own address);
- * - compare-and-branch and branch-on-count immediately before `svc`, taken and not taken.
+ * - compare-and-branch and branch-on-count immediately before `svc`, taken and not taken;
+ * - an execute instruction first in a block whose path holds a conditional branch and then an
+ *   `svc` (the recorder must not single-step it).
+ * Hand count: 59 instructions (an execute counts two), 14 blocks.
  * Checked against qemu-s390x's log block for block (tests/tests/s390x_native.rs). */
     .text
     .globl  _start
@@ -35,8 +38,15 @@ _start:
     brct    %r7, .Lonce         /* taken once, right before svc */
     svc     20
 .Lonce:
+    j       .Lexsvc
+    nopr    %r7                 /* never runs */
+.Lexsvc:
+    exrl    %r0, .Laghi         /* r3 = 11; a block's first instruction with a conditional */
+    cijl    %r3, 100, .Lexit    /* branch and an svc after it (taken: r3 < 100) */
+    svc     20
+.Lexit:
     lghi    %r2, 0
-    cgijne  %r3, 9, .Lbad       /* not taken (r3 = 9), right before svc */
+    cgijne  %r3, 11, .Lbad      /* not taken (r3 = 11), right before svc */
     svc     1                   /* exit(0) */
 .Lbad:
     lghi    %r2, 1

@@ -10,8 +10,12 @@
 //! no conditional branch comes before it (its syscall-entry stop ends the block); otherwise the
 //! thread goes one instruction at a time until the path to the `svc` is straight: plain
 //! instructions by single steps, conditional branches evaluated here from the condition code
-//! and registers (`emulate_branch`), because qemu's TCG does not stop after a single-stepped
-//! conditional branch.
+//! and registers (`emulate_branch`, `take_branch`), because qemu's TCG does not stop after a
+//! single-stepped conditional branch.
+//!
+//! Which branch a block step stopped after: the only one on the path that goes to the pc when
+//! taken, told from the registers (`taken_branch_from_regs`), else `si_addr`. Execute
+//! instructions (`execute.rs`) count two and act as the instruction they run.
 
 use super::blockstep::ProbePage;
 use super::engine::*;

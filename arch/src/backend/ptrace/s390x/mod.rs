@@ -355,6 +355,10 @@ impl Session<'_> {
         let pid = Pid::from_raw(tid);
         let sig_opt = Signal::try_from(sig).ok();
         let plan = if sig == 0 { self.plan(tid, p.pc) } else { Plan::Block(None) };
+        // An execute instruction is never single-stepped: under qemu 10's TCG a single step of
+        // one panicked the guest's kernel ("Corrupt kernel stack"); it is block-stepped, or
+        // evaluated when it runs a conditional branch.
+        let executes = plan == Plan::One && self.is_execute(self.threads[&tid].pid, p.pc);
         let t = self.threads.get_mut(&tid).expect("thread exists");
         match plan {
             Plan::Block(sole_end) => {
@@ -368,7 +372,7 @@ impl Session<'_> {
                 ptrace::syscall(pid, sig_opt)
             }
             Plan::One => match p.insn.flow {
-                Flow::Next => ptrace::step(pid, None),
+                Flow::Next if !executes => ptrace::step(pid, None),
                 Flow::CondJump | Flow::CondCall | Flow::CondReturn if t.arch.emulated_in_row < MAX_EMULATED_IN_ROW => {
                     t.arch.emulated_in_row += 1;
                     match self.emulate_branch(tid, p.pc, p.insn) {
@@ -385,7 +389,9 @@ impl Session<'_> {
                     }
                 }
                 // A branch: a block step stops right after it (a single step may not, under
-                // qemu's TCG).
+                // qemu's TCG). An execute instruction running a plain one: a block step too (a
+                // system call after a later conditional branch may then run unseen: counted and
+                // warned about at the end).
                 _ => {
                     t.arch.emulated_in_row = 0;
                     t.arch.block = Some(BlockRun { start: p.pc, syscall: None, sole_end: None });
