@@ -3,44 +3,10 @@
 # ppc64le itrace and prints each trace in base64 between "PPC64-FILE name" and "PPC64-END name"
 # lines (checked on the host against qemu-ppc64le's log); the checks made here print
 # "PPC64: PASS|FAIL name detail"; "PPC64-RESULT: PASS|FAIL" ends, then it powers off.
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-chmod 1777 /tmp
-cd /tmp
-FAILS=0
-now() { cut -d' ' -f1 /proc/uptime; }
-T0=$(now)
-pass() { echo "PPC64: PASS $* [$(now) s]"; }
-fail() { echo "PPC64: FAIL $* [$(now) s]"; FAILS=$((FAILS + 1)); }
-finish() {
-    if [ "$FAILS" -eq 0 ]; then echo "PPC64-RESULT: PASS"; else echo "PPC64-RESULT: FAIL ($FAILS failed)"; fi
-    poweroff -f
-}
-send() {
-    echo "PPC64-FILE $1"
-    base64 "$2"
-    echo "PPC64-END $1"
-}
-# record NAME [itrace options] -- PROGRAM ARGS: in an empty environment, like qemu's oracle run.
-record() {
-    name=$1
-    shift
-    if env -i /bin/itrace record -o "/tmp/$name.itr" "$@" > "/tmp/$name.out" 2> "/tmp/$name.err"; then
-        pass "record $name: $(tail -1 "/tmp/$name.err")"
-        send "$name.itr" "/tmp/$name.itr"
-        # The report where the program files are (the host has no /t): symbols for the host's checks.
-        if itrace report --json "/tmp/$name.itr" > "/tmp/$name.json" 2> "/tmp/$name.rerr"; then
-            send "$name.json" "/tmp/$name.json"
-        else
-            fail "report $name: $(cat "/tmp/$name.rerr")"
-        fi
-    else
-        fail "record $name (exit $?): $(cat "/tmp/$name.err")"
-    fi
-}
+# The shared helpers (scripts/guest-init-lib.sh): pass, fail, finish, send, record, attach,
+# check_bad_input.
+TAG=PPC64
+. /lib/guest-init-lib.sh
 
 WHAT=$(cat /etc/what)
 echo "PPC64: kernel $(uname -r) $(grep -m1 '^cpu' /proc/cpuinfo) [$(now) s]"
@@ -73,28 +39,11 @@ if [ "$WHAT" = test ]; then
     /t/loop 50 > /dev/null &
     pid=$!
     sleep 1
-    if env -i /bin/itrace record -p "$pid" --duration 1 -o /tmp/attach.itr > /dev/null 2> /tmp/attach.err; then
-        pass "record attach: $(tail -1 /tmp/attach.err)"
-        send attach.itr /tmp/attach.itr
-        itrace report --json /tmp/attach.itr > /tmp/attach.json && send attach.json /tmp/attach.json
-    else
-        fail "record attach: $(cat /tmp/attach.err)"
-    fi
+    attach attach 1 "$pid"
     kill "$pid" 2> /dev/null
     wait "$pid" 2> /dev/null
     # Bad input: the same one-line errors as itrace on x86_64 (/etc/expect-*, made there).
-    for case in nopid noprog; do
-        case $case in
-            nopid) itrace record -p 999999 -o /tmp/bad.itr > /dev/null 2> /tmp/bad.err ;;
-            noprog) itrace record -o /tmp/bad.itr -- /t/does-not-exist > /dev/null 2> /tmp/bad.err ;;
-        esac
-        rc=$?
-        if [ "$rc" -ne 0 ] && cmp -s /tmp/bad.err "/etc/expect-$case"; then
-            pass "bad input $case: exit $rc, $(cat /tmp/bad.err)"
-        else
-            fail "bad input $case: exit $rc, got '$(cat /tmp/bad.err)', want '$(cat "/etc/expect-$case")'"
-        fi
-    done
+    check_bad_input
 fi
 
 # The benchmark (bench/ppc64le.sh): raw_step (the ptrace single-step loop with nothing else,

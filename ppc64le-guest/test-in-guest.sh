@@ -34,28 +34,8 @@ fi
 # The kernel and busybox of Debian's ppc64el archive, cached per version.
 CACHE=$ROOT/target/ppc64le-guest
 mkdir -p "$CACHE"
-ABI=$(apt-cache depends linux-image-powerpc64le:ppc64el 2>/dev/null |
-    sed -n 's/.*Depends: linux-image-\(.*-powerpc64le\)\(:ppc64el\)\?$/\1/p' | head -1)
-[ -n "$ABI" ] || { log "no linux-image-powerpc64le:ppc64el in the package lists (dpkg --add-architecture ppc64el; apt-get update: scripts/install-test-deps.sh)"; exit 1; }
-KDIR=$CACHE/$ABI
-if [ ! -s "$KDIR/vmlinux" ] || [ ! -s "$KDIR/busybox" ]; then
-    rm -rf "$KDIR"
-    mkdir -p "$KDIR/dl"
-    log "downloading linux-image-$ABI:ppc64el and busybox-static:ppc64el (unpacked here, never installed)"
-    (cd "$KDIR/dl" && apt-get download "linux-image-$ABI:ppc64el" busybox-static:ppc64el) > "$KDIR/download.log" 2>&1 || {
-        cat "$KDIR/download.log" >&2
-        log "cannot download the ppc64el kernel or busybox"
-        exit 1
-    }
-    dpkg -x "$KDIR"/dl/linux-image-*.deb "$KDIR/kroot"
-    dpkg -x "$KDIR"/dl/busybox-static_*.deb "$KDIR/broot"
-    mv "$KDIR"/kroot/boot/vmlinux-* "$KDIR/vmlinux"
-    mv "$KDIR/broot/bin/busybox" "$KDIR/busybox"
-    rm -rf "$KDIR/dl" "$KDIR/kroot" "$KDIR/broot"
-fi
-for d in "$CACHE"/*-powerpc64le; do
-    [ "$d" = "$KDIR" ] || [ ! -d "$d" ] || { log "removing the cached kernel $(basename "$d")"; rm -rf "$d"; }
-done
+. scripts/guest-lib.sh
+guest_kernel ppc64el powerpc64le vmlinux "$CACHE"
 
 # The static ppc64le itrace.
 scripts/cross-build.sh powerpc64le-unknown-linux-gnu >&2
@@ -84,22 +64,14 @@ $CC -nostdlib -static -no-pie -o "$B/prog/loop" bench/ppc64le_loop.S
 # The initramfs: busybox, itrace, the programs (in /t, the path the host oracle uses too) and
 # the cross glibc for the dynamically linked one.
 R=$B/root
-mkdir -p "$R"/{bin,proc,sys,dev,tmp,etc,t,lib64,lib/powerpc64le-linux-gnu}
+mkdir -p "$R"/{bin,t,lib64,lib/powerpc64le-linux-gnu}
 cp "$KDIR/busybox" "$R/bin/busybox"
 powerpc64le-linux-gnu-strip -o "$R/bin/itrace" "$ITRACE"
 cp "$B"/prog/* "$R/t/"
 SYSROOT=/usr/powerpc64le-linux-gnu
 cp -L "$SYSROOT/lib/ld64.so.2" "$R/lib64/ld64.so.2"
 cp -L "$SYSROOT/lib/libc.so.6" "$R/lib/powerpc64le-linux-gnu/libc.so.6"
-cp ppc64le-guest/guest-init.sh "$R/init"
-chmod +x "$R/init"
-echo "$WHAT" > "$R/etc/what"
-# Bad input: the errors itrace gives on this x86_64 machine, which the guest's must equal.
-cargo build -q -p itrace </dev/null
-HOST_ITRACE=$TARGET_DIR/debug/itrace
-"$HOST_ITRACE" record -p 999999 -o "$B/bad.itr" > /dev/null 2> "$R/etc/expect-nopid" && exit 1
-"$HOST_ITRACE" record -o "$B/bad.itr" -- /t/does-not-exist > /dev/null 2> "$R/etc/expect-noprog" && exit 1
-(cd "$R" && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1 > "$B/initramfs.cpio.gz")
+guest_initramfs "$R" "$B" ppc64le-guest/guest-init.sh "$WHAT"
 
 log "booting the guest (qemu-system-ppc64 pseries POWER9, TCG; prepared in $(( $(date +%s) - t0 )) s)"
 b0=$(date +%s)
@@ -113,18 +85,7 @@ grep -E "^(PPC64|BENCH)" "$OUT.txt" >&2 || true
 
 # The traces: "PPC64-FILE name" ... base64 ... "PPC64-END name".
 D=$CACHE/out
-rm -rf "$D"
-mkdir -p "$D"
-awk -v dir="$D" '
-    /^PPC64-FILE / { name = $2; file = dir "/" name ".b64"; next }
-    /^PPC64-END / { close(file); name = ""; next }
-    name != "" { print > file }
-' "$OUT.txt"
-for f in "$D"/*.b64; do
-    [ -e "$f" ] || break
-    base64 -d "$f" > "${f%.b64}" || { log "cannot decode $(basename "$f")"; exit 1; }
-    rm "$f"
-done
+guest_traces PPC64 "$OUT.txt" "$D"
 cp "$B"/prog/* "$D/"
 if [ "$WHAT" = bench ]; then
     grep -q "^BENCH " "$OUT.txt" || { log "no benchmark figures"; tail -30 "$OUT.txt" >&2; exit 1; }

@@ -3,47 +3,11 @@
 # s390x itrace and prints each trace in base64 between "S390X-FILE name" and "S390X-END name"
 # lines (checked on the host); the checks made here print "S390X: PASS|FAIL name detail";
 # "S390X-RESULT: PASS|FAIL" ends, then it powers off.
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-chmod 1777 /tmp
-cd /tmp
-FAILS=0
-now() { cut -d' ' -f1 /proc/uptime; }
-pass() { echo "S390X: PASS $* [$(now) s]"; }
-fail() { echo "S390X: FAIL $* [$(now) s]"; FAILS=$((FAILS + 1)); }
-finish() {
-    if [ "$FAILS" -eq 0 ]; then echo "S390X-RESULT: PASS"; else echo "S390X-RESULT: FAIL ($FAILS failed)"; fi
-    poweroff -f
-}
-send() {
-    echo "S390X-FILE $1"
-    base64 "$2"
-    echo "S390X-END $1"
-}
-# record NAME [itrace options] -- PROGRAM ARGS: in an empty environment, like qemu's oracle run.
-record() {
-    name=$1
-    shift
-    if env -i /bin/itrace record -o "/tmp/$name.itr" "$@" > "/tmp/$name.out" 2> "/tmp/$name.err"; then
-        pass "record $name: $(tail -1 "/tmp/$name.err")"
-        # Stops off the decoded path or system calls run through unseen: the trace is not exact.
-        if grep -q "warning" "/tmp/$name.err"; then
-            fail "record $name warned: $(grep "warning" "/tmp/$name.err")"
-        fi
-        send "$name.itr" "/tmp/$name.itr"
-        # The report where the program files are (the host has no /t): symbols for the host's checks.
-        if itrace report --json "/tmp/$name.itr" > "/tmp/$name.json" 2> "/tmp/$name.rerr"; then
-            send "$name.json" "/tmp/$name.json"
-        else
-            fail "report $name: $(cat "/tmp/$name.rerr")"
-        fi
-    else
-        fail "record $name (exit $?): $(cat "/tmp/$name.err")"
-    fi
-}
+# The shared helpers (scripts/guest-init-lib.sh): pass, fail, finish, send, record, attach,
+# check_bad_input.
+TAG=S390X
+FAIL_ON_WARNING=1
+. /lib/guest-init-lib.sh
 
 WHAT=$(cat /etc/what)
 echo "S390X: kernel $(uname -r) $(grep -m1 '^processor 0' /proc/cpuinfo) [$(now) s]"
@@ -51,8 +15,19 @@ echo "S390X: kernel $(uname -r) $(grep -m1 '^processor 0' /proc/cpuinfo) [$(now)
 if [ "$WHAT" = test ]; then
     # The default step method (block steps, which the probe finds working in this guest).
     record asm -- /t/s390x-asm
+    # Execute instructions (exrl, ex) running plain instructions and branches out of line, and
+    # compare-and-branch right before system calls.
+    record ex -- /t/s390x-ex
     record libc -- /t/s390x-libc
     record signal -- /t/s390x-signal
+    # System calls interrupted by a signal handler: a read restarted (SA_RESTART), a nanosleep
+    # ended by EINTR and slept again. The program checks what it saw.
+    record restart -- /t/restart
+    if grep -q "restart: read 1, nanosleep interrupted" /tmp/restart.out; then
+        pass "restart: the program saw $(cat /tmp/restart.out)"
+    else
+        fail "restart: the program saw '$(cat /tmp/restart.out)'"
+    fi
     record threads -- /t/threads
     record forkexec --follow-forks -- /t/forkexec
     # The three modes: normal above; continuous writes segments as it goes; wrap keeps the last.
@@ -71,13 +46,7 @@ if [ "$WHAT" = test ]; then
     /t/s390x-loop forever > /dev/null &
     pid=$!
     sleep 1
-    if env -i /bin/itrace record -p "$pid" --duration 1 -o /tmp/attach.itr > /dev/null 2> /tmp/attach.err; then
-        pass "record attach: $(tail -1 /tmp/attach.err)"
-        send attach.itr /tmp/attach.itr
-        itrace report --json /tmp/attach.itr > /tmp/attach.json && send attach.json /tmp/attach.json
-    else
-        fail "record attach: $(cat /tmp/attach.err)"
-    fi
+    attach attach 1 "$pid"
     if kill -0 "$pid" 2> /dev/null; then
         pass "attach: the program runs on after itrace detached"
     else
@@ -85,19 +54,20 @@ if [ "$WHAT" = test ]; then
     fi
     kill "$pid" 2> /dev/null
     wait "$pid" 2> /dev/null
+    # Attach to a program sitting in a system call (a read that a SIGALRM every 100 ms ends).
+    /t/restart forever > /dev/null &
+    pid=$!
+    sleep 1
+    attach attachsys 2 "$pid"
+    if kill -0 "$pid" 2> /dev/null && grep -q "^State:.*S (sleeping)" "/proc/$pid/status"; then
+        pass "attachsys: the program runs on after itrace detached"
+    else
+        fail "attachsys: the program is gone or stopped after itrace detached: $(grep State "/proc/$pid/status")"
+    fi
+    kill "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
     # Bad input: the same one-line errors as itrace on x86_64 (/etc/expect-*, made there).
-    for case in nopid noprog; do
-        case $case in
-            nopid) itrace record -p 999999 -o /tmp/bad.itr > /dev/null 2> /tmp/bad.err ;;
-            noprog) itrace record -o /tmp/bad.itr -- /t/does-not-exist > /dev/null 2> /tmp/bad.err ;;
-        esac
-        rc=$?
-        if [ "$rc" -ne 0 ] && cmp -s /tmp/bad.err "/etc/expect-$case"; then
-            pass "bad input $case: exit $rc, $(cat /tmp/bad.err)"
-        else
-            fail "bad input $case: exit $rc, got '$(cat /tmp/bad.err)', want '$(cat "/etc/expect-$case")'"
-        fi
-    done
+    check_bad_input
 fi
 
 # The benchmark (bench/s390x.sh): raw_step's PTRACE_SINGLEBLOCK loop (nothing read, nothing

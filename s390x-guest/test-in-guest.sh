@@ -40,28 +40,8 @@ QEMU=$(s390x-guest/get-qemu.sh "$CACHE/qemu")
 QEMU_FIRMWARE=$CACHE/qemu/root/usr/share/qemu
 
 # The kernel and busybox of Debian's s390x archive, cached per version.
-ABI=$(apt-cache depends linux-image-s390x:s390x 2>/dev/null |
-    sed -n 's/.*Depends: linux-image-\(.*-s390x\)\(:s390x\)\?$/\1/p' | head -1)
-[ -n "$ABI" ] || { log "no linux-image-s390x:s390x in the package lists (dpkg --add-architecture s390x; apt-get update: scripts/install-test-deps.sh)"; exit 1; }
-KDIR=$CACHE/$ABI
-if [ ! -s "$KDIR/vmlinuz" ] || [ ! -s "$KDIR/busybox" ]; then
-    rm -rf "$KDIR"
-    mkdir -p "$KDIR/dl"
-    log "downloading linux-image-$ABI:s390x and busybox-static:s390x (unpacked here, never installed)"
-    (cd "$KDIR/dl" && apt-get download "linux-image-$ABI:s390x" busybox-static:s390x) > "$KDIR/download.log" 2>&1 || {
-        cat "$KDIR/download.log" >&2
-        log "cannot download the s390x kernel or busybox"
-        exit 1
-    }
-    dpkg -x "$KDIR"/dl/linux-image-*.deb "$KDIR/kroot"
-    dpkg -x "$KDIR"/dl/busybox-static_*.deb "$KDIR/broot"
-    mv "$KDIR"/kroot/boot/vmlinuz-* "$KDIR/vmlinuz"
-    mv "$KDIR/broot/bin/busybox" "$KDIR/busybox"
-    rm -rf "$KDIR/dl" "$KDIR/kroot" "$KDIR/broot"
-fi
-for d in "$CACHE"/*-s390x; do
-    [ "$d" = "$KDIR" ] || [ ! -d "$d" ] || { log "removing the cached kernel $(basename "$d")"; rm -rf "$d"; }
-done
+. scripts/guest-lib.sh
+guest_kernel s390x s390x vmlinuz "$CACHE"
 
 # The static s390x itrace.
 nice -n 19 scripts/cross-build.sh s390x-unknown-linux-gnu >&2
@@ -73,7 +53,7 @@ rm -rf "$B"
 mkdir -p "$B/prog" "$B/root"
 CC=s390x-linux-gnu-gcc
 make -s -C tests/programs/cross OUT="$B/cross" "$B/cross/s390x-asm" "$B/cross/s390x-libc" \
-    "$B/cross/s390x-signal" >&2
+    "$B/cross/s390x-signal" "$B/cross/s390x-ex" >&2
 cp "$B"/cross/s390x-* "$B/prog/"
 $CC -static -O1 -g -fno-omit-frame-pointer -Wall -pthread -o "$B/prog/threads" tests/programs/threads.c
 # forkexec's callgrind client requests (no-ops outside valgrind) from the host's valgrind headers.
@@ -83,24 +63,17 @@ $CC -static -O1 -g -Wall -I"$B/include" -o "$B/prog/forkexec" tests/programs/for
 # ITraceOn/ITraceOff: the x86_64 region program, with stand-ins for libitrace's entry points
 # (the ptrace recorder carries them out itself).
 $CC -static -O1 -g -Wall -Ilibitrace/include -o "$B/prog/region" tests/programs/region.c s390x-guest/itrace_stub.c
+$CC -static -O1 -g -Wall -o "$B/prog/restart" tests/programs/restart.c
 $CC -static -O2 -Wall -o "$B/prog/raw_step" bench/raw_step.c
 $CC -nostdlib -static -no-pie -o "$B/prog/s390x-loop" bench/s390x_loop.S
 
 # The initramfs: busybox, itrace, the programs (in /t, the path the host oracle uses too).
 R=$B/root
-mkdir -p "$R"/{bin,proc,sys,dev,tmp,etc,t}
+mkdir -p "$R"/{bin,t}
 cp "$KDIR/busybox" "$R/bin/busybox"
 s390x-linux-gnu-strip -o "$R/bin/itrace" "$ITRACE"
 cp "$B"/prog/* "$R/t/"
-cp s390x-guest/guest-init.sh "$R/init"
-chmod +x "$R/init"
-echo "$WHAT" > "$R/etc/what"
-# Bad input: the errors itrace gives on this x86_64 machine, which the guest's must equal.
-cargo build -q -p itrace </dev/null
-HOST_ITRACE=$TARGET_DIR/debug/itrace
-"$HOST_ITRACE" record -p 999999 -o "$B/bad.itr" > /dev/null 2> "$R/etc/expect-nopid" && exit 1
-"$HOST_ITRACE" record -o "$B/bad.itr" -- /t/does-not-exist > /dev/null 2> "$R/etc/expect-noprog" && exit 1
-(cd "$R" && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1 > "$B/initramfs.cpio.gz")
+guest_initramfs "$R" "$B" s390x-guest/guest-init.sh "$WHAT"
 
 log "booting the guest ($("$QEMU" --version | head -1 | sed 's/ (.*//'), s390-ccw-virtio, TCG; prepared in $(( $(date +%s) - t0 )) s)"
 b0=$(date +%s)
@@ -115,18 +88,7 @@ grep -E "^(S390X|BENCH)" "$OUT.txt" >&2 || true
 
 # The traces: "S390X-FILE name" ... base64 ... "S390X-END name".
 D=$CACHE/out
-rm -rf "$D"
-mkdir -p "$D"
-awk -v dir="$D" '
-    /^S390X-FILE / { name = $2; file = dir "/" name ".b64"; next }
-    /^S390X-END / { close(file); name = ""; next }
-    name != "" { print > file }
-' "$OUT.txt"
-for f in "$D"/*.b64; do
-    [ -e "$f" ] || break
-    base64 -d "$f" > "${f%.b64}" || { log "cannot decode $(basename "$f")"; exit 1; }
-    rm "$f"
-done
+guest_traces S390X "$OUT.txt" "$D"
 cp "$B"/prog/* "$D/"
 if [ "$WHAT" = bench ]; then
     grep -q "^BENCH " "$OUT.txt" || { log "no benchmark figures"; tail -30 "$OUT.txt" >&2; exit 1; }

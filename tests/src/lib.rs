@@ -14,6 +14,7 @@
 pub mod arc;
 pub mod dump;
 pub mod gen_x86;
+pub mod guest;
 pub mod oracle;
 pub mod programs;
 pub mod report;
@@ -21,6 +22,7 @@ pub mod run;
 
 pub use arc::*;
 pub use dump::*;
+pub use guest::*;
 pub use oracle::binutils::*;
 pub use oracle::callgrind::*;
 pub use oracle::cross::*;

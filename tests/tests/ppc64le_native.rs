@@ -9,35 +9,31 @@
 //! tests/programs/cross/ppc64.S. itrace on this x86_64 machine reads the guest's traces
 //! (`dump`, `arc`, `report`) as they are.
 
-use itrace_tests::CrossInsn;
 use itrace_tests::{
     add_missing_insns, arc_text, compare_cross_blocks, cross_code_symbols, cross_function_counts, cross_hand_count,
     cross_objdump, cross_oracle_blocks, cross_qemu_pcs, itrace, itrace_blocks, report_json, CrossBlock,
 };
+use itrace_tests::{CrossInsn, NativeGuest};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 const ARCH: &str = "ppc64le";
-const WHY: &str = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh";
+const GUEST: NativeGuest =
+    NativeGuest { arch: ARCH, env: "ITRACE_PPC64LE_GUEST_OUT", script: "ppc64le-guest/test-in-guest.sh" };
 
 /// A file the guest run left (trace, report or program).
 fn guest_file(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ITRACE_PPC64LE_GUEST_OUT")
-        .unwrap_or_else(|| panic!("ITRACE_PPC64LE_GUEST_OUT is not set: {WHY}"));
-    let p = PathBuf::from(dir).join(name);
-    assert!(p.exists(), "{} is missing: the guest did not record it (see its console log)", p.display());
-    p
+    GUEST.file(name)
 }
 
 /// The guest's `itrace report --json` of trace NAME.
 fn guest_report(name: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(guest_file(&format!("{name}.json"))).expect("read the guest's report");
-    serde_json::from_str(&text).expect("the guest's report is JSON")
+    GUEST.report(name)
 }
 
 /// Self instructions per function of the guest's program `/t/PROGRAM` in a guest report.
 fn guest_self_counts(report: &serde_json::Value, program: &str) -> HashMap<String, u64> {
-    itrace_tests::report_self_counts(report, std::path::Path::new(&format!("/t/{program}")))
+    GUEST.self_counts(report, program)
 }
 
 /// The guest's trace against qemu's log, block for block (the trace is read by this machine's itrace).
@@ -91,7 +87,7 @@ fn asm_program_equals_qemu_and_the_hand_count() {
 #[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
 fn static_glibc_own_code_equals_qemu_block_for_block() {
     let bin = guest_file("ppc64le-libc");
-    let (insns, pcs) = qemu_run(&bin);
+    let (insns, pcs) = GUEST.qemu_run(&bin);
     for name in ["libc", "libc-step"] {
         static_glibc(name, &insns, &pcs);
     }
@@ -103,7 +99,7 @@ fn static_glibc_own_code_equals_qemu_block_for_block() {
 /// One trace of the static glibc program (see above).
 fn static_glibc(name: &str, insns: &BTreeMap<u64, CrossInsn>, pcs: &[u64]) {
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
-    same_blocks_in(name, "ppc64le-libc", pcs, insns, &names, &names);
+    GUEST.same_blocks_in(name, "ppc64le-libc", pcs, insns, &names, &names);
     assert_step_method(name);
     let trace = guest_file(&format!("{name}.itr"));
     let (_, total) = itrace_blocks(&trace);
@@ -128,68 +124,6 @@ fn static_glibc(name: &str, insns: &BTreeMap<u64, CrossInsn>, pcs: &[u64]) {
     // This machine's report reads the guest's trace.
     let here = report_json(&trace);
     assert_eq!(here["total_instructions"].as_u64(), Some(total), "{name}: the x86_64 report of the guest's trace");
-}
-
-/// A cross program's instructions (objdump, and those only qemu's log shows) and qemu's
-/// single-step log of it (its pcs).
-fn qemu_run(bin: &std::path::Path) -> (BTreeMap<u64, CrossInsn>, Vec<u64>) {
-    let mut insns = cross_objdump(ARCH, bin);
-    let pcs = cross_qemu_pcs(ARCH, bin);
-    add_missing_insns(ARCH, bin, &pcs, &mut insns);
-    (insns, pcs)
-}
-
-/// The guest's trace NAME of `/t/PROGRAM` against qemu's log `pcs`: the blocks ending in the
-/// functions `names`, block for block, and the self instructions of `counted` (which qemu must
-/// have run) in the guest's report. Returns the report's self counts.
-fn same_blocks_in(
-    name: &str,
-    program: &str,
-    pcs: &[u64],
-    insns: &BTreeMap<u64, CrossInsn>,
-    names: &[&str],
-    counted: &[&str],
-) -> HashMap<String, u64> {
-    let bin = guest_file(program);
-    let (want, _) = cross_oracle_blocks(ARCH, pcs, insns);
-    let (got, _) = itrace_blocks(&guest_file(&format!("{name}.itr")));
-    let ranges = function_ranges(&bin, names);
-    let inside = |b: &&CrossBlock| ranges.iter().any(|&(lo, hi)| b.from >= lo && b.from < hi);
-    let got_in: Vec<CrossBlock> = got.iter().filter(inside).cloned().collect();
-    let want_in: Vec<CrossBlock> = want.iter().filter(inside).cloned().collect();
-    assert!(want_in.len() > 10, "qemu ran few blocks of {names:?}: {want_in:?}");
-    compare_cross_blocks(&format!("native {name}, the blocks of {names:?}"), &got_in, &want_in);
-    let want = cross_function_counts(ARCH, &bin, pcs, counted);
-    let got = guest_self_counts(&guest_report(name), program);
-    for n in counted {
-        assert!(want.get(*n).is_some_and(|&c| c > 0), "qemu never ran {n}");
-        assert_eq!(got.get(*n), want.get(*n), "native {name}: self instructions of {n}");
-    }
-    got
-}
-
-/// [start, end) of the named functions of a cross binary (to the next code symbol).
-fn function_ranges(bin: &std::path::Path, names: &[&str]) -> Vec<(u64, u64)> {
-    let syms = cross_code_symbols(ARCH, bin);
-    syms.iter()
-        .enumerate()
-        .filter(|(_, (_, n))| names.contains(&n.as_str()))
-        .map(|(i, &(a, _))| (a, syms.get(i + 1).map(|s| s.0).unwrap_or(u64::MAX)))
-        .collect()
-}
-
-/// Instructions per named function in a pc sequence, every pc counted: PowerPC has no repeated
-/// string instruction, and two threads logged one after the other can be at the same pc.
-fn counts_every_pc(bin: &std::path::Path, pcs: &[u64], names: &[&str]) -> HashMap<String, u64> {
-    let syms = cross_code_symbols(ARCH, bin);
-    let mut counts = HashMap::new();
-    for &pc in pcs {
-        let i = syms.partition_point(|s| s.0 <= pc);
-        if i > 0 && names.contains(&syms[i - 1].1.as_str()) {
-            *counts.entry(syms[i - 1].1.clone()).or_insert(0) += 1;
-        }
-    }
-    counts
 }
 
 /// The three modes on the same program: continuous (segments written as it goes) records what
@@ -323,30 +257,14 @@ fn signal_trace(name: &str) {
 #[test]
 #[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
 fn threads() {
-    let bin = guest_file("threads");
-    let pcs = cross_qemu_pcs(ARCH, &bin);
-    let names = ["main", "thr_main", "thr_compute"];
-    let want = counts_every_pc(&bin, &pcs, &names);
-    let report = guest_report("threads");
-    let got = guest_self_counts(&report, "threads");
-    for n in names {
-        assert_eq!(got.get(n), want.get(n), "self instructions of {n}");
-    }
-    let tids = itrace_tests::report_thread_ids(&report, "tid");
-    assert_eq!(tids.len(), 5, "threads in the report: {tids:?}");
+    GUEST.check_threads(&["main", "thr_main", "thr_compute"]);
 }
 
 /// fork and exec, followed (-f): two processes, the work of each as qemu ran it.
 #[test]
 #[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
 fn fork_and_exec() {
-    let report = guest_report("forkexec");
-    let pids = itrace_tests::report_thread_ids(&report, "pid");
-    assert_eq!(pids.len(), 2, "processes in the report: {pids:?}");
-    let got = guest_self_counts(&report, "forkexec");
-    for n in ["fe_parent_work", "fe_child_work", "fe_exec_work"] {
-        assert!(got.get(n).is_some_and(|&c| c > 0), "{n} not traced: {got:?}");
-    }
+    GUEST.check_fork_and_exec();
 }
 
 /// Attached to a running program for a second: what ran is its loop, nothing else (the
@@ -354,20 +272,7 @@ fn fork_and_exec() {
 #[test]
 #[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
 fn attach() {
-    let report = guest_report("attach");
-    let modules = report["modules"].as_array().expect("modules");
-    assert_eq!(modules.len(), 1, "modules: {modules:?}");
-    assert_eq!(modules[0]["module"], "/t/loop", "modules: {modules:?}");
-    // Some iterations of the loop (how many a second holds depends on the guest's speed: about
-    // 1,000 instructions on a loaded host, 7,000 on a quiet one).
-    assert!(modules[0]["self"].as_u64().unwrap_or(0) > 100, "modules: {modules:?}");
-    let trace = guest_file("attach.itr");
-    let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
-    assert!(
-        dump.stdout.contains("reason: Attach"),
-        "no trace-on by attach in\n{}",
-        &dump.stdout[..2000.min(dump.stdout.len())]
-    );
+    GUEST.check_attach("loop");
 }
 
 /// Region tracing (`--start sum_list --stop printf`, `trap` breakpoints): the trace is qemu's
@@ -378,17 +283,17 @@ fn attach() {
 #[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
 fn region_start_stop() {
     let bin = guest_file("ppc64le-libc");
-    let (insns, pcs) = qemu_run(&bin);
-    let sum_list = function_ranges(&bin, &["sum_list"])[0];
+    let (insns, pcs) = GUEST.qemu_run(&bin);
+    let sum_list = GUEST.function_ranges(&bin, &["sum_list"])[0];
     // (printf's aliases start where it does: its first instructions, not its range)
-    let printf = function_ranges(&bin, &["printf"])[0].0;
+    let printf = GUEST.function_ranges(&bin, &["printf"])[0].0;
     let first = pcs.iter().position(|&pc| pc >= sum_list.0 && pc < sum_list.1).expect("qemu ran sum_list");
     let last =
         first + pcs[first..].iter().position(|&pc| (printf..printf + 12).contains(&pc)).expect("qemu ran printf");
     // Up to printf's first instruction: the call to it ends the region's last block.
     let region = &pcs[first..=last];
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
-    let got = same_blocks_in("region", "ppc64le-libc", region, &insns, &names, &["twice", "thrice", "sum_list"]);
+    let got = GUEST.same_blocks_in("region", "ppc64le-libc", region, &insns, &names, &["twice", "thrice", "sum_list"]);
     assert_eq!(got.get("fib"), None, "fib ran before the region: {got:?}");
     let dump = itrace(["dump".as_ref(), guest_file("region.itr").as_os_str()]);
     let on = dump.stdout.lines().find(|l| l.contains("TraceOn(")).expect("a trace-on record");
@@ -406,8 +311,5 @@ fn region_start_stop() {
 #[test]
 #[ignore = "needs the guest's traces: run ppc64le-guest/test-in-guest.sh"]
 fn region_itraceon_itraceoff() {
-    let (insns, pcs) = qemu_run(&guest_file("region"));
-    let names = ["rg_work", "rg_leaf", "rg_nested"];
-    let got = same_blocks_in("itraceon", "region", &pcs, &insns, &names, &names);
-    assert_eq!(got.get("rg_untraced_sum"), None, "rg_untraced_sum ran outside the region: {got:?}");
+    GUEST.check_region_itraceon();
 }

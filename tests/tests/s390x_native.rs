@@ -11,35 +11,31 @@
 //! their own functions only, and checked whole for consistency with their code: each block
 //! starts where the previous one's branch went, and its count is the objdump path to its branch.
 
-use itrace_tests::CrossInsn;
+use itrace_tests::NativeGuest;
 use itrace_tests::{
-    add_missing_insns, arc_text, compare_cross_blocks, cross_code_symbols, cross_function_counts, cross_hand_count,
-    cross_objdump, cross_oracle_blocks, cross_qemu_pcs, itrace, itrace_blocks, CrossBlock,
+    arc_text, compare_cross_blocks, cross_code_symbols, cross_function_counts, cross_hand_count, cross_objdump,
+    cross_oracle_blocks, cross_qemu_pcs, itrace, itrace_blocks, CrossBlock,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 const ARCH: &str = "s390x";
-const WHY: &str = "needs the guest's traces: run s390x-guest/test-in-guest.sh";
+const GUEST: NativeGuest =
+    NativeGuest { arch: ARCH, env: "ITRACE_S390X_GUEST_OUT", script: "s390x-guest/test-in-guest.sh" };
 
 /// A file the guest run left (trace, report or program).
 fn guest_file(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ITRACE_S390X_GUEST_OUT")
-        .unwrap_or_else(|| panic!("ITRACE_S390X_GUEST_OUT is not set: {WHY}"));
-    let p = PathBuf::from(dir).join(name);
-    assert!(p.exists(), "{} is missing: the guest did not record it (see its console log)", p.display());
-    p
+    GUEST.file(name)
 }
 
 /// The guest's `itrace report --json` of trace NAME.
 fn guest_report(name: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(guest_file(&format!("{name}.json"))).expect("read the guest's report");
-    serde_json::from_str(&text).expect("the guest's report is JSON")
+    GUEST.report(name)
 }
 
 /// Self instructions per function of the guest's program `/t/PROGRAM` in a guest report.
 fn guest_self_counts(report: &serde_json::Value, program: &str) -> HashMap<String, u64> {
-    itrace_tests::report_self_counts(report, std::path::Path::new(&format!("/t/{program}")))
+    GUEST.self_counts(report, program)
 }
 
 /// The trace was recorded by block steps: the start-up probe chose them in the guest.
@@ -51,20 +47,11 @@ fn assert_block_steps(name: &str) {
     assert!(header.contains("step=ptrace-singleblock "), "{name}: want block steps in the trace header: {header}");
 }
 
-/// A cross program's instructions (objdump, and those only qemu's log shows) and qemu's
-/// single-step log of it (its pcs).
-fn qemu_run(bin: &std::path::Path) -> (BTreeMap<u64, CrossInsn>, Vec<u64>) {
-    let mut insns = cross_objdump(ARCH, bin);
-    let pcs = cross_qemu_pcs(ARCH, bin);
-    add_missing_insns(ARCH, bin, &pcs, &mut insns);
-    (insns, pcs)
-}
-
 #[test]
 #[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
 fn asm_program_equals_qemu_and_the_hand_count() {
     let bin = guest_file("s390x-asm");
-    let (insns, pcs) = qemu_run(&bin);
+    let (insns, pcs) = GUEST.qemu_run(&bin);
     let (want, want_total) = cross_oracle_blocks(ARCH, &pcs, &insns);
     let trace = guest_file("asm.itr");
     let (got, total) = itrace_blocks(&trace);
@@ -77,20 +64,30 @@ fn asm_program_equals_qemu_and_the_hand_count() {
     assert!(arc.contains("sys_write:[kernel]"), "no sys_write line in\n{arc}");
 }
 
-/// The user blocks of a trace, in order, with where tracing (re)started before each: (start,
-/// block). A block's start is the previous block's destination, or a trace-on's pc.
-fn blocks_with_starts(trace: &std::path::Path) -> Vec<(u64, CrossBlock)> {
+/// One user record of a trace with where its block started: the previous block's destination
+/// in the same thread, or a trace-on's pc.
+struct StartedBlock {
+    start: u64,
+    block: CrossBlock,
+    /// A signal delivery: the instruction at `block.from` did not run.
+    signal: bool,
+}
+
+/// The user blocks of a trace, in order, each thread followed on its own (the records of all
+/// threads and processes interleave in the trace).
+fn blocks_with_starts(trace: &std::path::Path) -> Vec<StartedBlock> {
     let dump = itrace(["dump".as_ref(), trace.as_os_str()]);
     let mut out = Vec::new();
-    let mut start: Option<u64> = None;
+    let mut starts: HashMap<u64, u64> = HashMap::new();
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.split(name).nth(1).and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next()).and_then(|s| s.parse().ok())
+    };
     for line in dump.stdout.lines() {
         if line.contains("TraceOn(") {
-            start = line
-                .split("pc: ")
-                .nth(1)
-                .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-                .map(|s| s.parse().unwrap());
+            if let (Some(tid), Some(pc)) = (field(line, "tid: "), field(line, "pc: ")) {
+                starts.insert(tid, pc);
+            }
             continue;
         }
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -98,112 +95,190 @@ fn blocks_with_starts(trace: &std::path::Path) -> Vec<(u64, CrossBlock)> {
             continue;
         }
         let (from, to) = (hex(f[7]), hex(f[9]));
+        let tid: u64 = f[10].trim_start_matches("tid=").parse().unwrap();
         let n: u64 = f[11].trim_start_matches("n=").parse().unwrap();
         if f[3] == "K" {
-            // The kernel's return: where the next block starts.
-            start = Some(to);
+            // The kernel's return: where the thread's next block starts.
+            starts.insert(tid, to);
             continue;
         }
-        if let Some(s) = start {
-            out.push((s, CrossBlock { from, to, count: n, kind: if f[4] == "Intrpt" { "Intrpt" } else { "branch" } }));
+        if let Some(start) = starts.insert(tid, to) {
+            let kind = if f[4] == "Intrpt" { "Intrpt" } else { "branch" };
+            let signal = kind == "Intrpt" && f[5] == "flags=2";
+            out.push(StartedBlock { start, block: CrossBlock { from, to, count: n, kind }, signal });
         }
-        start = Some(to);
     }
     out
 }
 
-/// Static glibc, whole: every block starts where the previous one went, runs the objdump path
-/// from there to its branch (the count) with no `svc` on the way (each system call has its
-/// records), and that branch is a branch or `svc`. The program's own functions as qemu ran them, block for block.
-#[test]
-#[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
-fn static_glibc_consistent_and_own_code_equals_qemu() {
-    let bin = guest_file("s390x-libc");
-    let (insns, pcs) = qemu_run(&bin);
-    assert_block_steps("libc");
-    let trace = guest_file("libc.itr");
-    let blocks = blocks_with_starts(&trace);
-    assert!(blocks.len() > 500, "only {} blocks", blocks.len());
+/// Is this objdump mnemonic an execute instruction (two instructions run: itself and the one it
+/// runs out of line)?
+fn is_execute(mnemonic: &str) -> bool {
+    matches!(mnemonic, "ex" | "exrl")
+}
+
+/// The guest's trace NAME of `/t/PROGRAM`, whole, against the program's code: every block (in
+/// the program's file; the vDSO is not) starts where the previous one of its thread went, runs
+/// the objdump path from there to its branch with no `svc` on the way (each system call has its
+/// records), its count is that path's (an execute instruction counting two, the one it runs
+/// included), and it ends in a branch, `svc` or execute instruction (of a branch); a signal
+/// delivery ends a block before its instruction. Returns the number of blocks checked.
+fn assert_consistent(name: &str, program: &str) -> usize {
+    let bin = guest_file(program);
+    let insns = cross_objdump(ARCH, &bin);
+    let blocks = blocks_with_starts(&guest_file(&format!("{name}.itr")));
     let mut checked = 0;
-    for (k, (start, b)) in blocks.iter().enumerate() {
-        let (Some(_), true) = (insns.get(start), insns.contains_key(&b.from)) else {
+    for (k, sb) in blocks.iter().enumerate() {
+        let (start, b) = (sb.start, &sb.block);
+        let (Some(_), true) = (insns.get(&start), insns.contains_key(&b.from)) else {
             continue; // the vDSO: not in the program's file
         };
-        let mut pc = *start;
+        let mut pc = start;
         let mut n = 0;
         while pc != b.from {
             let i = insns.get(&pc).unwrap_or_else(|| {
-                panic!("block {k}: no instruction at {pc:#x} on the path from {start:#x} to {:#x}", b.from)
+                panic!("{name} block {k}: no instruction at {pc:#x} on the path from {start:#x} to {:#x}", b.from)
             });
             // Every system call ends its own block (its records): none is run through unseen.
             assert!(
                 !i.mnemonic.starts_with("svc"),
-                "block {k} ({start:#x} to {:#x}) runs through the svc at {pc:#x} without its records",
+                "{name} block {k} ({start:#x} to {:#x}) runs through the svc at {pc:#x} without its records",
                 b.from
             );
             pc += i.len;
-            n += 1;
+            n += if is_execute(&i.mnemonic) { 2 } else { 1 };
             assert!(
                 n <= b.count,
-                "block {k} ({start:#x} to {:#x}): the path is longer than its count {}",
+                "{name} block {k} ({start:#x} to {:#x}): the path is longer than its count {}",
                 b.from,
                 b.count
             );
         }
-        assert_eq!(n + 1, b.count, "block {k}: {start:#x} to the branch at {:#x}", b.from);
         let m = &insns[&b.from].mnemonic;
-        let branchy = m.starts_with('b')
-            || m.starts_with('j')
-            || m.starts_with("svc")
-            || m.starts_with("br")
-            || m.contains("rj")
-            || m.contains("ij")
-            || m.starts_with("ex");
-        assert!(branchy, "block {k} ends at {:#x}, a {m}: not a branch", b.from);
+        if sb.signal {
+            assert_eq!(n, b.count, "{name} block {k}: {start:#x} to the signal delivery at {:#x}", b.from);
+        } else {
+            let last = if is_execute(m) { 2 } else { 1 };
+            assert_eq!(n + last, b.count, "{name} block {k}: {start:#x} to the branch at {:#x}", b.from);
+            let branchy = m.starts_with('b')
+                || m.starts_with('j')
+                || m.starts_with("svc")
+                || m.contains("rj")
+                || m.contains("ij")
+                || m.contains("rb")
+                || m.contains("ib")
+                || is_execute(m);
+            assert!(branchy, "{name} block {k} ends at {:#x}, a {m}: not a branch", b.from);
+        }
         checked += 1;
     }
+    checked
+}
+
+/// Static glibc, whole: consistent with its code (`assert_consistent`); the program's own
+/// functions as qemu ran them, block for block.
+#[test]
+#[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
+fn static_glibc_consistent_and_own_code_equals_qemu() {
+    let bin = guest_file("s390x-libc");
+    let (insns, pcs) = GUEST.qemu_run(&bin);
+    assert_block_steps("libc");
+    let checked = assert_consistent("libc", "s390x-libc");
     assert!(checked > 500, "only {checked} blocks in the program's code");
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
-    same_blocks_in("libc", "s390x-libc", &pcs, &insns, &names, &names);
+    GUEST.same_blocks_in("libc", "s390x-libc", &pcs, &insns, &names, &names);
 }
 
-/// The guest's trace NAME of `/t/PROGRAM` against qemu's log `pcs`: the blocks ending in the
-/// functions `names`, block for block, and the self instructions of `counted` (which qemu must
-/// have run) in the guest's report. Returns the report's self counts.
-fn same_blocks_in(
-    name: &str,
-    program: &str,
-    pcs: &[u64],
-    insns: &BTreeMap<u64, CrossInsn>,
-    names: &[&str],
-    counted: &[&str],
-) -> HashMap<String, u64> {
-    let bin = guest_file(program);
-    let (want, _) = cross_oracle_blocks(ARCH, pcs, insns);
-    let (got, _) = itrace_blocks(&guest_file(&format!("{name}.itr")));
-    let ranges = function_ranges(&bin, names);
-    let inside = |b: &&CrossBlock| ranges.iter().any(|&(lo, hi)| b.from >= lo && b.from < hi);
-    let got_in: Vec<CrossBlock> = got.iter().filter(inside).cloned().collect();
-    let want_in: Vec<CrossBlock> = want.iter().filter(inside).cloned().collect();
-    assert!(want_in.len() > 10, "qemu ran few blocks of {names:?}: {want_in:?}");
-    compare_cross_blocks(&format!("native {name}, the blocks of {names:?}"), &got_in, &want_in);
-    let want = cross_function_counts(ARCH, &bin, pcs, counted);
-    let got = guest_self_counts(&guest_report(name), program);
-    for n in counted {
-        assert!(want.get(*n).is_some_and(|&c| c > 0), "qemu never ran {n}");
-        assert_eq!(got.get(*n), want.get(*n), "native {name}: self instructions of {n}");
+/// Execute instructions and compare-and-branch before system calls
+/// (tests/programs/cross/s390x_ex.S): qemu's log block for block, and the hand count (59
+/// instructions, 14 blocks: the `exrl` of `j` three times, of `jne` taken twice, `cijl` and
+/// `brctg` taken, `brct` taken, a `j`, the `cijl` after an `exrl` that starts a block, three
+/// system calls).
+#[test]
+#[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
+fn execute_and_compare_and_branch_equal_qemu_and_the_hand_count() {
+    let bin = guest_file("s390x-ex");
+    let (insns, pcs) = GUEST.qemu_run(&bin);
+    let (want, want_total) = itrace_tests::cross_oracle_blocks_native(ARCH, &pcs, &insns);
+    let trace = guest_file("ex.itr");
+    let (got, total) = itrace_blocks(&trace);
+    compare_cross_blocks("native ex", &got, &want);
+    assert_eq!(total, want_total, "native ex: instructions, itrace against qemu's log");
+    assert_eq!((total, got.len()), (59, 14), "native ex: the hand count");
+    assert_block_steps("ex");
+    let exrl_jumps = got.iter().filter(|b| insns[&b.from].mnemonic == "exrl").count();
+    assert_eq!(exrl_jumps, 5, "branches taken at exrl addresses: {got:?}");
+}
+
+/// Every traced program, whole, consistent with its code (`assert_consistent`).
+#[test]
+#[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
+fn every_trace_consistent_with_the_code() {
+    for (name, program) in [
+        ("asm", "s390x-asm"),
+        ("ex", "s390x-ex"),
+        ("signal", "s390x-signal"),
+        ("threads", "threads"),
+        ("forkexec", "forkexec"),
+        ("continuous", "s390x-libc"),
+        ("region", "s390x-libc"),
+        ("itraceon", "region"),
+        ("restart", "restart"),
+        ("attach", "s390x-loop"),
+        ("attachsys", "restart"),
+    ] {
+        let checked = assert_consistent(name, program);
+        assert!(checked > 5, "{name}: only {checked} blocks in the program's code");
     }
-    got
 }
 
-/// [start, end) of the named functions of a cross binary (to the next code symbol).
-fn function_ranges(bin: &std::path::Path, names: &[&str]) -> Vec<(u64, u64)> {
-    let syms = cross_code_symbols(ARCH, bin);
-    syms.iter()
-        .enumerate()
-        .filter(|(_, (_, n))| names.contains(&n.as_str()))
-        .map(|(i, &(a, _))| (a, syms.get(i + 1).map(|s| s.0).unwrap_or(u64::MAX)))
-        .collect()
+/// A read interrupted by SIGALRM handlers and restarted (SA_RESTART) until the third writes a
+/// byte, a nanosleep ended by EINTR (tests/programs/restart.c; the guest checked what the program
+/// saw): deliveries to the handler only, the interrupted reads' records and their restarts' (a
+/// block after a handler's sigreturn starts on the `svc` again, counting it alone).
+#[test]
+#[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
+fn restarted_system_calls() {
+    assert_block_steps("restart");
+    let bin = guest_file("restart");
+    let handler = cross_code_symbols(ARCH, &bin).into_iter().find(|(_, n)| n == "on_alarm").expect("on_alarm").0;
+    let dump = itrace(["dump".as_ref(), guest_file("restart.itr").as_os_str()]);
+    let deliveries: Vec<&str> = dump.stdout.lines().filter(|l| l.contains(" K Iret flags=2 ")).collect();
+    assert!(
+        deliveries.len() >= 4,
+        "signal deliveries (three in the read, one or more in the sleep) in\n{}",
+        dump.stdout
+    );
+    for d in &deliveries {
+        assert!(d.contains(" aux=14 "), "not SIGALRM: {d}");
+        assert!(d.contains(&format!("-> {handler:#x} ")), "not to on_alarm ({handler:#x}): {d}");
+    }
+    // read is system call 3 on s390x: interrupted at least twice, then to its end.
+    let reads = dump.stdout.lines().filter(|l| l.contains(" U Intrpt flags=1 aux=3 ")).count();
+    assert!(reads >= 3, "{reads} read records in\n{}", dump.stdout);
+    let blocks = blocks_with_starts(&guest_file("restart.itr"));
+    let restarted = blocks.iter().filter(|b| b.block.kind == "Intrpt" && b.start == b.block.from && b.block.count == 1);
+    assert!(restarted.count() >= 2, "fewer than two blocks starting on their svc (restarts)");
+}
+
+/// Attached to a program sitting in a read (woken by a SIGALRM every 100 ms) for two seconds:
+/// the trace begins on the read's `svc` (the kernel restarts the interrupted call there), holds
+/// the handler's deliveries and the reads, and is consistent with the code; the guest checked
+/// that the program sleeps on after the detach.
+#[test]
+#[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
+fn attach_to_a_program_in_a_system_call() {
+    let dump = itrace(["dump".as_ref(), guest_file("attachsys.itr").as_os_str()]);
+    assert!(dump.stdout.contains("reason: Attach"), "no trace-on by attach");
+    let insns = cross_objdump(ARCH, &guest_file("restart"));
+    let first = blocks_with_starts(&guest_file("attachsys.itr"));
+    let first = first.first().expect("blocks");
+    let at = insns.get(&first.start).map(|i| i.mnemonic.clone()).unwrap_or_default();
+    assert_eq!(at, "svc", "the trace begins at {:#x}, a {at}, not on the read's svc", first.start);
+    let deliveries = dump.stdout.lines().filter(|l| l.contains(" K Iret flags=2 aux=14 ")).count();
+    assert!(deliveries >= 5, "only {deliveries} SIGALRM deliveries in two seconds");
+    let reads = dump.stdout.lines().filter(|l| l.contains(" U Intrpt flags=1 aux=3 ")).count();
+    assert!(reads >= 5, "only {reads} read records in two seconds");
 }
 
 /// The three modes on the same program: continuous (segments written as it goes) records what
@@ -249,48 +324,18 @@ fn signal_handler() {
     }
 }
 
-/// Instructions per named function in a pc sequence, every pc counted (two threads logged one
-/// after the other can be at the same pc).
-fn counts_every_pc(bin: &std::path::Path, pcs: &[u64], names: &[&str]) -> HashMap<String, u64> {
-    let syms = cross_code_symbols(ARCH, bin);
-    let mut counts = HashMap::new();
-    for &pc in pcs {
-        let i = syms.partition_point(|s| s.0 <= pc);
-        if i > 0 && names.contains(&syms[i - 1].1.as_str()) {
-            *counts.entry(syms[i - 1].1.clone()).or_insert(0) += 1;
-        }
-    }
-    counts
-}
-
 /// Four threads: five traced, each worker's computation counted as qemu ran it.
 #[test]
 #[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
 fn threads() {
-    let bin = guest_file("threads");
-    let pcs = cross_qemu_pcs(ARCH, &bin);
-    let names = ["thr_compute"];
-    let want = counts_every_pc(&bin, &pcs, &names);
-    let report = guest_report("threads");
-    let got = guest_self_counts(&report, "threads");
-    for n in names {
-        assert_eq!(got.get(n), want.get(n), "self instructions of {n}");
-    }
-    let tids = itrace_tests::report_thread_ids(&report, "tid");
-    assert_eq!(tids.len(), 5, "threads in the report: {tids:?}");
+    GUEST.check_threads(&["thr_compute"]);
 }
 
 /// fork and exec, followed (-f): two processes, the work of each traced.
 #[test]
 #[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
 fn fork_and_exec() {
-    let report = guest_report("forkexec");
-    let pids = itrace_tests::report_thread_ids(&report, "pid");
-    assert_eq!(pids.len(), 2, "processes in the report: {pids:?}");
-    let got = guest_self_counts(&report, "forkexec");
-    for n in ["fe_parent_work", "fe_child_work", "fe_exec_work"] {
-        assert!(got.get(n).is_some_and(|&c| c > 0), "{n} not traced: {got:?}");
-    }
+    GUEST.check_fork_and_exec();
 }
 
 /// Attached to a running program for a second: what ran is its loop, nothing else (the
@@ -298,17 +343,7 @@ fn fork_and_exec() {
 #[test]
 #[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
 fn attach() {
-    let report = guest_report("attach");
-    let modules = report["modules"].as_array().expect("modules");
-    assert_eq!(modules.len(), 1, "modules: {modules:?}");
-    assert_eq!(modules[0]["module"], "/t/s390x-loop", "modules: {modules:?}");
-    assert!(modules[0]["self"].as_u64().unwrap_or(0) > 100, "modules: {modules:?}");
-    let dump = itrace(["dump".as_ref(), guest_file("attach.itr").as_os_str()]);
-    assert!(
-        dump.stdout.contains("reason: Attach"),
-        "no trace-on by attach in\n{}",
-        &dump.stdout[..2000.min(dump.stdout.len())]
-    );
+    GUEST.check_attach("s390x-loop");
 }
 
 /// Region tracing (`--start sum_list --stop printf`, `0x0001` breakpoints): the trace is qemu's
@@ -318,14 +353,14 @@ fn attach() {
 #[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
 fn region_start_stop() {
     let bin = guest_file("s390x-libc");
-    let (insns, pcs) = qemu_run(&bin);
-    let sum_list = function_ranges(&bin, &["sum_list"])[0];
-    let printf = function_ranges(&bin, &["printf"])[0].0;
+    let (insns, pcs) = GUEST.qemu_run(&bin);
+    let sum_list = GUEST.function_ranges(&bin, &["sum_list"])[0];
+    let printf = GUEST.function_ranges(&bin, &["printf"])[0].0;
     let first = pcs.iter().position(|&pc| pc >= sum_list.0 && pc < sum_list.1).expect("qemu ran sum_list");
     let last = first + pcs[first..].iter().position(|&pc| pc == printf).expect("qemu ran printf");
     let region = &pcs[first..=last];
     let names = ["main", "fib", "twice", "thrice", "sum_list"];
-    let got = same_blocks_in("region", "s390x-libc", region, &insns, &names, &["twice", "thrice", "sum_list"]);
+    let got = GUEST.same_blocks_in("region", "s390x-libc", region, &insns, &names, &["twice", "thrice", "sum_list"]);
     assert_eq!(got.get("fib"), None, "fib ran before the region: {got:?}");
 }
 
@@ -335,8 +370,5 @@ fn region_start_stop() {
 #[test]
 #[ignore = "needs the guest's traces: run s390x-guest/test-in-guest.sh"]
 fn region_itraceon_itraceoff() {
-    let (insns, pcs) = qemu_run(&guest_file("region"));
-    let names = ["rg_work", "rg_leaf", "rg_nested"];
-    let got = same_blocks_in("itraceon", "region", &pcs, &insns, &names, &names);
-    assert_eq!(got.get("rg_untraced_sum"), None, "rg_untraced_sum ran outside the region: {got:?}");
+    GUEST.check_region_itraceon();
 }

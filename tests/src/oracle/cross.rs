@@ -73,9 +73,24 @@ fn classify(arch: &str, i: &CrossInsn) -> Kind {
                 Kind::CondReturn
             }
             _ if m.starts_with('j') => Kind::CondJump,
+            "bctr" | "bctgr" if i.operands.ends_with(",%r0") => Kind::Next,
             _ if matches!(
                 m,
-                "brct" | "brctg" | "brxh" | "brxhg" | "brxle" | "brxlg" | "bct" | "bctg" | "bxh" | "bxle"
+                "brct"
+                    | "brctg"
+                    | "brcth"
+                    | "brxh"
+                    | "brxhg"
+                    | "brxle"
+                    | "brxlg"
+                    | "bct"
+                    | "bctg"
+                    | "bctr"
+                    | "bctgr"
+                    | "bxh"
+                    | "bxle"
+                    | "bxhg"
+                    | "bxleg"
             ) =>
             {
                 Kind::CondJump
@@ -108,9 +123,14 @@ fn is_s390_cond_b(m: &str) -> bool {
     m.strip_prefix('b').is_some_and(|c| CONDS.contains(&c))
 }
 
-/// s390x compare-and-branch relative (crj, cgij, clrjne, ...).
+/// s390x compare-and-branch, relative (crj, cgij, clrjne, ...) or to an address (crb, cibe, ...).
 fn is_s390_compare_and_branch(m: &str) -> bool {
-    ["crj", "cgrj", "clrj", "clgrj", "cij", "cgij", "clij", "clgij"].iter().any(|b| m.starts_with(b))
+    [
+        "crj", "cgrj", "clrj", "clgrj", "cij", "cgij", "clij", "clgij", "crb", "cgrb", "clrb", "clgrb", "cib", "cgib",
+        "clib", "clgib",
+    ]
+    .iter()
+    .any(|b| m.starts_with(b))
 }
 
 /// `objdump -d -w` of a cross binary: pc -> instruction.
@@ -167,8 +187,27 @@ pub struct CrossBlock {
     pub kind: &'static str,
 }
 
-/// Blocks of an executed pc sequence (a rep string instruction logged once per iteration counts once).
+/// Blocks of an executed pc sequence (a rep string instruction logged once per iteration counts
+/// once), as qemu-user ran them: an s390x execute instruction whose instruction qemu ran inside
+/// its helper counts one (what qemu's log and its plugin API show), one whose instruction qemu
+/// logs after it counts two.
 pub fn cross_oracle_blocks(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossInsn>) -> (Vec<CrossBlock>, u64) {
+    oracle_blocks(arch, pcs, insns, false)
+}
+
+/// [`cross_oracle_blocks`] for a recorder on the machine itself (the native s390x one): an
+/// execute instruction always counts two, itself and the instruction it runs, also where qemu
+/// ran that one inside the execute's helper.
+pub fn cross_oracle_blocks_native(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossInsn>) -> (Vec<CrossBlock>, u64) {
+    oracle_blocks(arch, pcs, insns, true)
+}
+
+fn oracle_blocks(
+    arch: &str,
+    pcs: &[u64],
+    insns: &BTreeMap<u64, CrossInsn>,
+    execute_counts_two: bool,
+) -> (Vec<CrossBlock>, u64) {
     let mut out = Vec::new();
     let (mut count, mut total) = (0u64, 0u64);
     let mut i = 0;
@@ -183,6 +222,24 @@ pub fn cross_oracle_blocks(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossI
         }
         count += 1;
         total += 1;
+        // An s390x execute instruction counts two: itself and the instruction it runs out of
+        // line, which qemu logs next at the execute's address and which ends the block if it
+        // takes a branch. (qemu runs the storage-to-storage ones, opcodes 0xd0 to 0xdd, inside
+        // the execute's helper, HELPER(ex) in target/s390x/tcg/mem_helper.c: no log line.)
+        let mut insn = insn;
+        let executed;
+        if arch == "s390x" && matches!(insn.mnemonic.as_str(), "ex" | "exrl") {
+            let logged = pcs.get(j) == Some(&pc);
+            if logged {
+                j += 1;
+            }
+            if logged || execute_counts_two {
+                count += 1;
+                total += 1;
+            }
+            executed = s390x_executed(insn, insns);
+            insn = &executed;
+        }
         let next = pcs.get(j).copied().unwrap_or(0);
         let fall = pc + insn.len;
         let kind = match classify(arch, insn) {
@@ -202,6 +259,22 @@ pub fn cross_oracle_blocks(arch: &str, pcs: &[u64], insns: &BTreeMap<u64, CrossI
         i = j;
     }
     (out, total)
+}
+
+/// What the s390x execute instruction `ex` runs, as it acts at the execute's place (its length
+/// the execute's): for `exrl %r0,ADDR`, objdump's instruction at ADDR; otherwise (an address
+/// from registers, or R1's byte ORed in) a plain instruction: the test programs run only plain
+/// ones that way.
+fn s390x_executed(ex: &CrossInsn, insns: &BTreeMap<u64, CrossInsn>) -> CrossInsn {
+    let target = (ex.mnemonic == "exrl")
+        .then(|| ex.operands.strip_prefix("%r0,"))
+        .flatten()
+        .and_then(|a| u64::from_str_radix(a.trim(), 16).ok())
+        .and_then(|a| insns.get(&a));
+    match target {
+        Some(t) => CrossInsn { len: ex.len, ..t.clone() },
+        None => CrossInsn { len: ex.len, mnemonic: "executed".into(), operands: String::new() },
+    }
 }
 
 /// itrace's blocks from `itrace dump` (raw records): user records, with a system call's

@@ -222,6 +222,10 @@ pub(super) fn ptrace_options(o: &RecordOptions) -> Options {
     if o.follow_threads {
         opts |= Options::PTRACE_O_TRACECLONE;
     }
+    if super::arch::SYSCALL_STOPS {
+        // Syscall stops say so; threads and children inherit the options.
+        opts |= Options::PTRACE_O_TRACESYSGOOD;
+    }
     // With breakpoints in memory, children must be caught even when not followed: their copy
     // of our int3s has to be taken out before they run on their own.
     if o.follow_forks || o.triggers.is_some() {

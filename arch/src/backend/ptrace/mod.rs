@@ -32,6 +32,9 @@ mod arch;
 #[cfg(target_arch = "s390x")]
 #[path = "s390x/mod.rs"]
 mod arch;
+// The block-stepping, syscall-stopping half the ppc64 and s390x recorders share.
+#[cfg(any(target_arch = "powerpc64", target_arch = "s390x"))]
+mod blockstep;
 mod breakpoints;
 mod cpus;
 mod engine;
@@ -43,8 +46,10 @@ mod tables;
 
 pub use engine::{record, RecordError, RecordOptions, Target, Trigger, TriggerKind};
 
-use super::{RecordSettings, TriggerResolver};
-use itrace_format::Arch;
+use super::{output, BackendError, RecordSettings, Recorded, TriggerResolver};
+use crate::procfs::Mapping;
+use itrace_format::{Arch, LiveCounts, StepMethod};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// `itrace record` by ptrace (`Recorder` is implemented by the architecture's module).
@@ -57,6 +62,31 @@ pub struct PtraceRecorder {
 }
 
 impl PtraceRecorder {
+    /// Record with step method `step`, the architecture's `step_options` for it.
+    fn record_with(
+        &self,
+        live: Arc<LiveCounts>,
+        stop: &AtomicBool,
+        step: StepMethod,
+        step_options: arch::StepOptions,
+    ) -> Result<Recorded, BackendError> {
+        let s = &self.settings;
+        let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
+        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
+        let wanted = region::wanted_triggers(s);
+        let resolver = self.resolver.as_ref();
+        let resolve = |pid: i32, maps: &[Mapping]| region::resolve_triggers(resolver, pid, maps, &wanted, s.region);
+        let opts = RecordOptions {
+            target: self.target.clone(),
+            follow_forks: s.follow_forks,
+            follow_threads: s.follow_threads,
+            stop,
+            step: step_options,
+            triggers: if wanted.is_empty() { None } else { Some(&resolve) },
+        };
+        output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
+    }
+
     pub fn new(native: super::Native, resolver: Arc<dyn TriggerResolver + Send + Sync>) -> Self {
         let super::Native { settings, program, arch } = native;
         let target = match (&settings.target, program) {

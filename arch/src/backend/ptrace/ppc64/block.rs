@@ -8,6 +8,7 @@
 //! call runs to its syscall-entry stop instead (PowerPC does not trace `sc`); a block holding
 //! a load-reserve, a trap instruction or one of our breakpoints is single-stepped.
 
+use super::blockstep::ProbePage;
 use super::engine::*;
 use super::probe_child::{wait_no_eintr, BlockStep, ProbeChild};
 use super::regs::{poke_insn, read_nip};
@@ -188,37 +189,6 @@ const PROBE: [u32; 12] = [
     0x4400_0002, // sc
 ];
 
-/// A page of this process, mapped read and execute, for the probe child's code (written into
-/// the child's copy by ptrace, as breakpoints are: never writable and executable here).
-struct ProbePage(*mut libc::c_void);
-
-impl ProbePage {
-    fn map() -> Result<ProbePage, String> {
-        // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!("mapping the probe page failed: {}", std::io::Error::last_os_error()));
-        }
-        Ok(ProbePage(p))
-    }
-}
-
-impl Drop for ProbePage {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once; no reference into it exists here.
-        unsafe { libc::munmap(self.0, 4096) };
-    }
-}
-
 /// Does PTRACE_SINGLEBLOCK stop after every branch here, taken or not? Stepped on a known
 /// sequence in a forked child.
 pub(super) fn probe_singleblock() -> BlockStep {
@@ -226,7 +196,7 @@ pub(super) fn probe_singleblock() -> BlockStep {
         Ok(p) => p,
         Err(why) => return BlockStep::Unavailable(why),
     };
-    let start = page.0 as u64;
+    let start = page.addr();
     let child = match ProbeChild::start(start, start + 16) {
         Ok(c) => c,
         Err(why) => return BlockStep::Unavailable(why),

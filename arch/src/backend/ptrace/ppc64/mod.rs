@@ -27,21 +27,19 @@ mod regs;
 mod step;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
-use super::{engine, launch, probe_child, region, tables};
+use super::{blockstep, engine, probe_child, tables};
 
 use super::PtraceRecorder;
-use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
+use crate::backend::{BackendError, Recorded, Recorder};
 use crate::isa::ppc64::Ppc64;
 use crate::procfs;
 use crate::{Arch as _, Reservation};
-use engine::{record, IntMap, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
+use engine::{IntMap, Pending, PtraceArch, Session, ThreadState};
 use itrace_format::{LiveCounts, StepMethod};
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use probe_child::BlockStep;
-use procfs::Mapping;
 use regs::{getregs, poke_insn, read_nip, setregs, TRAP};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -54,6 +52,9 @@ pub(super) type Isa = Ppc64;
 
 /// Bytes read to decode one instruction: the 4-byte word the recorder steps by.
 pub(super) const INSN_READ_LEN: usize = 4;
+
+/// Syscall stops are asked for (PTRACE_O_TRACESYSGOOD from the start): `sc` runs between syscall stops.
+pub(super) const SYSCALL_STOPS: bool = true;
 
 /// Region tracing: the breakpoint instruction (`trap`, little-endian).
 pub(super) const BREAKPOINT: &[u8] = &TRAP.to_le_bytes();
@@ -125,10 +126,10 @@ pub(super) struct ThreadArch {
     /// Running through an atomic sequence.
     atomic: Option<step::AtomicRun>,
     /// Between the syscall-entry and syscall-exit stops of the pending system call.
-    in_syscall: bool,
+    pub(super) in_syscall: bool,
     /// The pending system call was interrupted: resume with PTRACE_SYSCALL (with the signal,
     /// unless it has a handler) so that a restart of it stops again.
-    restart_via_syscall: bool,
+    pub(super) restart_via_syscall: bool,
     /// Block stepping: the block this resume runs, until its stop.
     block: Option<block::BlockRun>,
 }
@@ -303,17 +304,13 @@ impl PtraceArch for Session<'_> {
 
     fn at_exec(&mut self, _tid: i32) {}
 
-    fn region_isa(&mut self, tid: i32) -> Ppc64 {
-        // The thread ran untraced since its first stop (`first_pending` was not called): syscall
-        // stops must say so before stepping resumes it with PTRACE_SYSCALL.
-        self.report_syscalls(tid);
+    fn region_isa(&mut self, _tid: i32) -> Ppc64 {
         PPC64LE
     }
 
     fn region_ended(&mut self, _tid: i32) {}
 
     fn first_pending(&mut self, tid: i32, pid: i32, at_exec: bool) -> Option<Pending> {
-        self.report_syscalls(tid);
         if !at_exec {
             self.remove_copied_traps(tid, pid);
         }
@@ -361,13 +358,6 @@ impl PtraceArch for Session<'_> {
 }
 
 impl Session<'_> {
-    /// Syscall stops say so (PTRACE_O_TRACESYSGOOD), beside the options tracing began with;
-    /// threads and children created later inherit them.
-    fn report_syscalls(&mut self, tid: i32) {
-        let opts = launch::ptrace_options(self.opts) | ptrace::Options::PTRACE_O_TRACESYSGOOD;
-        let _ = ptrace::setoptions(Pid::from_raw(tid), opts);
-    }
-
     /// A new process's first stop: the traps its memory copied from its parent come out (the
     /// parent's runs take out their own).
     fn remove_copied_traps(&mut self, tid: i32, pid: i32) {
@@ -388,42 +378,8 @@ impl Session<'_> {
 
 impl Recorder for PtraceRecorder {
     fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
-        let s = &self.settings;
-        if s.emulate_block_step {
-            return Err(BackendError::Settings("block-step emulation is an x86_64 test hook".into()));
-        }
-        // Block steps only where the probe saw them stop after every branch.
-        let block = match s.step {
-            StepChoice::Instruction => false,
-            StepChoice::Auto => block::probe_singleblock() == BlockStep::Works,
-            StepChoice::Block => match block::probe_singleblock() {
-                BlockStep::Works => true,
-                BlockStep::StepsEachInstruction => {
-                    return Err(BackendError::Settings(
-                        "--step block: PTRACE_SINGLEBLOCK stops after every instruction here; use --step auto".into(),
-                    ))
-                }
-                BlockStep::Unavailable(why) => {
-                    return Err(BackendError::Settings(format!(
-                        "--step block: PTRACE_SINGLEBLOCK does not work here ({why}); use --step auto"
-                    )))
-                }
-            },
-        };
-        let step = if block { StepMethod::PtraceSingleBlock } else { StepMethod::PtraceSingleStep };
-        let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
-        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
-        let wanted = region::wanted_triggers(s);
-        let resolver = self.resolver.as_ref();
-        let resolve = |pid: i32, maps: &[Mapping]| region::resolve_triggers(resolver, pid, maps, &wanted, s.region);
-        let opts = RecordOptions {
-            target: self.target.clone(),
-            follow_forks: s.follow_forks,
-            follow_threads: s.follow_threads,
-            stop,
-            step: StepOptions { block },
-            triggers: if wanted.is_empty() { None } else { Some(&resolve) },
-        };
-        output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
+        // Block steps only where the probe saw them work.
+        let step = blockstep::choose_step(&self.settings, block::probe_singleblock)?;
+        self.record_with(live, stop, step, StepOptions { block: step == StepMethod::PtraceSingleBlock })
     }
 }

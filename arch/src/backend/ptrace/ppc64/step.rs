@@ -111,16 +111,6 @@ impl Session<'_> {
         self.set_pending(tid, rip);
     }
 
-    /// The module table and names after system call `nr` of thread `tid` returned.
-    fn after_syscall(&mut self, tid: i32, pid: i32, nr: u64) {
-        if PPC64LE.changes_mappings(nr) {
-            self.refresh_maps(pid, now_ns());
-        }
-        if PPC64LE.may_rename(nr) {
-            self.name_thread(pid, tid, now_ns());
-        }
-    }
-
     /// A syscall stop. A system call instruction is not single-stepped: the step would run the
     /// instruction after it too (PowerPC does not trace `sc`, and Linux reports no step at a
     /// system call's end there), so it runs from a syscall-entry stop to its syscall-exit stop,
@@ -155,34 +145,12 @@ impl Session<'_> {
             self.resume(tid, 0);
             return;
         }
-        t.arch.in_syscall = false;
-        let (cpu, pid) = (t.cpu, t.pid);
-        let Some(p) = t.pending.filter(|p| p.insn.flow == Flow::Syscall) else {
-            self.set_pending(tid, regs.nip);
-            self.resume(tid, 0);
-            return;
-        };
-        if regs.restarting() {
-            // Interrupted: a signal is delivered next (its handler runs, and the call maybe again
-            // after it), or the call restarts at once (the kernel moves the pc back onto `sc`).
-            t.syscall_interrupted = true;
-            t.arch.restart_via_syscall = true;
-            self.resume(tid, 0);
-            return;
-        }
-        t.syscall_interrupted = false;
-        let out = branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, p.syscall_nr);
-        let mut k = branch(t, false, 0, regs.nip, BranchKind::Iret, branch_flags::SYSCALL, p.syscall_nr);
-        k.kernel = true;
-        self.push_branch(cpu, out);
-        self.push_branch(cpu, k);
-        self.after_syscall(tid, pid, p.syscall_nr);
-        self.set_pending(tid, regs.nip);
-        self.resume(tid, 0);
+        let restarting = regs.restarting();
+        self.syscall_exit(tid, regs.nip, restarting);
     }
 
     /// Decode the thread's next instruction, at `pc`.
-    pub(super) fn set_pending(&mut self, tid: i32, pc: u64) {
+    pub(in super::super) fn set_pending(&mut self, tid: i32, pc: u64) {
         let pid = self.threads[&tid].pid;
         let insn = self.decode(pid, PPC64LE, pc);
         let t = self.threads.get_mut(&tid).expect("thread exists");

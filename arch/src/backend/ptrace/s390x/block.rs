@@ -10,12 +10,17 @@
 //! no conditional branch comes before it (its syscall-entry stop ends the block); otherwise the
 //! thread goes one instruction at a time until the path to the `svc` is straight: plain
 //! instructions by single steps, conditional branches evaluated here from the condition code
-//! and registers (`emulate_branch`), because qemu's TCG does not stop after a single-stepped
-//! conditional branch.
+//! and registers (`emulate_branch`, `take_branch`), because qemu's TCG does not stop after a
+//! single-stepped conditional branch.
+//!
+//! Which branch a block step stopped after: the only one on the path that goes to the pc when
+//! taken, told from the registers (`taken_branch_from_regs`), else `si_addr`. Execute
+//! instructions (`execute.rs`) count two and act as the instruction they run.
 
+use super::blockstep::ProbePage;
 use super::engine::*;
 use super::probe_child::{wait_no_eintr, BlockStep, ProbeChild};
-use super::regs::{getregs, read_pc, setregs};
+use super::regs::{getregs, read_pc, setregs, Regs};
 use super::tables::read_mem;
 use super::S390X;
 use itrace_decoders::{Flow, Insn};
@@ -103,8 +108,37 @@ impl Session<'_> {
             if !no_bps && pc != start && self.procs.get(&pid).is_some_and(|p| p.region.bps.is_inserted(pc)) {
                 break Plan::One;
             }
-            let insn = self.decode(pid, S390X, pc);
+            let mut insn = self.decode(pid, S390X, pc);
             cacheable = cacheable && self.procs.get(&pid).is_some_and(|p| p.code.contains_key(&pc));
+            if let Some(ex) = self.execute_at(pid, pc, insn) {
+                // An execute instruction: what it runs decides (with the thread's registers at
+                // the start, else only when its bytes alone tell).
+                let regs = if pc == start { getregs(tid).ok() } else { None };
+                cacheable = cacheable && !ex.needs_registers();
+                match self.executed_insn(pid, insn.len, ex, regs.as_ref()) {
+                    Some(run) if run.flow == Flow::Next => {
+                        before += 2;
+                        pc = pc.wrapping_add(insn.len as u64);
+                        continue;
+                    }
+                    Some(run)
+                        if matches!(
+                            run.flow,
+                            Flow::Jump | Flow::Call | Flow::Return | Flow::CondJump | Flow::CondCall | Flow::CondReturn
+                        ) =>
+                    {
+                        insn = run
+                    }
+                    // Unknown, or a system call or trap run by it: it may leave the path.
+                    _ if pc == start => break Plan::One,
+                    _ => {
+                        conditional = true;
+                        before += 2;
+                        pc = pc.wrapping_add(insn.len as u64);
+                        continue;
+                    }
+                }
+            }
             match insn.flow {
                 Flow::Syscall if conditional => break Plan::One,
                 Flow::Syscall => break Plan::ToSyscall(pc),
@@ -138,6 +172,12 @@ impl Session<'_> {
                 return Some(w);
             }
             let insn = self.decode(pid, S390X, pc);
+            if self.execute_at(pid, pc, insn).is_some() {
+                // Passed: the execute and the instruction it ran, which took no branch.
+                w.before += 2;
+                pc = pc.wrapping_add(insn.len as u64);
+                continue;
+            }
             match insn.flow {
                 Flow::Syscall => w.syscalls += 1,
                 Flow::Interrupt | Flow::Invalid => return None,
@@ -199,6 +239,19 @@ impl Session<'_> {
             self.on_step(tid, pc);
             return self.resume(tid, 0);
         }
+        if !injected {
+            // Which branch ended the block, from the registers when the path tells: one read,
+            // where the siginfo and (after an indirect branch) the pc would be two.
+            let Ok(regs) = getregs(tid) else { return self.resume(tid, 0) };
+            if let Some((branch, insn)) = self.taken_branch_from_regs(tid, run, &regs) {
+                if self.count_block(tid, run, branch) {
+                    let t = self.threads.get_mut(&tid).expect("thread exists");
+                    t.pending = Some(Pending { pc: branch, insn, syscall_nr: 0 });
+                    self.on_step(tid, regs.psw_addr);
+                    return self.resume(tid, 0);
+                }
+            }
+        }
         let Ok(si) = ptrace::getsiginfo(Pid::from_raw(tid)) else { return self.resume(tid, 0) };
         if si.si_code == TRAP_BRKPT {
             // One of our region breakpoints (`0x0001`, the pc after it) on the block's path:
@@ -226,7 +279,8 @@ impl Session<'_> {
         // SAFETY: a SIGTRAP's siginfo holds the fault address (si_addr) for its si_code.
         let branch = unsafe { si.si_addr() } as u64;
         let pid = self.threads[&tid].pid;
-        let insn = self.decode(pid, S390X, branch);
+        // (An execute instruction's address when the branch ran out of line.)
+        let insn = self.decode_resolved(tid, pid, branch);
         // A taken relative branch went to its target; others need the pc.
         let pc = match insn.target {
             Some(to) => to,
@@ -245,64 +299,86 @@ impl Session<'_> {
         self.resume(tid, 0)
     }
 
-    /// Execute the conditional branch pending in thread `tid` here, from its condition code and
-    /// registers, as the CPU would: moves the pc (and decrements the count register of
-    /// `brct`/`brctg`). Returns where the thread goes, or `None` for a branch not handled here.
+    /// Execute the conditional branch pending in thread `tid` here (`insn` at `pc`, or run there by
+    /// an execute instruction), from its condition code and registers, as the CPU would
+    /// (`take_branch`): moves the pc and updates the count or index register. Returns where the
+    /// thread goes, or `None` for a branch not handled here.
     pub(super) fn emulate_branch(&mut self, tid: i32, pc: u64, insn: Insn) -> Option<u64> {
         let pid = self.threads[&tid].pid;
-        let mut bytes = [0u8; 6];
-        if read_mem(pid, pc, &mut bytes) < insn.len as usize {
-            return None;
-        }
         let mut regs = getregs(tid).ok()?;
         if regs.psw_addr != pc {
             return None;
         }
-        let (b0, r1, r2) = (bytes[0], bytes[1] >> 4, bytes[1] & 15);
-        let by_cc = |mask: u8, cc: u8| mask & (8 >> cc) != 0;
         let next = pc.wrapping_add(insn.len as u64);
-        let to = match (b0, r2) {
-            // brc, brcl (j<cond>, jg<cond>)
-            (0xa7, 0x4) | (0xc0, 0x4) => {
-                if by_cc(r1, regs.condition_code()) {
-                    insn.target?
-                } else {
-                    next
-                }
-            }
-            // bcr M,R2 (b<cond>r): the target register is read before anything changes.
-            (0x07, r) if r != 0 => {
-                if by_cc(r1, regs.condition_code()) {
-                    regs.gprs[r as usize]
-                } else {
-                    next
-                }
-            }
-            // brct (32-bit count, the high half kept), brctg
-            (0xa7, 0x6) => {
-                let g = &mut regs.gprs[r1 as usize];
-                let low = (*g as u32).wrapping_sub(1);
-                *g = (*g & !0xffff_ffff) | low as u64;
-                if low != 0 {
-                    insn.target?
-                } else {
-                    next
-                }
-            }
-            (0xa7, 0x7) => {
-                let g = &mut regs.gprs[r1 as usize];
-                *g = g.wrapping_sub(1);
-                if *g != 0 {
-                    insn.target?
-                } else {
-                    next
-                }
-            }
-            _ => return None,
+        let plain = self.decode(pid, S390X, pc);
+        let (at, bytes) = match self.execute_at(pid, pc, plain) {
+            // Run out of line by an execute instruction: the executed instruction's bytes.
+            Some(ex) => self.executed_bytes(pid, ex, Some(&regs))?,
+            None => (pc, self.branch_bytes(pid, pc, insn)?),
         };
+        let cc = regs.condition_code();
+        let to = itrace_decoders::s390x::take_branch(at, next, &bytes, cc, &mut regs.gprs)?;
         regs.psw_addr = to;
         setregs(tid, &regs).ok()?;
         Some(to)
+    }
+
+    /// The bytes of branch `insn` at `pc` of process `pid`: kept when the code was decoded
+    /// (read-only code), else read.
+    fn branch_bytes(&self, pid: i32, pc: u64, insn: Insn) -> Option<[u8; 6]> {
+        if let Some(b) = self.procs.get(&pid).and_then(|p| p.arch.branch_bytes.get(&pc)) {
+            return Some(*b);
+        }
+        let mut bytes = [0u8; 6];
+        (read_mem(pid, pc, &mut bytes) >= insn.len as usize).then_some(bytes)
+    }
+
+    /// The branch that ended block `run` of thread `tid` (stopped by its block step's SIGTRAP,
+    /// with registers `regs`), told without the siginfo: the one branch on the block's straight
+    /// path that goes to the pc when taken. The taken branch is always among them (nothing ran
+    /// after it, so the register it went through still holds its target); when another one
+    /// could have gone there too, or the path holds a branch whose target cannot be told
+    /// afterwards (through memory, or a register it changes), `None`: the siginfo tells.
+    pub(super) fn taken_branch_from_regs(&mut self, tid: i32, run: &BlockRun, regs: &Regs) -> Option<(u64, Insn)> {
+        let pid = self.threads[&tid].pid;
+        let pc = regs.psw_addr;
+        let mut at = run.start;
+        let mut found = None;
+        for _ in 0..MAX_BLOCK {
+            let insn = self.decode(pid, S390X, at);
+            match insn.flow {
+                Flow::Next if self.execute_at(pid, at, insn).is_some() => return None,
+                Flow::Next => {}
+                Flow::Syscall | Flow::Interrupt | Flow::Invalid | Flow::Iret => return None,
+                flow => {
+                    let to = match insn.target {
+                        Some(to) => to,
+                        None => {
+                            let b = self.branch_bytes(pid, at, insn)?;
+                            let (r1, r2) = (b[1] >> 4, b[1] & 15);
+                            match b[0] {
+                                // bcr M,R2 (br, b<cond>r): R2 unchanged by it.
+                                0x07 => regs.gprs[r2 as usize],
+                                // basr/balr R1,R2: R1 takes the return address.
+                                0x05 | 0x0d if r1 != r2 => regs.gprs[r2 as usize],
+                                _ => return None,
+                            }
+                        }
+                    };
+                    if to == pc {
+                        if found.is_some() {
+                            return None;
+                        }
+                        found = Some((at, insn));
+                    }
+                    if flow.always_branches() {
+                        return found;
+                    }
+                }
+            }
+            at = at.wrapping_add(insn.len as u64);
+        }
+        None
     }
 }
 
@@ -332,37 +408,6 @@ const PROBE: [u8; 32] = [
     0x0a, 0x01, //             30: svc 1 (exit)
 ];
 
-/// A page of this process, mapped read and execute, for the probe child's code (written into
-/// the child's copy by ptrace: never writable and executable here).
-struct ProbePage(*mut libc::c_void);
-
-impl ProbePage {
-    fn map() -> Result<ProbePage, String> {
-        // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!("mapping the probe page failed: {}", std::io::Error::last_os_error()));
-        }
-        Ok(ProbePage(p))
-    }
-}
-
-impl Drop for ProbePage {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once; no reference into it exists here.
-        unsafe { libc::munmap(self.0, 4096) };
-    }
-}
-
 /// Does PTRACE_SINGLEBLOCK stop after taken branches only, with the branch in `si_addr`?
 /// Stepped on a known sequence in a forked child.
 pub(super) fn probe_singleblock() -> BlockStep {
@@ -370,7 +415,7 @@ pub(super) fn probe_singleblock() -> BlockStep {
         Ok(p) => p,
         Err(why) => return BlockStep::Unavailable(why),
     };
-    let start = page.0 as u64;
+    let start = page.addr();
     let child = match ProbeChild::start(start, start + 12) {
         Ok(c) => c,
         Err(why) => return BlockStep::Unavailable(why),

@@ -21,26 +21,25 @@
 //!   The in-process backend is not offered: user space cannot set PER controls for itself.
 
 mod block;
+mod execute;
 mod regs;
 mod step;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
-use super::{engine, launch, probe_child, region, tables};
+use super::{blockstep, engine, probe_child, tables};
 
 use super::PtraceRecorder;
-use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
+use crate::backend::{BackendError, Recorded, Recorder};
 use crate::isa::s390x::S390x;
 use crate::procfs;
 use block::{probe_singleblock, singleblock, BlockRun, Plan};
-use engine::{record, IntMap, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
+use engine::{IntMap, Pending, PtraceArch, Session, ThreadState};
 use itrace_decoders::Flow;
 use itrace_format::{LiveCounts, StepMethod};
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use probe_child::BlockStep;
-use procfs::Mapping;
 use regs::{getregs, read_pc, setregs, write_pc};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -53,6 +52,9 @@ pub(super) type Isa = S390x;
 
 /// Bytes read to decode one instruction: the longest s390x instruction.
 pub(super) const INSN_READ_LEN: usize = itrace_decoders::s390x::MAX_INSN_LEN;
+
+/// Syscall stops are asked for (PTRACE_O_TRACESYSGOOD from the start): `svc` runs between syscall stops.
+pub(super) const SYSCALL_STOPS: bool = true;
 
 /// Region tracing: the breakpoint instruction (`0x0001`, which Linux turns into SIGTRAP for a
 /// traced process).
@@ -105,10 +107,10 @@ const MAX_EMULATED_IN_ROW: u32 = 64;
 #[derive(Default)]
 pub(super) struct ThreadArch {
     /// Between the syscall-entry and syscall-exit stops of the pending system call.
-    in_syscall: bool,
+    pub(super) in_syscall: bool,
     /// The pending system call was interrupted: resume with PTRACE_SYSCALL (with the signal,
     /// unless it has a handler) so that a restart of it stops again.
-    restart_via_syscall: bool,
+    pub(super) restart_via_syscall: bool,
     /// Block stepping: the block this resume runs, until its stop.
     block: Option<BlockRun>,
     /// Conditional branches evaluated by the current resume.
@@ -127,12 +129,21 @@ impl ThreadArch {
 pub(super) struct ProcessArch {
     /// Block plans by start address, for read-only code (`block.rs`).
     plans: IntMap<u64, Plan>,
+    /// The execute instructions (`ex`, `exrl`) of the decoded read-only code (`execute.rs`).
+    executes: IntMap<u64, itrace_decoders::s390x::Execute>,
+    /// The bytes of the decoded read-only code's branches, for evaluating them without reading
+    /// the thread's memory again (`block.rs`).
+    branch_bytes: IntMap<u64, [u8; 6]>,
 }
 
 impl ProcessArch {
     /// The state of a forked child: the same code, the same plans.
     pub(super) fn copy_for_child(&self, _shares_memory: bool) -> Self {
-        ProcessArch { plans: self.plans.clone() }
+        ProcessArch {
+            plans: self.plans.clone(),
+            executes: self.executes.clone(),
+            branch_bytes: self.branch_bytes.clone(),
+        }
     }
 
     /// Whether a mapping is itrace's own, not the program's (none here).
@@ -140,14 +151,27 @@ impl ProcessArch {
         false
     }
 
-    /// Code in `start..end` changed: forget the plans (a plan's path may run into it).
-    pub(super) fn forget(&mut self, _start: u64, _end: u64, _unmapped: bool) {
+    /// Code in `start..end` changed: forget the plans (a plan's path may run into it) and the
+    /// execute instructions there.
+    pub(super) fn forget(&mut self, start: u64, end: u64, _unmapped: bool) {
         self.plans.clear();
+        self.executes.retain(|&pc, _| pc < start || pc >= end);
+        self.branch_bytes.retain(|&pc, _| pc < start || pc >= end);
     }
 
     pub(super) fn unpatch(&self, _pc: u64, _bytes: &mut [u8]) {}
 
-    pub(super) fn cached(&mut self, _pc: u64, _bytes: &[u8]) {}
+    /// An instruction entered the decoded-code cache: note it if it is an execute instruction.
+    pub(super) fn cached(&mut self, pc: u64, bytes: &[u8]) {
+        if let Some(ex) = itrace_decoders::s390x::execute(pc, bytes) {
+            self.executes.insert(pc, ex);
+        } else if itrace_decoders::s390x::decode(pc, bytes).flow != Flow::Next {
+            let mut b = [0u8; 6];
+            let n = bytes.len().min(6);
+            b[..n].copy_from_slice(&bytes[..n]);
+            self.branch_bytes.insert(pc, b);
+        }
+    }
 }
 
 /// The session's s390x state.
@@ -262,17 +286,13 @@ impl PtraceArch for Session<'_> {
         }
     }
 
-    fn region_isa(&mut self, tid: i32) -> S390x {
-        // The thread ran untraced since its first stop (`first_pending` was not called): syscall
-        // stops must say so before stepping resumes it with PTRACE_SYSCALL.
-        self.report_syscalls(tid);
+    fn region_isa(&mut self, _tid: i32) -> S390x {
         S390X
     }
 
     fn region_ended(&mut self, _tid: i32) {}
 
     fn first_pending(&mut self, tid: i32, pid: i32, at_exec: bool) -> Option<Pending> {
-        self.report_syscalls(tid);
         let regs = getregs(tid).ok()?;
         let mut pc = regs.psw_addr;
         if !at_exec && regs.restarting() {
@@ -283,7 +303,7 @@ impl PtraceArch for Session<'_> {
                 pc -= 2;
             }
         }
-        let insn = self.decode(pid, S390X, pc);
+        let insn = self.decode_resolved(tid, pid, pc);
         Some(Pending { pc, insn, syscall_nr: 0 })
     }
 
@@ -334,19 +354,16 @@ impl PtraceArch for Session<'_> {
 }
 
 impl Session<'_> {
-    /// Syscall stops say so (PTRACE_O_TRACESYSGOOD), beside the options tracing began with;
-    /// threads and children created later inherit them.
-    fn report_syscalls(&mut self, tid: i32) {
-        let opts = launch::ptrace_options(self.opts) | ptrace::Options::PTRACE_O_TRACESYSGOOD;
-        let _ = ptrace::setoptions(Pid::from_raw(tid), opts);
-    }
-
     /// Block stepping: resume thread `tid` (pending instruction `p`, delivering `sig` if not 0,
     /// a signal without a handler) by its plan.
     fn resume_block(&mut self, tid: i32, p: Pending, sig: i32) -> Result<(), Errno> {
         let pid = Pid::from_raw(tid);
         let sig_opt = Signal::try_from(sig).ok();
         let plan = if sig == 0 { self.plan(tid, p.pc) } else { Plan::Block(None) };
+        // An execute instruction is never single-stepped: under qemu 10's TCG a single step of
+        // one panicked the guest's kernel ("Corrupt kernel stack"); it is block-stepped, or
+        // evaluated when it runs a conditional branch.
+        let executes = plan == Plan::One && self.is_execute(self.threads[&tid].pid, p.pc);
         let t = self.threads.get_mut(&tid).expect("thread exists");
         match plan {
             Plan::Block(sole_end) => {
@@ -360,7 +377,7 @@ impl Session<'_> {
                 ptrace::syscall(pid, sig_opt)
             }
             Plan::One => match p.insn.flow {
-                Flow::Next => ptrace::step(pid, None),
+                Flow::Next if !executes => ptrace::step(pid, None),
                 Flow::CondJump | Flow::CondCall | Flow::CondReturn if t.arch.emulated_in_row < MAX_EMULATED_IN_ROW => {
                     t.arch.emulated_in_row += 1;
                     match self.emulate_branch(tid, p.pc, p.insn) {
@@ -377,7 +394,9 @@ impl Session<'_> {
                     }
                 }
                 // A branch: a block step stops right after it (a single step may not, under
-                // qemu's TCG).
+                // qemu's TCG). An execute instruction running a plain one: a block step too (a
+                // system call after a later conditional branch may then run unseen: counted and
+                // warned about at the end).
                 _ => {
                     t.arch.emulated_in_row = 0;
                     t.arch.block = Some(BlockRun { start: p.pc, syscall: None, sole_end: None });
@@ -390,42 +409,8 @@ impl Session<'_> {
 
 impl Recorder for PtraceRecorder {
     fn record(&mut self, live: Arc<LiveCounts>, stop: &AtomicBool) -> Result<Recorded, BackendError> {
-        let s = &self.settings;
-        if s.emulate_block_step {
-            return Err(BackendError::Settings("block-step emulation is an x86_64 test hook".into()));
-        }
-        // Block steps only where the probe saw them stop after taken branches.
-        let block = match s.step {
-            StepChoice::Instruction => false,
-            StepChoice::Auto => probe_singleblock() == BlockStep::Works,
-            StepChoice::Block => match probe_singleblock() {
-                BlockStep::Works => true,
-                BlockStep::StepsEachInstruction => {
-                    return Err(BackendError::Settings(
-                        "--step block: PTRACE_SINGLEBLOCK stops after every instruction here; use --step auto".into(),
-                    ))
-                }
-                BlockStep::Unavailable(why) => {
-                    return Err(BackendError::Settings(format!(
-                        "--step block: PTRACE_SINGLEBLOCK does not work here ({why}); use --step auto"
-                    )))
-                }
-            },
-        };
-        let step = if block { StepMethod::PtraceSingleBlock } else { StepMethod::PtraceSingleStep };
-        let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
-        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
-        let wanted = region::wanted_triggers(s);
-        let resolver = self.resolver.as_ref();
-        let resolve = |pid: i32, maps: &[Mapping]| region::resolve_triggers(resolver, pid, maps, &wanted, s.region);
-        let opts = RecordOptions {
-            target: self.target.clone(),
-            follow_forks: s.follow_forks,
-            follow_threads: s.follow_threads,
-            stop,
-            step: StepOptions { block },
-            triggers: if wanted.is_empty() { None } else { Some(&resolve) },
-        };
-        output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
+        // Block steps only where the probe saw them work.
+        let step = blockstep::choose_step(&self.settings, probe_singleblock)?;
+        self.record_with(live, stop, step, StepOptions { block: step == StepMethod::PtraceSingleBlock })
     }
 }

@@ -16,6 +16,9 @@ impl Session<'_> {
     /// The core: a thread stopped after its pending instruction ran (or a signal handler was
     /// entered) with the pc at `pc`. Classify what ran, write records, decode what runs next.
     pub(super) fn on_step(&mut self, tid: i32, pc: u64) {
+        // An execute instruction ran two: itself and the instruction it ran.
+        let (pid, pending) = (self.threads[&tid].pid, self.threads[&tid].pending);
+        let ran = if pending.is_some_and(|p| self.is_execute(pid, p.pc)) { 2 } else { 1 };
         let t = self.threads.get_mut(&tid).expect("stepping thread exists");
         let cpu = t.cpu;
         let mut out: [Option<Branch>; 2] = [None, None];
@@ -49,7 +52,7 @@ impl Session<'_> {
                     // reports one (delivering an unhandled signal) is left uncounted.
                     Flow::Syscall => t.syscall_interrupted = false,
                     flow => {
-                        t.icount += 1;
+                        t.icount += ran;
                         if flow.always_branches() || pc != next {
                             let kind = if flow == Flow::Next { BranchKind::Other } else { flow.branch_kind() };
                             out[0] = Some(branch(t, false, p.pc, pc, kind, 0, 0));
@@ -62,16 +65,6 @@ impl Session<'_> {
             self.push_branch(cpu, b);
         }
         self.set_pending(tid, pc);
-    }
-
-    /// The module table and names after system call `nr` of thread `tid` returned.
-    fn after_syscall(&mut self, tid: i32, pid: i32, nr: u64) {
-        if S390X.changes_mappings(nr) {
-            self.refresh_maps(pid, now_ns());
-        }
-        if S390X.may_rename(nr) {
-            self.name_thread(pid, tid, now_ns());
-        }
     }
 
     /// The number of the system call whose `svc` is at `svc_pc`: its immediate, or r1 for
@@ -114,36 +107,15 @@ impl Session<'_> {
             self.resume(tid, 0);
             return;
         }
-        t.arch.in_syscall = false;
-        let cpu = t.cpu;
-        let Some(p) = t.pending.filter(|p| p.insn.flow == Flow::Syscall) else {
-            self.set_pending(tid, regs.psw_addr);
-            self.resume(tid, 0);
-            return;
-        };
-        if regs.restarting() {
-            // Interrupted: a signal is delivered next (its handler runs, and the call maybe again
-            // after it), or the call restarts at once (the kernel moves the pc back onto `svc`).
-            t.syscall_interrupted = true;
-            t.arch.restart_via_syscall = true;
-            self.resume(tid, 0);
-            return;
-        }
-        t.syscall_interrupted = false;
-        let out = branch(t, true, p.pc, 0, BranchKind::Intrpt, branch_flags::SYSCALL, p.syscall_nr);
-        let mut k = branch(t, false, 0, regs.psw_addr, BranchKind::Iret, branch_flags::SYSCALL, p.syscall_nr);
-        k.kernel = true;
-        self.push_branch(cpu, out);
-        self.push_branch(cpu, k);
-        self.after_syscall(tid, pid, p.syscall_nr);
-        self.set_pending(tid, regs.psw_addr);
-        self.resume(tid, 0);
+        let restarting = regs.restarting();
+        self.syscall_exit(tid, regs.psw_addr, restarting);
     }
 
-    /// Decode the thread's next instruction, at `pc`.
-    pub(super) fn set_pending(&mut self, tid: i32, pc: u64) {
+    /// Decode the thread's next instruction, at `pc` (where it is stopped, or the `svc` it is
+    /// just past): an execute instruction as what it runs.
+    pub(in super::super) fn set_pending(&mut self, tid: i32, pc: u64) {
         let pid = self.threads[&tid].pid;
-        let insn = self.decode(pid, S390X, pc);
+        let insn = self.decode_resolved(tid, pid, pc);
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.pending = Some(Pending { pc, insn, syscall_nr: 0 });
     }

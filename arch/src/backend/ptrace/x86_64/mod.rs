@@ -14,14 +14,14 @@ mod translate;
 mod trapmask;
 
 // The shared engine, under the names the files of this module use (`super::engine`, ...).
-use super::{engine, probe_child, region, tables};
+use super::{engine, probe_child, tables};
 
 use super::PtraceRecorder;
-use crate::backend::{output, BackendError, Recorded, Recorder, StepChoice};
+use crate::backend::{BackendError, Recorded, Recorder, StepChoice};
 use crate::isa::x86_64::{RESTART_CODES, X86};
-use crate::procfs::{self, Mapping};
+use crate::procfs;
 use crate::Arch as _;
-use engine::{record, Pending, PtraceArch, RecordOptions, Session, Target, ThreadState};
+use engine::{Pending, PtraceArch, Session, ThreadState};
 use hwstep::{probe_hw_breakpoints, HwBreak};
 use itrace_decoders::{Flow, Insn};
 use itrace_format::{LiveCounts, StepMethod};
@@ -39,6 +39,9 @@ pub(super) type Isa = X86;
 
 /// Bytes read to decode one instruction.
 pub(super) const INSN_READ_LEN: usize = itrace_decoders::x86::MAX_INSN_LEN;
+
+/// Syscall stops are asked for (PTRACE_O_TRACESYSGOOD from the start): system calls are stepped over like other instructions.
+pub(super) const SYSCALL_STOPS: bool = false;
 
 /// How threads are stepped.
 #[derive(Clone, Copy, Debug, Default)]
@@ -547,27 +550,15 @@ impl Recorder for PtraceRecorder {
         } else {
             StepMethod::PtraceSingleStep
         };
-        let no_aslr = matches!(self.target, Target::Launch { aslr: false, .. });
-        let buffers = output::open(s, self.arch, step, output::ncpu(), no_aslr, live)?;
-        let wanted = region::wanted_triggers(s);
-        let resolver = self.resolver.as_ref();
-        let resolve = |pid: i32, maps: &[Mapping]| region::resolve_triggers(resolver, pid, maps, &wanted, s.region);
-        let opts = RecordOptions {
-            target: self.target.clone(),
-            follow_forks: s.follow_forks,
-            follow_threads: s.follow_threads,
-            stop,
-            step: StepOptions {
-                block_step,
-                // (a test hook of the branch-trap mode, which --step block does not use)
-                emulate_block_step: s.emulate_block_step && !hw_step,
-                hw_step,
-                hw_rf_auto,
-                hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
-                translate,
-            },
-            triggers: if wanted.is_empty() { None } else { Some(&resolve) },
+        let options = StepOptions {
+            block_step,
+            // (a test hook of the branch-trap mode, which --step block does not use)
+            emulate_block_step: s.emulate_block_step && !hw_step,
+            hw_step,
+            hw_rf_auto,
+            hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
+            translate,
         };
-        output::record_into(s, buffers, self.arch, step.to_string(), |b| Ok(record(&opts, b)?))
+        self.record_with(live, stop, step, options)
     }
 }
