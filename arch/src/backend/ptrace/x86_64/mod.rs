@@ -173,6 +173,8 @@ pub(super) struct SessionArch {
     hw_lost: u64,
     /// Translate mode: what the threads stopped for (`ITRACE_STATS=1` prints it).
     xl_stats: translate::Stats,
+    /// Translate mode: the buffers of the drains.
+    xl_buffers: translate::Buffers,
 }
 
 pub(super) fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {

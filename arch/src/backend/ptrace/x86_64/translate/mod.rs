@@ -66,6 +66,14 @@ impl std::fmt::Display for Stats {
     }
 }
 
+/// The drain's buffers, kept from one drain to the next.
+#[derive(Default)]
+pub(super) struct Buffers {
+    raw: Vec<u8>,
+    records: Vec<(unit::Exit, u64)>,
+    branches: Vec<Branch>,
+}
+
 /// A thread's place in the cache.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ThreadCache {
@@ -451,12 +459,20 @@ impl Session<'_> {
         if n == 0 {
             return;
         }
-        let mut raw = vec![0u8; n * RECORD_BYTES as usize];
+        // The buffers live in the session: a fresh megabyte per drain was mapped, faulted in
+        // and unmapped each time (most of itrace's time on a busy program).
+        let mut raw = std::mem::take(&mut self.arch.xl_buffers.raw);
+        let mut records = std::mem::take(&mut self.arch.xl_buffers.records);
+        let mut out = std::mem::take(&mut self.arch.xl_buffers.branches);
+        raw.resize(n * RECORD_BYTES as usize, 0);
+        records.clear();
+        out.clear();
+        let Some(c) = self.cache_of(pid) else { return };
         if c.read(pid, state + RING as u64, &mut raw).is_err() {
+            self.arch.xl_buffers = Buffers { raw, records, branches: out };
             return;
         }
         let _ = c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes());
-        let mut records = Vec::with_capacity(n);
         for r in raw.chunks_exact(RECORD_BYTES as usize) {
             let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
             let target = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
@@ -470,17 +486,17 @@ impl Session<'_> {
         }
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.stop_ts = now_ns();
-        let mut out: Vec<Branch> = Vec::with_capacity(records.len());
-        for (e, target) in records {
+        for &(e, target) in &records {
             t.icount += e.count;
             if let Some(kind) = e.kind {
                 let to = if e.indirect { target } else { e.to };
                 out.push(branch(t, false, e.from, to, kind, 0, 0));
             }
         }
-        for b in out {
+        for &b in &out {
             self.push_branch(cpu, b);
         }
+        self.arch.xl_buffers = Buffers { raw, records, branches: out };
     }
 
     /// The cache entry of application address `pc`, translating it if needed. `None`: the
