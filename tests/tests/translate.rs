@@ -152,6 +152,9 @@ fn per_thread(dump: &str) -> Vec<Vec<String>> {
         })
         .collect();
     out[0].sort();
+    // Threads in an order of their own (what each did), not of first appearance in the file,
+    // which depends on how they interleaved.
+    out[1..].sort();
     out
 }
 
