@@ -40,6 +40,22 @@ pub fn report_calls(report: &serde_json::Value, module: &Path) -> HashMap<String
     per_function(report, module, "calls")
 }
 
+/// (self, inclusive, calls) per function name of `module` in a report (one entry per name:
+/// single-thread traces).
+pub fn report_rows(report: &serde_json::Value, module: &Path) -> BTreeMap<String, (u64, u64, u64)> {
+    let module = module.to_string_lossy();
+    report["functions"]
+        .as_array()
+        .expect("report: `functions` array")
+        .iter()
+        .filter(|f| f["module"].as_str() == Some(&*module))
+        .map(|f| {
+            let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("function {k}"));
+            (f["name"].as_str().expect("function name").to_string(), (n("self"), n("inclusive"), n("calls")))
+        })
+        .collect()
+}
+
 /// `field` per function name of `module`, summed over the report's entries.
 fn per_function(report: &serde_json::Value, module: &Path, field: &str) -> HashMap<String, u64> {
     let module = module.to_string_lossy();

@@ -6,26 +6,12 @@
 //! stopped; `itrace archive` keeps it; a dead server and a server that never answers each give
 //! one warning and a report of `program+0xOFFSET` rows.
 
-use itrace_tests::{free_port, record, require_tool, run, test_dir, wait_until, KillOnDrop, Output, Symbols};
-use std::collections::BTreeMap;
+use itrace_tests::{
+    free_port, record, report_rows, require_tool, run, test_dir, wait_until, KillOnDrop, Output, Symbols,
+};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-/// (self, inclusive, calls) per function name of `module` in a report.
-fn rows(report: &serde_json::Value, module: &Path) -> BTreeMap<String, (u64, u64, u64)> {
-    let module = module.to_string_lossy();
-    report["functions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["module"].as_str() == Some(&*module))
-        .map(|f| {
-            let n = |k: &str| f[k].as_u64().unwrap();
-            (f["name"].as_str().unwrap().to_string(), (n("self"), n("inclusive"), n("calls")))
-        })
-        .collect()
-}
 
 /// `itrace report TRACE --json` with the debuginfod variables `vars` (and no others).
 fn report_with(trace: &Path, vars: &[(&str, &str)]) -> (serde_json::Value, Output) {
@@ -110,7 +96,7 @@ fn stripped_program_gets_its_names_from_a_debuginfod_server_then_from_the_cache(
     record_plain(&t_plain, &b.unstripped);
     record_plain(&t_stripped, &b.stripped);
     let (plain_report, _) = report_with(&t_plain, &[]);
-    let plain = rows(&plain_report, &b.unstripped);
+    let plain = report_rows(&plain_report, &b.unstripped);
     // The truth for names: nm of the unstripped build.
     let nm = Symbols::of(&b.unstripped);
     for name in plain.keys().filter(|n| !n.ends_with("@plt") && *n != "<plt>") {
@@ -122,7 +108,10 @@ fn stripped_program_gets_its_names_from_a_debuginfod_server_then_from_the_cache(
     let cache = b.dir.join("cache");
     let cache_s = cache.to_str().unwrap();
     let (r, _) = report_with(&t_stripped, &[("DEBUGINFOD_CACHE_PATH", cache_s)]);
-    assert!(rows(&r, &b.stripped).keys().any(|n| n.starts_with("funcptr+0x")), "stripped report has names already");
+    assert!(
+        report_rows(&r, &b.stripped).keys().any(|n| n.starts_with("funcptr+0x")),
+        "stripped report has names already"
+    );
 
     let port = free_port();
     let mut server = Command::new(&debuginfod);
@@ -143,7 +132,7 @@ fn stripped_program_gets_its_names_from_a_debuginfod_server_then_from_the_cache(
 
     let vars = [("DEBUGINFOD_URLS", url.as_str()), ("DEBUGINFOD_CACHE_PATH", cache_s)];
     let (r, out) = report_with(&t_stripped, &vars);
-    let got = rows(&r, &b.stripped);
+    let got = report_rows(&r, &b.stripped);
     assert_eq!(
         got, plain,
         "names and counts from the debuginfod file differ from the unstripped trace's\n{}",
@@ -163,7 +152,7 @@ fn stripped_program_gets_its_names_from_a_debuginfod_server_then_from_the_cache(
     drop(server);
     wait_until("debuginfod to stop", || http_status(port, &path).is_none());
     let (r, out) = report_with(&t_stripped, &vars);
-    assert_eq!(rows(&r, &b.stripped), plain, "from the cache\n{}", out.stderr);
+    assert_eq!(report_rows(&r, &b.stripped), plain, "from the cache\n{}", out.stderr);
     assert!(!out.stderr.contains("warning"), "{}", out.stderr);
 
     // `itrace archive` keeps the fetched file: with an empty cache and no server, the
@@ -172,7 +161,7 @@ fn stripped_program_gets_its_names_from_a_debuginfod_server_then_from_the_cache(
     o.assert_success();
     let empty = b.dir.join("empty-cache");
     let (r, out) = report_with(&t_stripped, &[("DEBUGINFOD_CACHE_PATH", empty.to_str().unwrap())]);
-    assert_eq!(rows(&r, &b.stripped), plain, "from the archive\n{}", out.stderr);
+    assert_eq!(report_rows(&r, &b.stripped), plain, "from the archive\n{}", out.stderr);
 }
 
 /// The report of the stripped trace with `url` as the only server: one warning naming it, the
@@ -185,7 +174,7 @@ fn check_failing_server(b: &Built, trace: &Path, url: &str, extra: &[(&str, &str
     let warnings: Vec<&str> = out.stderr.lines().filter(|l| l.contains("debuginfod server")).collect();
     assert_eq!(warnings.len(), 1, "one warning for the server:\n{}", out.stderr);
     assert!(warnings[0].contains(url) && warnings[0].contains("warning:"), "{}", warnings[0]);
-    let got = rows(&r, &b.stripped);
+    let got = report_rows(&r, &b.stripped);
     let plt = |n: &str| n.ends_with("@plt") || n == "<plt>";
     assert!(got.keys().any(|n| n.starts_with("funcptr+0x")), "{got:?}");
     assert!(got.keys().all(|n| plt(n) || n.starts_with("funcptr+0x")), "names without a debug file: {got:?}");

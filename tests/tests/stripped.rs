@@ -3,25 +3,10 @@
 //! `program+0xADDRESS`, its nm address, and the same self, inclusive and call counts.
 //! The report hints at what to install for names.
 
-use itrace_tests::{program, record, report_json, require_tool, run, test_dir, Symbols};
-use std::collections::{BTreeMap, BTreeSet};
+use itrace_tests::{program, record, report_json, report_rows, require_tool, run, test_dir, Symbols};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-
-/// (self, inclusive, calls) per function name of `module` in a report.
-fn rows(report: &serde_json::Value, module: &Path) -> BTreeMap<String, (u64, u64, u64)> {
-    let module = module.to_string_lossy();
-    report["functions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["module"].as_str() == Some(&*module))
-        .map(|f| {
-            let n = |k: &str| f[k].as_u64().unwrap();
-            (f["name"].as_str().unwrap().to_string(), (n("self"), n("inclusive"), n("calls")))
-        })
-        .collect()
-}
 
 #[test]
 fn stripped_program_has_a_row_per_function_at_its_nm_address() {
@@ -38,9 +23,9 @@ fn stripped_program_has_a_row_per_function_at_its_nm_address() {
     let t_stripped = dir.join("stripped.itr");
     record(&t_plain, &[], &unstripped, &[]).assert_success();
     record(&t_stripped, &[], &stripped, &[]).assert_success();
-    let plain = rows(&report_json(&t_plain), &unstripped);
+    let plain = report_rows(&report_json(&t_plain), &unstripped);
     let report = report_json(&t_stripped);
-    let got = rows(&report, &stripped);
+    let got = report_rows(&report, &stripped);
 
     let nm = Symbols::of(&unstripped);
     let base = stripped.file_name().unwrap().to_string_lossy().into_owned();
