@@ -44,8 +44,9 @@ pub(in super::super) struct Cache {
     pub(super) regions: Vec<Region>,
     /// Units by cache address (dead ones too: a thread may still be inside one).
     units: BTreeMap<u64, Unit>,
-    /// Live units by application address: their cache start.
-    entries: rustc_hash::FxHashMap<u64, u64>,
+    /// Live units by application address: their cache start (ordered: a change of the code in
+    /// a range finds its units without looking at the others).
+    entries: BTreeMap<u64, u64>,
     /// Every exit of every unit, by exit id.
     pub(super) exits: Vec<Exit>,
     traps: rustc_hash::FxHashMap<u64, Trap>,
@@ -183,13 +184,13 @@ impl Cache {
     pub(in super::super) fn invalidate(&mut self, start: u64, end: u64) {
         // Nothing was written to a process whose memory was never opened.
         let Some(pid) = self.mem.as_ref().map(|(p, _)| *p) else { return };
+        // A unit holds at most MAX_UNIT_INSNS instructions of at most 15 bytes.
+        let reach = super::unit::MAX_UNIT_INSNS as u64 * 15;
         let dead: Vec<u64> = self
-            .units
-            .values()
-            .filter(|u| {
-                u.app_start < end && u.app_end > start && self.entries.get(&u.app_start) == Some(&u.cache_start)
-            })
-            .map(|u| u.app_start)
+            .entries
+            .range(start.saturating_sub(reach)..end)
+            .filter(|(_, c)| self.units.get(c).is_some_and(|u| u.app_end > start))
+            .map(|(&app, _)| app)
             .collect();
         for app in dead {
             self.entries.remove(&app);
