@@ -363,6 +363,7 @@ impl Session<'_> {
         }
         // Never leave a breakpoint or trap of ours behind in a process we let go.
         self.take_out_traps(tid);
+        self.undo_stop_eintr(tid);
         let Some(t) = self.threads.get(&tid) else { return };
         if let Some(set) = t.original_affinity {
             set_affinity(tid, &set);
@@ -464,6 +465,11 @@ pub(super) trait PtraceArch {
     fn release_unfollowed(&mut self, tid: i32, pid: i32);
     /// Before detaching a thread: take our breakpoints and traps out of its process.
     fn take_out_traps(&mut self, tid: i32);
+    /// A thread our attach or detach stopped: a system call that the stop made fail with
+    /// EINTR instead of restarting (epoll_wait, semop, sigtimedwait, socket calls with a
+    /// timeout) is set to run again, as the kernel restarts the others; untraced, the program
+    /// would not have seen that EINTR. No-op where the architecture does not do it.
+    fn undo_stop_eintr(&mut self, _tid: i32) {}
     /// The recording ended: warn about what made it less exact, if anything.
     fn warn_at_end(&self);
     /// Called now and then from the wait loop (at least at itrace's periodic signal): work
