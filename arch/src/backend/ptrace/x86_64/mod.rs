@@ -587,6 +587,9 @@ impl Recorder for PtraceRecorder {
             hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
             translate,
         };
+        if translate {
+            translate::raise_tracer_priority();
+        }
         self.record_with(live, stop, step, options)
     }
 }
