@@ -1,6 +1,7 @@
 //! Instructions as text, for listings (`itrace annotate --asm`): iced-x86's Intel syntax on
 //! x86, capstone's on PowerPC64 and s390x.
 
+use crate::Flow;
 use capstone::arch::{BuildsCapstone, BuildsCapstoneEndian};
 use capstone::Capstone;
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, IntelFormatter};
@@ -13,10 +14,9 @@ pub struct Listed {
     pub len: usize,
     /// The instruction, as objdump prints it (Intel syntax on x86).
     pub text: String,
-    /// The target of a direct branch or call, when the text ends with it (x86 only: the
-    /// other architectures' texts are capstone's, whose operands are not decoded here).
+    /// The target of a direct branch or call, when the text ends with it.
     pub target: Option<u64>,
-    /// A conditional branch (x86 only, as `target`; elsewhere the trace's records say it).
+    /// A conditional branch, call or return.
     pub conditional: bool,
 }
 
@@ -85,7 +85,14 @@ impl Disassembler {
                     (Some(m), _) => m.to_string(),
                     (None, _) => return None,
                 };
-                Some(Listed { len: insn.len(), text, target: None, conditional: false })
+                // Branches as the recorders classify them (capstone's groups do not say).
+                let class = match self.arch {
+                    Arch::S390x => crate::s390x::decode(pc, bytes),
+                    _ => crate::ppc::decode(self.arch == Arch::Ppc64, pc, bytes),
+                };
+                let conditional = matches!(class.flow, Flow::CondJump | Flow::CondCall | Flow::CondReturn);
+                let target = class.target.filter(|&t| text.ends_with(&format!("0x{t:x}")));
+                Some(Listed { len: insn.len(), text, target, conditional })
             }
         }
     }

@@ -102,7 +102,7 @@ struct Insn {
     /// Whether the target is named in `text` (or cannot be).
     named: bool,
     conditional: bool,
-    /// Records of taken conditional branches from the instruction.
+    /// Branch records from the instruction: the times a conditional one was taken.
     taken: u64,
 }
 
@@ -172,17 +172,22 @@ impl Insn {
 }
 
 impl AnnotateSink<'_> {
-    /// What the block's closing branch tells of its instruction: a conditional branch taken,
-    /// a direct target the disassembler does not decode (capstone's architectures).
+    /// What the block's closing branch tells of its instruction: a branch taken (the taken
+    /// count of a conditional one; a conditional jump also where the disassembler did not
+    /// say), a direct target the disassembler did not decode.
     fn branch(&mut self, res: &mut Resolver, func: u32, pid: u32, br: &itrace_format::Branch) {
         use itrace_format::BranchKind;
         let Some(f) = self.funcs.get_mut(&func) else { return };
         let Some(insn) = f.insns.get_mut(&br.from) else { return };
+        // A branch's own records, not a signal's or fault's that stopped the block there.
+        if !matches!(br.kind, BranchKind::Call | BranchKind::Return | BranchKind::Jump | BranchKind::CondJump) {
+            return;
+        }
+        insn.taken += 1;
         if br.kind == BranchKind::CondJump {
             insn.conditional = true;
-            insn.taken += 1;
         }
-        if !insn.named && br.to != 0 && matches!(br.kind, BranchKind::Call | BranchKind::Jump | BranchKind::CondJump) {
+        if !insn.named && br.to != 0 && br.kind != BranchKind::Return {
             insn.name_target(res, pid, br.to);
         }
     }
