@@ -62,7 +62,8 @@ pub fn folded(trace: &Trace, per_thread: bool, progress: &mut dyn FnMut(u64)) ->
                     "" => "?",
                     n => n,
                 };
-                frame_name(&format!("{name}-{pid}/{tid}"))
+                // Spaces as `_`, as inferno's perf folding writes a comm.
+                frame_name(&format!("{}-{pid}/{tid}", name.replace(' ', "_")))
             });
         }
         Ok(())
