@@ -152,6 +152,13 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
         itrace_post::parquet::write_parquet(trace, out, rows_per_group, progress)
     })?;
     print_notes(&trace, &stats.notes);
+    if stats.calls_without_row > 0 {
+        eprintln!(
+            "itrace: note: {} of the report's calls have no row with a call_kind (counted where no row was written: \
+             a PLT call whose target was never seen, closed at the end of the trace)",
+            stats.calls_without_row
+        );
+    }
     if let Some(p) = &args.output {
         let ends = stats.rows - stats.branches;
         eprintln!(
