@@ -118,8 +118,9 @@ pub enum SpanSelection {
     /// Spans at least this long on the viewer's axis (microseconds: one instruction each on the
     /// instructions clock); shorter ones are merged into the span they ran in.
     MinSpan(u64),
-    /// The smallest power-of-two [`SpanSelection::MinSpan`] (or none) whose file fits in about
-    /// this many bytes. A trace that may exceed it is replayed once more first, to measure.
+    /// The smallest [`SpanSelection::MinSpan`] (or none; a whole number up to 4096, a power of
+    /// two above) whose file fits in about this many bytes. A trace that may exceed it is
+    /// replayed once more first, to measure.
     MaxBytes(u64),
 }
 
@@ -921,14 +922,19 @@ impl TimelineWriter for ChromeWriter<'_> {
     }
 }
 
+/// Span lengths (µs) up to which the automatic minimum span is a whole number; above, a power
+/// of two.
+const EXACT_LENGTHS: u64 = 4096;
+
 /// The first pass of [`SpanSelection::MaxBytes`]: the bytes the Chrome file's events would
-/// take, spans by their length (log2 buckets of whole microseconds), the rest apart.
+/// take, spans by their length in whole microseconds, the rest apart.
 struct ChromeSizes {
     pids: FxHashMap<u32, u32>,
     /// Per thread, open spans: (start, bytes of its `B`).
     open: FxHashMap<u32, Vec<(u64, u64)>>,
-    /// Bytes of the spans whose length in microseconds `l` has `64 - l.leading_zeros()` = index.
-    by_length: [u64; 65],
+    /// Bytes of the spans `l` µs long: at index `l` below [`EXACT_LENGTHS`], else at
+    /// `EXACT_LENGTHS + log2(l) - log2(EXACT_LENGTHS)`.
+    by_length: Vec<u64>,
     /// Markers, metadata, the file's start and end.
     other: u64,
     scratch: Vec<u8>,
@@ -939,7 +945,7 @@ impl ChromeSizes {
         ChromeSizes {
             pids: FxHashMap::default(),
             open: FxHashMap::default(),
-            by_length: [0; 65],
+            by_length: vec![0; EXACT_LENGTHS as usize + 64],
             // The file's start, and its end with otherData.
             other: 320,
             scratch: Vec::with_capacity(256),
@@ -952,22 +958,35 @@ impl ChromeSizes {
         n
     }
 
-    /// The smallest minimum span (µs, a power of two, or 0 for none) whose file takes at most
-    /// `max_bytes`, and the bytes it would take.
+    fn bucket(micros: u64) -> usize {
+        if micros < EXACT_LENGTHS {
+            micros as usize
+        } else {
+            (EXACT_LENGTHS + u64::from(micros.ilog2() - EXACT_LENGTHS.ilog2())) as usize
+        }
+    }
+
+    /// The smallest minimum span (µs: 0 for none, a whole number up to [`EXACT_LENGTHS`], a
+    /// power of two above) whose file takes at most `max_bytes`, and the bytes it would take.
     fn min_span_within(&self, max_bytes: u64) -> (u64, u64) {
-        // Keeping spans of at least 2^k µs keeps the buckets k+1 and up; 0 keeps them all.
-        let bytes = |from: usize| self.other + self.by_length[from..].iter().sum::<u64>();
-        if bytes(0) <= max_bytes {
-            return (0, bytes(0));
-        }
-        for k in 0..64 {
-            let b = bytes(k + 1);
-            if b <= max_bytes || b == self.other {
+        // Keeping the spans of at least `min` µs keeps the buckets from `bucket(min)` on (a
+        // power of two at or above EXACT_LENGTHS starts its bucket).
+        let mut kept: u64 = self.by_length.iter().sum();
+        let mut min = 0;
+        loop {
+            if self.other + kept <= max_bytes || kept == 0 {
                 // Fits, or no span is left to merge.
-                return (1 << k, b);
+                return (min, self.other + kept);
             }
+            let next = if min < EXACT_LENGTHS { min + 1 } else { min * 2 };
+            if next == 0 || min >= 1 << 62 {
+                return (min, self.other + kept);
+            }
+            for b in Self::bucket(min)..Self::bucket(next) {
+                kept -= self.by_length[b];
+            }
+            min = next;
         }
-        (1 << 63, self.other)
     }
 }
 
@@ -995,7 +1014,7 @@ impl TimelineWriter for ChromeSizes {
         let end_bytes = self.take();
         if let Some((begin, bytes)) = self.open.get_mut(&tid).and_then(|o| o.pop()) {
             let micros = time.saturating_sub(begin) / 1000;
-            self.by_length[(64 - micros.leading_zeros()) as usize] += bytes + end_bytes;
+            self.by_length[Self::bucket(micros)] += bytes + end_bytes;
         }
         Ok(())
     }
@@ -1353,6 +1372,25 @@ impl fxprof_processed_profile::StaticSchemaMarker for KernelMarker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hand-computed: spans of 0, 1, 2 and 5000 µs taking 10, 20, 30 and 40 bytes, and 5 bytes
+    /// of the rest: the smallest minimum that fits each budget.
+    #[test]
+    fn chrome_min_span_is_the_smallest_that_fits() {
+        let mut sizes = ChromeSizes::new();
+        sizes.other = 5;
+        for (micros, bytes) in [(0, 10), (1, 20), (2, 30), (5000, 40)] {
+            sizes.by_length[ChromeSizes::bucket(micros)] += bytes;
+        }
+        assert_eq!(sizes.min_span_within(105), (0, 105));
+        assert_eq!(sizes.min_span_within(104), (1, 95));
+        assert_eq!(sizes.min_span_within(75), (2, 75));
+        assert_eq!(sizes.min_span_within(74), (3, 45));
+        assert_eq!(sizes.min_span_within(45), (3, 45));
+        // 5000 µs is in the bucket from 4096 on: the next minimum is 8192.
+        assert_eq!(sizes.min_span_within(44), (8192, 5));
+        assert_eq!(sizes.min_span_within(1), (8192, 5));
+    }
 
     /// Hand-computed: 100 instructions between readings at 1000 ns and 2000 ns.
     #[test]
