@@ -341,6 +341,8 @@ struct ParquetSink<W: Write + Send> {
     strings: Strings,
     /// String ids of each resolver function id's (symbol, module).
     funcs: Vec<Option<(u32, u32)>>,
+    /// The same for `called_function` and `called_module` (from the resolver's names).
+    called: Vec<Option<(u32, u32)>>,
     /// The last source file seen and its string id (consecutive blocks are mostly in one file).
     last_file: Option<(Arc<str>, u32)>,
     kinds: [u32; 9],
@@ -435,12 +437,20 @@ impl<W: Write + Send> ParquetSink<W> {
         let r = &mut self.rows;
         match first {
             Some(c) => {
-                let (module, function) = res.func(c.func);
-                let ids = (self.strings.id(call_kind_name(c.how)), self.strings.id(function), self.strings.id(module));
+                let i = c.func as usize;
+                if i >= self.called.len() {
+                    self.called.resize(i + 1, None);
+                }
+                let strings = &mut self.strings;
+                let (function, module) = *self.called[i].get_or_insert_with(|| {
+                    let (module, function) = res.func(c.func);
+                    (strings.id(function), strings.id(module))
+                });
+                let kind = self.strings.id(call_kind_name(c.how));
                 let r = &mut self.rows;
-                r.call_kind.push(ids.0);
-                r.called_function.push(ids.1);
-                r.called_module.push(ids.2);
+                r.call_kind.push(kind);
+                r.called_function.push(function);
+                r.called_module.push(module);
                 self.stats.calls += 1;
             }
             None => {
@@ -596,6 +606,7 @@ pub fn write_parquet<W: Write + Send>(
         kinds,
         strings,
         funcs: Vec::new(),
+        called: Vec::new(),
         last_file: None,
         lost: 0,
         stats: ParquetStats::default(),
