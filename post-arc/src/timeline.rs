@@ -1373,6 +1373,71 @@ impl fxprof_processed_profile::StaticSchemaMarker for KernelMarker {
 mod tests {
     use super::*;
 
+    /// The events a Chrome writer with a minimum span writes: (ph, name or "", ts in µs).
+    fn chrome_out(
+        min_span_us: u64,
+        calls: impl FnOnce(&mut ChromeWriter),
+    ) -> (Vec<(String, String, f64)>, serde_json::Value) {
+        let mut buf = Vec::new();
+        let mut w = ChromeWriter::new(&mut buf, "t.itr", "instructions", min_span_us * 1000).unwrap();
+        w.thread(7, 7, "prog", "").unwrap();
+        calls(&mut w);
+        w.finish().unwrap();
+        drop(w);
+        let json: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        let events = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] != "M")
+            .map(|e| {
+                let name = e["name"].as_str().unwrap_or("").to_string();
+                (e["ph"].as_str().unwrap().to_string(), name, e["ts"].as_f64().unwrap())
+            })
+            .collect();
+        (events, json["otherData"].clone())
+    }
+
+    /// Hand-computed, minimum 3 µs: `a` (0-7) holds `b` (1-2, merged, 1 instruction, with a
+    /// marker at 1.5 inside) and `c` (2-6, kept, holding `d`, 2-3, merged, 1 instruction); the
+    /// marker waits for `a` to be known long and keeps its place.
+    #[test]
+    fn chrome_merges_short_spans_and_keeps_markers_in_order() {
+        let (events, other) = chrome_out(3, |w| {
+            w.begin(7, "a", SpanKind::Root, 0).unwrap();
+            w.run(7, 1, 0).unwrap();
+            w.begin(7, "b", SpanKind::Call, 1000).unwrap();
+            w.marker(7, "sys_write", MarkerKind::Syscall, 1, 1500).unwrap();
+            w.run(7, 1, 1000).unwrap();
+            w.end(7, 2000).unwrap();
+            w.begin(7, "c", SpanKind::Call, 2000).unwrap();
+            w.begin(7, "d", SpanKind::Call, 2000).unwrap();
+            w.run(7, 1, 2000).unwrap();
+            w.end(7, 3000).unwrap();
+            w.run(7, 3, 3000).unwrap();
+            w.end(7, 6000).unwrap();
+            w.run(7, 1, 6000).unwrap();
+            w.end(7, 7000).unwrap();
+        });
+        let e = |ph: &str, name: &str, ts: f64| (ph.to_string(), name.to_string(), ts);
+        assert_eq!(
+            events,
+            vec![e("B", "a", 0.0), e("i", "sys_write", 1.5), e("B", "c", 2.0), e("E", "", 6.0), e("E", "", 7.0)]
+        );
+        assert_eq!((other["merged_spans"].as_u64(), other["merged_instructions"].as_u64()), (Some(2), Some(2)));
+        // A short span inside a short span: merged with it, its instructions counted once.
+        let (events, other) = chrome_out(10, |w| {
+            w.begin(7, "a", SpanKind::Root, 0).unwrap();
+            w.begin(7, "b", SpanKind::Call, 1000).unwrap();
+            w.run(7, 2, 1000).unwrap();
+            w.end(7, 3000).unwrap();
+            w.run(7, 1, 3000).unwrap();
+            w.end(7, 4000).unwrap();
+        });
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!((other["merged_spans"].as_u64(), other["merged_instructions"].as_u64()), (Some(2), Some(3)));
+    }
+
     /// Hand-computed: spans of 0, 1, 2 and 5000 µs taking 10, 20, 30 and 40 bytes, and 5 bytes
     /// of the rest: the smallest minimum that fits each budget.
     #[test]

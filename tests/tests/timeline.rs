@@ -501,6 +501,19 @@ fn chrome_default_keeps_the_file_within_max_size() {
         smaller_bytes > max,
         "--min-span {smaller} gives {smaller_bytes} bytes, within {max}: {min} was not the smallest"
     );
+    // The options are the Chrome format's: one line elsewhere.
+    let firefox = itrace([
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--format".as_ref(),
+        "firefox".as_ref(),
+        "--min-span".as_ref(),
+        "3".as_ref(),
+        "-o".as_ref(),
+        trace.with_extension("ff.json").as_os_str(),
+    ]);
+    let line = firefox.assert_clean_error();
+    assert!(line.contains("are for --format chrome"), "{line}");
     // Within the default 100 MiB: every span, nothing said.
     let run = itrace([
         "export".as_ref(),
