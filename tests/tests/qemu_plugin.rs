@@ -289,6 +289,19 @@ fn a_script_is_traced_through_its_interpreter() {
     let report = report_json(&trace);
     assert_eq!(report["total_instructions"].as_u64(), Some(COUNT_LOOP_INSTRUCTIONS), "hand count (count_loop.S)");
 
+    // A shim through env (`#!/usr/bin/env sh`, as pyenv's): env execs the shell, which qemu-user
+    // runs natively: the trace is env's, itrace says it ended at the exec, and the script
+    // still runs whole.
+    let env_shim = dir.join("env_shim");
+    std::fs::write(&env_shim, "#!/usr/bin/env sh\necho \"args: $0 $*\"\nexit 3\n").unwrap();
+    exec(&env_shim);
+    let direct = run(Command::new(&env_shim).args(["a", "b c"]));
+    let traced = record(&dir.join("env.itr"), QEMU, &env_shim, &["a", "b c"]);
+    assert_eq!(traced.status.code(), Some(3), "the program's exit status: {}", traced.stderr);
+    assert_eq!(traced.stdout, direct.stdout, "the shim's output under qemu");
+    assert!(traced.stderr.contains("is a script for /usr/bin/env"), "{}", traced.stderr);
+    assert!(traced.stderr.contains("tracing ended: the program called exec"), "{}", traced.stderr);
+
     let missing = dir.join("missing");
     std::fs::write(&missing, "#!/nonexistent/interpreter -x\n").unwrap();
     exec(&missing);
