@@ -539,8 +539,9 @@ pub struct ExportArgs {
     #[arg(long, value_enum, default_value_t = TimeAxisArg::Instructions)]
     pub time: TimeAxisArg,
     /// Chrome: merge the spans shorter than N into the span they ran in (N instructions on the
-    /// instructions clock, N microseconds on the timestamps clock). Default: the smallest power
-    /// of two that keeps the file within --max-size (none when every span fits).
+    /// instructions clock, N microseconds on the timestamps clock). Default: the smallest N (a
+    /// whole number up to 4096, a power of two above) that keeps the file within --max-size
+    /// (none when every span fits).
     #[arg(long, value_name = "N", conflicts_with = "all_spans",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub min_span: Option<u64>,

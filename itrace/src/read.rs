@@ -154,8 +154,8 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
     print_notes(&trace, &stats.notes);
     if stats.calls_without_row > 0 {
         eprintln!(
-            "itrace: note: {} of the report's calls have no row with a call_kind (counted where no row was written: \
-             a PLT call whose target was never seen, closed at the end of the trace)",
+            "itrace: note: {} of the report's calls have no row with a call_kind (counted where no row was written, \
+             as a PLT call whose target was never seen closed at the end of the trace, or a second one at a row)",
             stats.calls_without_row
         );
     }
