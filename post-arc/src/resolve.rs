@@ -192,9 +192,10 @@ impl Resolver {
         let i = space.segs.partition_point(|g| g.end <= to);
         let Some(seg) = space.segs.get(i).filter(|g| g.start <= to).cloned() else { return };
         if stale {
-            if target.offset != 0 {
-                let file_offset = (to - seg.start).wrapping_add(seg.offset);
-                self.stale_starts.entry(seg.path.clone()).or_default().insert(file_offset);
+            let file_offset = (to - seg.start).wrapping_add(seg.offset);
+            if target.offset != 0 && self.stale_starts.entry(seg.path.clone()).or_default().insert(file_offset) {
+                // Locations resolved before are named by the start below this one.
+                self.recent_gen += 1;
             }
             return;
         }
@@ -433,13 +434,16 @@ impl Resolver {
         let loc = Rc::new(Location { symbol, offset, module, line, file, func, plt });
         // Code of a file that no symbol covers, or of a stale one, may be named by a function
         // start learned later (`learn_function_start`): not kept, so that learning never has
-        // to forget.
+        // to forget; a stale file's is kept in the recent slots only, which learning in it
+        // empties at once.
         let unnamed = &*loc.symbol == "<unknown>" && loc.module.starts_with('/');
-        let keep = !unnamed && !self.stale.contains(&loc.module);
-        if keep {
+        if unnamed {
+            return (loc, false);
+        }
+        if !self.stale.contains(&loc.module) {
             self.spaces.entry(pid).or_default().cache.insert(addr, loc.clone());
         }
-        (loc, keep)
+        (loc, true)
     }
 
     fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, SourceLine, Option<PltPart>) {
