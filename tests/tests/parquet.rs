@@ -9,6 +9,8 @@
 //!   instructions, symbol, offset, module, pid, tid, names, source line); its totals are the
 //!   report's (instructions, taken branches, per thread), and grouped by function its
 //!   instructions are the report's self count of every function.
+//! - the rows with a `call_kind`, grouped by `called_function`, are the report's calls of every
+//!   function: with lazily bound PLT calls, tail calls, recursion, threads, signal handlers.
 
 use itrace_tests::{
     arc_text, itrace, parse_arc, program, record, report_json, run, test_dir, ArcLine, Symbols, COUNT_LOOP_BLOCKS,

@@ -11,6 +11,10 @@
 //! the delivery. With the timestamps clock the spans are the same and lie within the time
 //! the recording took.
 //!
+//! Merging (Chrome): `--min-span N` leaves exactly the spans of `--all-spans` at least N long,
+//! every marker, and metadata counting what was merged (computed from `--all-spans`); by
+//! default a file over `--max-size` gets the smallest minimum that fits it.
+//!
 //! Firefox (processed profile, gzipped): one thread per traced thread with its tid, samples
 //! weighted by instructions that add up to the thread's instructions in the report, the
 //! program's functions in the thread's string table, and the signals as markers.
