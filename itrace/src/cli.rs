@@ -579,6 +579,21 @@ pub struct ExportArgs {
     /// The clock of the timeline exports (chrome, firefox).
     #[arg(long, value_enum, default_value_t = TimeAxisArg::Instructions)]
     pub time: TimeAxisArg,
+    /// Chrome: merge the spans shorter than N into the span they ran in (N instructions on the
+    /// instructions clock, N microseconds on the timestamps clock). Default: the smallest N (a
+    /// whole number up to 4096, a power of two above) that keeps the file within --max-size
+    /// (none when every span fits).
+    #[arg(long, value_name = "N", conflicts_with = "all_spans",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub min_span: Option<u64>,
+    /// Chrome: write every span, however large the file (a browser may not open it).
+    #[arg(long)]
+    pub all_spans: bool,
+    /// Chrome: the size the file is kept within by merging short spans (K, M, G: powers of
+    /// 1024; default 100M).
+    #[arg(long, value_name = "BYTES", value_parser = crate::size::parse_size,
+          conflicts_with_all = ["all_spans", "min_span"])]
+    pub max_size: Option<usize>,
 }
 
 #[derive(Args)]

@@ -110,6 +110,9 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
 }
 
 pub fn export(args: ExportArgs) -> Result<ExitCode> {
+    if args.format != ExportFormat::Chrome && (args.all_spans || args.min_span.is_some() || args.max_size.is_some()) {
+        bail!("--all-spans, --min-span and --max-size are for --format chrome");
+    }
     if args.format == ExportFormat::Parquet {
         return export_parquet(args);
     }
@@ -153,6 +156,13 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
         itrace_post::parquet::write_parquet(trace, out, rows_per_group, progress)
     })?;
     print_notes(&trace, &stats.notes);
+    if stats.calls_without_row > 0 {
+        eprintln!(
+            "itrace: note: {} of the report's calls have no row with a call_kind (counted where no row was written, \
+             as a PLT call whose target was never seen closed at the end of the trace, or a second one at a row)",
+            stats.calls_without_row
+        );
+    }
     if let Some(p) = &args.output {
         let ends = stats.rows - stats.branches;
         eprintln!(
@@ -169,7 +179,7 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
 
 /// `itrace export --format chrome|firefox`: a timeline of call spans per thread.
 fn export_timeline(args: &ExportArgs, trace: &itrace_post::Trace) -> Result<ExitCode> {
-    use itrace_post::timeline::{TimeAxis, TimelineFormat};
+    use itrace_post::timeline::{SpanSelection, TimeAxis, TimelineFormat};
     let format = match args.format {
         ExportFormat::Firefox => {
             let gzip = args.output.as_deref().is_some_and(|p| p.extension().is_some_and(|e| e == "gz"));
@@ -181,12 +191,38 @@ fn export_timeline(args: &ExportArgs, trace: &itrace_post::Trace) -> Result<Exit
         TimeAxisArg::Instructions => TimeAxis::Instructions,
         TimeAxisArg::Timestamps => TimeAxis::Timestamps,
     };
+    let max_bytes = args.max_size.map_or(itrace_post::timeline::CHROME_MAX_BYTES, |b| b as u64);
+    let spans = if args.all_spans {
+        SpanSelection::All
+    } else if let Some(n) = args.min_span {
+        SpanSelection::MinSpan(n)
+    } else {
+        SpanSelection::MaxBytes(max_bytes)
+    };
     let mut out = create_output(args.output.as_deref())?;
     let stats = read_trace(trace, |trace, progress| {
-        itrace_post::timeline::write_timeline(trace, format, axis, &mut out, progress)
+        itrace_post::timeline::write_timeline(trace, format, axis, spans, &mut out, progress)
     })?;
     out.flush().context("cannot write the timeline")?;
     print_notes(trace, &stats.notes);
+    if stats.min_span > 0 {
+        let unit = match axis {
+            TimeAxis::Instructions => "instructions",
+            TimeAxis::Timestamps => "us",
+        };
+        eprintln!(
+            "itrace: note: {} spans shorter than {} {unit} were merged into the spans they ran in ({} instructions \
+             ran in them){}; --all-spans writes every span",
+            stats.merged_spans,
+            stats.min_span,
+            stats.merged_instructions,
+            if args.min_span.is_some() {
+                String::new()
+            } else {
+                format!(", to keep the file within {} (--max-size)", crate::size::human_size(max_bytes))
+            }
+        );
+    }
     if let Some(p) = &args.output {
         eprintln!(
             "itrace: wrote {} ({} threads, {} spans, {} markers, {} instructions)",

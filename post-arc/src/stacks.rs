@@ -52,6 +52,20 @@ pub struct Collect {
     pub lines: bool,
     /// Each change to a thread's stack as a [`StackEvent`] (timelines).
     pub events: bool,
+    /// Each call counted in a function's `calls`, as a [`CountedCall`] (the Parquet table).
+    pub calls: bool,
+}
+
+/// A call counted in [`FuncStats::calls`] ([`Collect::calls`]), when it is counted: at the
+/// CALL, the tail call's jump, the signal's delivery, the PLT stub's jump to its target, or
+/// (a PLT call whose target was never seen) when its frame closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CountedCall {
+    pub tid: u32,
+    /// The function whose calls it counts in.
+    pub func: u32,
+    /// [`Opened::Call`], [`Opened::PltCall`], [`Opened::TailCall`] or [`Opened::SignalHandler`].
+    pub how: Opened,
 }
 
 /// How a frame came to be opened.
@@ -244,6 +258,9 @@ pub struct CallStacks {
     events: Vec<StackEvent>,
     /// [`Collect::events`].
     record_events: bool,
+    /// Calls counted and not taken yet ([`Collect::calls`]).
+    counted: Vec<CountedCall>,
+    record_calls: bool,
 }
 
 /// Replay `trace` into call stacks, collecting what `collect` asks for; every frame is
@@ -323,6 +340,7 @@ impl CallStacks {
             edges: collect.edges.then(FxHashMap::default),
             lines: collect.lines.then(FxHashMap::default),
             record_events: collect.events,
+            record_calls: collect.calls,
             ..CallStacks::default()
         }
     }
@@ -348,6 +366,19 @@ impl CallStacks {
 
     fn func(&mut self, id: u32) -> &mut FuncStats {
         Self::func_in(&mut self.funcs, id)
+    }
+
+    /// A call of `func` by `tid`, counted.
+    fn count_call(&mut self, tid: u32, func: u32, how: Opened) {
+        self.func(func).calls += 1;
+        if self.record_calls {
+            self.counted.push(CountedCall { tid, func, how });
+        }
+    }
+
+    /// The calls counted since the last time ([`Collect::calls`]), in order.
+    pub fn drain_calls(&mut self) -> std::vec::Drain<'_, CountedCall> {
+        self.counted.drain(..)
     }
 
     /// [`Self::func`] on the field alone, for callers that hold a thread's stack meanwhile.
@@ -477,7 +508,7 @@ impl CallStacks {
             frame.node = node;
         }
         th.enter(target.func);
-        self.func(target.func).calls += 1;
+        self.count_call(tid, target.func, Opened::PltCall);
         self.event(StackEvent::Retarget { tid, depth, func: target.func });
     }
 
@@ -522,7 +553,7 @@ impl CallStacks {
             entry_in_handlers: th.in_handlers,
             tail: true,
         });
-        self.func(target_func).calls += 1;
+        self.count_call(tid, target_func, Opened::TailCall);
         self.event(StackEvent::Open { tid, depth, func: target_func, how: Opened::TailCall, at });
     }
 
@@ -621,6 +652,9 @@ impl CallStacks {
             if fr.plt_pending {
                 // Its own instructions are already in its inclusive count (it had no frame).
                 Self::func_in(&mut self.funcs, fr.func).calls += 1;
+                if self.record_calls {
+                    self.counted.push(CountedCall { tid, func: fr.func, how: Opened::PltCall });
+                }
                 continue;
             }
             let outermost = th.leave(fr.func);
@@ -685,7 +719,7 @@ impl Sink for CallStacks {
                         let callee = res.resolve(b.pid, br.to);
                         let via_plt = callee.plt.is_some();
                         if !via_plt {
-                            self.func(callee.func).calls += 1;
+                            self.count_call(br.tid, callee.func, Opened::Call);
                         }
                         let call_line = if self.lines.is_some() { res.resolve(b.pid, br.from).line } else { 0 };
                         self.push(br.tid, callee.func, br.from, call_line, 0, via_plt, None);
@@ -744,7 +778,7 @@ impl Sink for CallStacks {
                     let resume = self.threads.entry(br.tid).or_default().signal_from;
                     let handler = res.resolve(b.pid, br.to).func;
                     let signal = res.kernel_func(kernel_name);
-                    self.func(handler).calls += 1;
+                    self.count_call(br.tid, handler, Opened::SignalHandler);
                     self.push(br.tid, handler, u64::MAX, 0, resume, false, Some(signal));
                 }
             }
