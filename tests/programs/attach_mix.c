@@ -10,12 +10,16 @@
  *
  *   busy     three threads compute items (calls through function pointers, a switch,
  *            recursion, floating point); the main thread sleeps in read(0).
- *   churn    a thread starts and joins short-lived threads that compute items, over and over.
+ *   churn    a thread starts and joins short-lived threads that compute items (then sleep 30 ms),
+ *            over and over.
  *   signals  busy, plus a 2 ms interval timer (SIGALRM) whose handler computes an item, and a
  *            SIGUSR1 handler that counts; prints "usr1=N" (signals sent from outside).
  *   blocked  threads blocked in system calls: nanosleep, a futex (condition variable with a
  *            timeout), read and epoll_wait on a pipe a writer feeds in sequence; a system call
  *            failing with EINTR (no handler is installed, so it never may) is an error.
+ *
+ * Every item also checks that the thread's rseq registration (glibc's) is still in place:
+ * the kernel keeps its cpu_id at the CPU the thread runs on, -1 once unregistered.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -26,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/rseq.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +67,15 @@ __attribute__((noinline)) static uint64_t lin(uint64_t acc, uint64_t k) { return
 
 __attribute__((noinline)) static uint64_t fib(unsigned n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
 
+/* The thread's rseq area is registered (when glibc registered one: __rseq_size > 0). */
+static int rseq_lost(void)
+{
+    if (__rseq_size == 0)
+        return 0;
+    struct rseq *rs = (struct rseq *)((char *)__builtin_thread_pointer() + __rseq_offset);
+    return (int)__atomic_load_n(&rs->cpu_id, __ATOMIC_RELAXED) < 0;
+}
+
 /* One item: sums through function pointers chosen by a switch, recursion and floating point,
  * each checked against its closed form.  Returns 1 when something is wrong. */
 __attribute__((noinline)) static int item(uint64_t seed)
@@ -83,6 +97,7 @@ __attribute__((noinline)) static int item(uint64_t seed)
     for (uint64_t k = 1; k <= n; k++)
         x += (double)k;
     bad |= x != (double)(n * (n + 1) / 2);
+    bad |= rseq_lost();
     return bad;
 }
 
@@ -105,6 +120,9 @@ static void *short_lived(void *arg)
     for (int i = 0; i < 16; i++)
         bad += item(seed + i);
     count(16, bad);
+    /* linger, so that threads made while itrace is attached are still there at its detach */
+    struct timespec req = { 0, 30 * 1000 * 1000 };
+    nanosleep(&req, NULL);
     return NULL;
 }
 

@@ -48,15 +48,36 @@ fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
     Some((state, tracer))
 }
 
-/// Every thread of `pid` untraced and running or asleep (not stopped, not dead).
-fn all_threads_free(pid: u32) -> Result<(), String> {
+/// What a thread's /proc status says of what it must keep across an attach: the CPUs it may
+/// run on, and for the main thread (asleep in read: glibc blocks every signal for a moment in
+/// a thread that creates one, and in the new thread) its signal mask and its ignored and
+/// caught signals.
+fn kept_state(pid: u32, tid: u32) -> Option<Vec<String>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    let keep: &[&str] =
+        if tid == pid { &["SigBlk:", "SigIgn:", "SigCgt:", "Cpus_allowed_list:"] } else { &["Cpus_allowed_list:"] };
+    Some(status.lines().filter(|l| keep.iter().any(|k| l.starts_with(k))).map(str::to_string).collect())
+}
+
+/// Every thread of `pid` untraced and running or asleep (not stopped, not dead), with the
+/// masks and CPUs of `before` (the main thread's; the program's threads all have its CPUs).
+fn all_threads_free(pid: u32, before: &[String]) -> Result<(), String> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| format!("process gone: {e}"))?;
     for t in tasks.flatten() {
         let tid: u32 = t.file_name().to_string_lossy().parse().unwrap_or(0);
         match state_and_tracer(tid) {
             Some((s, 0)) if s == 'R' || s == 'S' || s == 'D' => {}
-            None => {} // exited meanwhile (the churn program's threads)
+            None => continue, // exited meanwhile (the churn program's threads)
             other => return Err(format!("thread {tid}: (state, tracer) {other:?}")),
+        }
+        let want: Vec<String> = if tid == pid {
+            before.to_vec()
+        } else {
+            before.iter().filter(|l| l.starts_with("Cpus_allowed_list:")).cloned().collect()
+        };
+        match kept_state(pid, tid) {
+            Some(now) if now != want => return Err(format!("thread {tid}: {now:?}, untraced {want:?}")),
+            _ => {}
         }
     }
     Ok(())
@@ -81,6 +102,7 @@ fn stress(name: &str, args: &[&str], rng: &mut Rng, send_usr1: bool) {
     out.read_line(&mut first).expect("read the start line");
     assert!(first.contains(&format!("started pid={pid}")), "{name}: start line {first:?}");
 
+    let before = kept_state(pid, pid).expect("the program's status");
     let stop_signals = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sender = send_usr1.then(|| {
         let stop = stop_signals.clone();
@@ -110,7 +132,7 @@ fn stress(name: &str, args: &[&str], rng: &mut Rng, send_usr1: bool) {
             "{name} {args:?} round {round} (--duration {duration}): itrace failed: {}",
             rec.stderr.trim()
         );
-        if let Err(e) = all_threads_free(pid) {
+        if let Err(e) = all_threads_free(pid, &before) {
             panic!("{name} {args:?} round {round} (--duration {duration}): after the detach: {e}");
         }
         if round % 6 == 0 {

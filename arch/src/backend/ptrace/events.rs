@@ -55,6 +55,7 @@ impl Session<'_> {
     pub(super) fn on_clone(&mut self, parent: i32, child: i32, ev: i32) {
         let Some(p) = self.threads.get(&parent) else { return };
         let parent_pid = p.pid;
+        let parent_affinity = p.original_affinity;
         let child_pid = procfs::tgid(child).unwrap_or(if ev == libc::PTRACE_EVENT_CLONE { parent_pid } else { child });
         let thread = child_pid == parent_pid;
         let ts = now_ns();
@@ -73,6 +74,11 @@ impl Session<'_> {
         }
         if let Some(t) = self.threads.get_mut(&child) {
             t.pid = child_pid;
+            // It inherited its parent's affinity as we pinned it: untraced, it would have the
+            // parent's own, which a detach gives back (before, it stayed on one CPU).
+            if parent_affinity.is_some() {
+                t.original_affinity = parent_affinity;
+            }
         }
         if !thread && self.opts.follow_forks {
             self.out.processes += 1;
