@@ -6,6 +6,7 @@
 //! emulation) writes this format, and every post-processor reads it. The
 //! layout is documented in `docs/trace-format.md`.
 
+mod ahead;
 mod buffers;
 pub mod compact;
 mod error;
@@ -16,6 +17,7 @@ mod record;
 pub mod shm;
 mod writer;
 
+pub use ahead::{decode_ahead_default, Ahead, Merged};
 pub use buffers::{BufferConfig, Buffers, LiveCounts, Push};
 
 /// The trace's clock: CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call; safe in a

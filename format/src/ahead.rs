@@ -1,0 +1,173 @@
+//! A merged read decoded on a second thread: one thread decodes the chunks (decompression,
+//! the compact decoding, the merge by time) a batch ahead while the caller works on the
+//! records before, so a reader uses two cores. The batches in flight are bounded: memory does
+//! not grow with the trace.
+
+use crate::reader::StreamId;
+use crate::reader::{Event, EventRef, MergedRecords};
+use crate::{Branch, FormatError, Record, TraceFile};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+
+/// Records per batch handed from the decoding thread to the reader.
+const BATCH: usize = 1024;
+/// Batches decoded ahead of the reader (each about BATCH x 56 bytes).
+const IN_FLIGHT: usize = 4;
+
+/// What the decoding thread hands over: records in time order, then maybe the error that
+/// ended the read (nothing follows it).
+struct Batch {
+    events: Vec<Item>,
+    error: Option<FormatError>,
+}
+
+/// A record handed over: a branch (nearly all of them) in 56 bytes, any other record boxed (a
+/// whole [`Record`] is 152 bytes: moving those cost more than decoding them).
+enum Item {
+    Branch { stream: StreamId, offset: u64, after_gap: bool, branch: Branch },
+    Other(Box<Event>),
+}
+
+/// The records of all streams in time order, decoded here or on a second thread
+/// ([`TraceFile::read_merged`]).
+pub enum Merged<'a> {
+    /// Decoded by the reader's own thread.
+    Here(MergedRecords<'a>),
+    /// Decoded ahead by a second thread.
+    Ahead(Ahead),
+}
+
+/// The reader's end of a read decoded on a second thread.
+pub struct Ahead {
+    batches: Receiver<Batch>,
+    /// Emptied batches, sent back for the decoding thread to fill again.
+    spent: SyncSender<Vec<Item>>,
+    cur: Vec<Item>,
+    /// The branch handed out last, as a record to lend.
+    branch: Record,
+    /// The next record of `cur`.
+    at: usize,
+    error: Option<FormatError>,
+}
+
+impl Merged<'_> {
+    /// The next record, borrowed until the next call (as [`MergedRecords::next_ref`]).
+    pub fn next_ref(&mut self) -> Option<Result<EventRef<'_>, FormatError>> {
+        match self {
+            Merged::Here(m) => m.next_ref(),
+            Merged::Ahead(a) => a.next_ref(),
+        }
+    }
+}
+
+impl Ahead {
+    fn next_ref(&mut self) -> Option<Result<EventRef<'_>, FormatError>> {
+        if self.at >= self.cur.len() {
+            if let Some(e) = self.error.take() {
+                return Some(Err(e));
+            }
+            let spent = std::mem::take(&mut self.cur);
+            // The decoding thread may have ended (at the end of the trace): the batch is dropped.
+            let _ = self.spent.try_send(spent);
+            let Ok(batch) = self.batches.recv() else { return None };
+            self.cur = batch.events;
+            self.error = batch.error;
+            self.at = 0;
+            if self.cur.is_empty() {
+                return self.error.take().map(Err);
+            }
+        }
+        let item = &self.cur[self.at];
+        self.at += 1;
+        Some(Ok(match item {
+            Item::Branch { stream, offset, after_gap, branch } => {
+                match &mut self.branch {
+                    Record::Branch(b) => *b = *branch,
+                    other => *other = Record::Branch(*branch),
+                }
+                EventRef { stream: *stream, offset: *offset, record: &self.branch, after_gap: *after_gap }
+            }
+            Item::Other(ev) => {
+                EventRef { stream: ev.stream, offset: ev.offset, record: &ev.record, after_gap: ev.after_gap }
+            }
+        }))
+    }
+}
+
+/// Decode `merged` into batches until its end, an error, or the reader hanging up.
+fn decode_ahead(mut merged: MergedRecords<'_>, batches: SyncSender<Batch>, spent: Receiver<Vec<Item>>) {
+    loop {
+        let mut events = spent.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
+        events.clear();
+        let mut error = None;
+        let mut ended = false;
+        while events.len() < BATCH {
+            match merged.next_ref() {
+                Some(Ok(ev)) => events.push(match ev.record {
+                    Record::Branch(b) => {
+                        Item::Branch { stream: ev.stream, offset: ev.offset, after_gap: ev.after_gap, branch: *b }
+                    }
+                    r => Item::Other(Box::new(Event {
+                        stream: ev.stream,
+                        offset: ev.offset,
+                        record: r.clone(),
+                        after_gap: ev.after_gap,
+                    })),
+                }),
+                Some(Err(e)) => {
+                    error = Some(e);
+                    ended = true;
+                    break;
+                }
+                None => {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        let empty = events.is_empty() && error.is_none();
+        if !empty && batches.send(Batch { events, error }).is_err() {
+            return; // The reader stopped early (a range's end): nothing more is wanted.
+        }
+        if ended {
+            return;
+        }
+    }
+}
+
+impl TraceFile {
+    /// Run `read` over the records of all streams in time order (those of
+    /// [`TraceFile::merged`]); with `ahead`, they are decoded on a second thread while `read`
+    /// works. The records and errors are the same either way.
+    pub fn read_merged<R>(&self, ahead: bool, read: impl FnOnce(&mut Merged<'_>) -> R) -> R {
+        if !ahead {
+            return read(&mut Merged::Here(self.merged()));
+        }
+        std::thread::scope(|s| {
+            let (batch_tx, batch_rx) = sync_channel(IN_FLIGHT);
+            let (spent_tx, spent_rx) = sync_channel(IN_FLIGHT + 2);
+            let merged = self.merged();
+            s.spawn(move || decode_ahead(merged, batch_tx, spent_rx));
+            let mut m = Merged::Ahead(Ahead {
+                batches: batch_rx,
+                spent: spent_tx,
+                cur: Vec::new(),
+                at: 0,
+                branch: Record::Unknown { ts: 0, major: 0, minor: 0 },
+                error: None,
+            });
+            let r = read(&mut m);
+            // Hang up before the scope waits for the decoding thread: a send it is blocked in fails.
+            drop(m);
+            r
+        })
+    }
+}
+
+/// Whether reads should decode on a second thread: when the machine has more than one CPU,
+/// unless the environment's `ITRACE_READ_THREADS` is 1.
+pub fn decode_ahead_default() -> bool {
+    match std::env::var("ITRACE_READ_THREADS") {
+        Ok(v) if v.trim() == "1" => false,
+        _ => std::thread::available_parallelism().map_or(false, |n| n.get() > 1),
+    }
+}
