@@ -163,11 +163,11 @@ impl TraceFile {
     }
 }
 
-/// Whether reads should decode on a second thread: when the machine has more than one CPU,
-/// unless the environment's `ITRACE_READ_THREADS` is 1.
+/// Whether reads should decode on a second thread: as the environment's `ITRACE_READ_THREADS`
+/// says (1: no, more: yes), else when the machine has more than one CPU.
 pub fn decode_ahead_default() -> bool {
-    match std::env::var("ITRACE_READ_THREADS") {
-        Ok(v) if v.trim() == "1" => false,
-        _ => std::thread::available_parallelism().map_or(false, |n| n.get() > 1),
+    match std::env::var("ITRACE_READ_THREADS").ok().and_then(|v| v.trim().parse::<u32>().ok()) {
+        Some(n) => n > 1,
+        None => std::thread::available_parallelism().is_ok_and(|n| n.get() > 1),
     }
 }

@@ -49,7 +49,7 @@ pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, 
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};
 pub use reader::{
     ChunkInfo, Damage, DamageLoss, Event, EventRef, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats,
-    TraceFile,
+    StreamTotals, TraceFile, RECORD_KINDS,
 };
 pub use record::{
     branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord,

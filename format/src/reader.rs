@@ -605,6 +605,74 @@ pub struct KindStats {
     pub bytes: u64,
 }
 
+/// The kinds of item of a CPU stream `itrace info` counts, in the order the summary's stream
+/// totals list them (docs/trace-format.md).
+pub const RECORD_KINDS: [&str; 7] =
+    ["table hit", "table hit, time moved", "new edge", "second-table hit", "run", "whole record", "40-byte branch"];
+
+/// What one CPU stream's chunks hold, counted by the writer (see [`crate::Summary::totals`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamTotals {
+    pub branches: u64,
+    pub first_ts: Option<u64>,
+    pub last_ts: Option<u64>,
+    /// Records and bytes per kind, in the order of [`RECORD_KINDS`].
+    pub kinds: [KindStats; RECORD_KINDS.len()],
+}
+
+impl StreamTotals {
+    /// Count one record of `bytes` bytes, of kind `kind` (an index of [`RECORD_KINDS`]).
+    fn add(&mut self, kind: usize, bytes: u64, rec: &Record) {
+        let k = &mut self.kinds[kind];
+        k.records += 1;
+        k.bytes += bytes;
+        if matches!(rec, Record::Branch(_)) {
+            self.branches += 1;
+        }
+        let ts = rec.ts();
+        self.first_ts = Some(self.first_ts.map_or(ts, |f| f.min(ts)));
+        self.last_ts = Some(self.last_ts.map_or(ts, |l| l.max(ts)));
+    }
+
+    /// Add the uncompressed compact `payload` of one CPU chunk, as written. A payload that does
+    /// not decode (never from the writer's encoder) counts up to where it stops.
+    pub(crate) fn add_chunk(&mut self, e: crate::Endian, payload: &[u8]) {
+        let mut dec = Decoder::new();
+        let mut rec = Record::Unknown { ts: 0, major: 0, minor: 0 };
+        let (mut at, mut before) = (0, 0);
+        while let Ok(true) = dec.next_into(e, payload, &mut at, &mut rec) {
+            self.add(kind_of(payload, before, true, &rec), (at - before) as u64, &rec);
+            before = at;
+        }
+    }
+}
+
+/// The kind (an index of [`RECORD_KINDS`]) of the record `rec` whose item starts at `before` in
+/// a CPU chunk's `payload` (`compact`: 3.0's encoding; else 40-byte branches and whole records).
+fn kind_of(payload: &[u8], before: usize, compact: bool, rec: &Record) -> usize {
+    use crate::compact::tag;
+    if !compact {
+        return if matches!(rec, Record::Branch(_)) { 6 } else { 5 };
+    }
+    // A timestamp reset belongs to the item after it.
+    let mut at = before;
+    while payload.get(at) == Some(&tag::TS_SET) {
+        at += 1;
+        while payload.get(at).is_some_and(|b| b & 0x80 != 0) {
+            at += 1;
+        }
+        at += 1;
+    }
+    match payload.get(at).copied().unwrap_or(0) {
+        0x00..=0x3F => 0,
+        0x40..=0x7F => 1,
+        0x80..=0x83 => 2,
+        0x84..=0x8B => 3,
+        tag::REPEAT => 4,
+        _ => 5,
+    }
+}
+
 /// The size breakdown of one stream.
 #[derive(Clone, Debug, Default)]
 pub struct StreamStats {
@@ -627,6 +695,38 @@ pub struct StreamStats {
 }
 
 impl TraceFile {
+    /// [`Self::stream_stats`] of CPU stream `id` from the chunk headers and the summary's
+    /// stream totals, without decoding a record: `None` when the file has no totals (written
+    /// before them), or damage or a cut that makes them say more than the file holds.
+    pub fn stream_stats_from_totals(&self, id: StreamId) -> Option<StreamStats> {
+        if id >= self.header.ncpu || !self.damage.is_empty() || self.truncated_at.is_some() {
+            return None;
+        }
+        let t = self.summary.as_ref()?.totals.as_ref()?.get(id as usize)?;
+        let mut st =
+            StreamStats { branches: t.branches, first_ts: t.first_ts, last_ts: t.last_ts, ..StreamStats::default() };
+        let hlen = self.chunk_header_len();
+        for c in self.chunks.iter().filter(|c| c.stream == id) {
+            st.chunks += 1;
+            st.file_bytes += (hlen + c.len) as u64;
+            let payload = &self.data.bytes()[c.offset as usize + hlen..][..c.len];
+            if c.flags & CHUNK_FLAG_COMPRESSED != 0 && self.header.version_major >= 3 && payload.len() >= 4 {
+                // A compressed payload starts with its length uncompressed.
+                st.compressed_chunks += 1;
+                st.payload_bytes += self.header.endian.u32(payload) as u64;
+            } else {
+                st.payload_bytes += c.len as u64;
+            }
+        }
+        for (name, k) in RECORD_KINDS.iter().zip(&t.kinds) {
+            if k.records > 0 {
+                st.records = st.records.saturating_add(k.records);
+                st.kinds.insert(name, k.clone());
+            }
+        }
+        Some(st)
+    }
+
     /// Decode stream `id` whole and say what its records cost, by kind of item.
     pub fn stream_stats(&self, id: StreamId) -> Result<StreamStats, FormatError> {
         self.stream_stats_with_progress(id, &mut |_| {})
@@ -639,7 +739,6 @@ impl TraceFile {
         id: StreamId,
         progress: &mut dyn FnMut(u64),
     ) -> Result<StreamStats, FormatError> {
-        use crate::compact::tag;
         let mut st = StreamStats::default();
         let chunks: Vec<ChunkInfo> = self.chunks.iter().filter(|c| c.stream == id).cloned().collect();
         for c in chunks {
@@ -668,31 +767,7 @@ impl TraceFile {
                     None => &self.data.bytes()[cur.base..cur.base + cur.len],
                 };
                 let after = cur.pos;
-                let kind = if !compact {
-                    if matches!(rec, Record::Branch(_)) {
-                        "40-byte branch"
-                    } else {
-                        "whole record"
-                    }
-                } else {
-                    // A timestamp reset belongs to the item after it.
-                    let mut at = before;
-                    while payload.get(at) == Some(&tag::TS_SET) {
-                        at += 1;
-                        while payload.get(at).is_some_and(|b| b & 0x80 != 0) {
-                            at += 1;
-                        }
-                        at += 1;
-                    }
-                    match payload.get(at).copied().unwrap_or(0) {
-                        0x00..=0x3F => "table hit",
-                        0x40..=0x7F => "table hit, time moved",
-                        0x80..=0x83 => "new edge",
-                        0x84..=0x8B => "second-table hit",
-                        tag::REPEAT => "run",
-                        _ => "whole record",
-                    }
-                };
+                let kind = RECORD_KINDS[kind_of(payload, before, compact, &rec)];
                 let k = st.kinds.entry(kind).or_default();
                 k.records += 1;
                 k.bytes += (after - before) as u64;
