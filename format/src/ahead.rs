@@ -9,9 +9,9 @@ use crate::{Branch, FormatError, Record, TraceFile};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// Records per batch handed from the decoding thread to the reader.
-const BATCH: usize = 1024;
+const BATCH: usize = 4096;
 /// Batches decoded ahead of the reader (each about BATCH x 56 bytes).
-const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 8;
 
 /// What the decoding thread hands over: records in time order, then maybe the error that
 /// ended the read (nothing follows it).
