@@ -79,7 +79,7 @@ echo "trace: $TRACE ($(stat -c %s "$TRACE") bytes); $("$NEW" info "$TRACE" | gre
 echo "baseline: $BASE"
 echo "new:      $NEW"
 echo "load average before: $(load) on $(nproc) CPUs; best of $REPS"
-printf '\n%-28s %10s %10s %10s %10s %8s  %s\n' command "base wall" "base cpu" "new wall" "new cpu" ratio output
+printf '\n%-44s %10s %10s %10s %10s %8s  %s\n' command "base wall" "base cpu" "new wall" "new cpu" ratio output
 for cmd in "${COMMANDS[@]}"; do
     # "info" and "report" take the trace last: the words after the command go first.
     [ "$cmd" = "${cmd#* }" ] && cmd="$cmd "
@@ -103,7 +103,7 @@ for cmd in "${COMMANDS[@]}"; do
         diff "$SCRATCH/out.base" "$SCRATCH/out.new" | head -5 >&2
     fi
     ratio=$(awk "BEGIN { if ($best_n > 0) printf \"%.1fx\", $best_b / $best_n; else print \"-\" }")
-    printf '%-28s %10s %10s %10s %10s %8s  %s\n' "${cmd% }" "$best_b" "$cpu_b" "$best_n" "$cpu_n" "$ratio" "$same"
+    printf '%-44s %10s %10s %10s %10s %8s  %s\n' "${cmd% }" "$best_b" "$cpu_b" "$best_n" "$cpu_n" "$ratio" "$same"
 done
 echo
 echo "load average after: $(load)"
