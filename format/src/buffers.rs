@@ -577,6 +577,7 @@ impl Buffers {
         if let Some(e) = first_err {
             return Err(e);
         }
+        summary.totals = Some(self.writer.stream_totals(self.cpus.len()));
         let mut end = Vec::new();
         Record::Summary(summary).encode(&mut end)?;
         self.writer.write_chunk_atomic(STREAM_END, 0, &end)?;

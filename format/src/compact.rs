@@ -40,7 +40,7 @@ pub mod tag {
 }
 
 /// Meta byte of a NEW item: bits 0-3 the kind, then these flags.
-mod meta {
+pub(crate) mod meta {
     pub const KERNEL: u8 = 0x10;
     /// A flags byte and an aux varint follow.
     pub const FLAGS: u8 = 0x20;

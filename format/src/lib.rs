@@ -6,6 +6,7 @@
 //! emulation) writes this format, and every post-processor reads it. The
 //! layout is documented in `docs/trace-format.md`.
 
+mod ahead;
 mod buffers;
 pub mod compact;
 mod error;
@@ -16,6 +17,7 @@ mod record;
 pub mod shm;
 mod writer;
 
+pub use ahead::{decode_ahead_default, Ahead, Merged};
 pub use buffers::{BufferConfig, Buffers, LiveCounts, Push};
 
 /// The trace's clock: CLOCK_MONOTONIC in nanoseconds (a vDSO call, no system call; safe in a
@@ -47,7 +49,7 @@ pub use header::{Arch, Endian, FileHeader, Mode, StepMethod, HEADER_LEN, MAGIC, 
 pub use header::{FLAG_ICOUNT, FLAG_NO_ASLR};
 pub use reader::{
     ChunkInfo, Damage, DamageLoss, Event, EventRef, KindStats, MergedRecords, StreamId, StreamRecords, StreamStats,
-    TraceFile,
+    StreamTotals, TraceFile, RECORD_KINDS,
 };
 pub use record::{
     branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord,

@@ -605,6 +605,141 @@ pub struct KindStats {
     pub bytes: u64,
 }
 
+/// The kinds of item of a CPU stream `itrace info` counts, in the order the summary's stream
+/// totals list them (docs/trace-format.md).
+pub const RECORD_KINDS: [&str; 7] =
+    ["table hit", "table hit, time moved", "new edge", "second-table hit", "run", "whole record", "40-byte branch"];
+
+/// What one CPU stream's chunks hold, counted by the writer (see [`crate::Summary::totals`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamTotals {
+    pub branches: u64,
+    pub first_ts: Option<u64>,
+    pub last_ts: Option<u64>,
+    /// Records and bytes per kind, in the order of [`RECORD_KINDS`].
+    pub kinds: [KindStats; RECORD_KINDS.len()],
+}
+
+impl StreamTotals {
+    /// Add the uncompressed compact `payload` of one CPU chunk, as written: its items walked by
+    /// their lengths and timestamps only, without the edge tables a decode keeps (a decode here
+    /// made recording a third slower). What a decode would count ([`TraceFile::stream_stats`]):
+    /// the item's timestamp resets with it, a run's records at its timestamp. A payload that
+    /// does not parse (never the writer's encoder's) counts up to where it stops.
+    pub(crate) fn add_chunk(&mut self, e: crate::Endian, payload: &[u8]) {
+        use crate::compact::{meta, tag};
+        let mut at = 0;
+        let mut ts = 0u64;
+        let varint = |at: &mut usize| -> Option<u64> {
+            let mut v = 0u64;
+            for shift in (0..64).step_by(7) {
+                let byte = *payload.get(*at)?;
+                *at += 1;
+                v |= u64::from(byte & 0x7F) << shift;
+                if byte & 0x80 == 0 {
+                    return Some(v);
+                }
+            }
+            None
+        };
+        let byte = |at: &mut usize| -> Option<u8> {
+            let b = *payload.get(*at)?;
+            *at += 1;
+            Some(b)
+        };
+        let item = |at: &mut usize, ts: &mut u64| -> Option<(usize, u64, bool)> {
+            let mut t = byte(at)?;
+            while t == tag::TS_SET {
+                *ts = varint(at)?;
+                t = byte(at)?;
+            }
+            let dts = |at: &mut usize, yes: bool| if yes { varint(at) } else { Some(0) };
+            Some(match t {
+                0x00..=0x3F => (0, 1, true),
+                0x40..=0x7F => {
+                    *ts = ts.wrapping_add(varint(at)?);
+                    (1, 1, true)
+                }
+                0x80..=0x83 => {
+                    *ts = ts.wrapping_add(dts(at, t & 1 != 0)?);
+                    if t & 2 != 0 {
+                        varint(at)?;
+                    }
+                    let m = byte(at)?;
+                    if m & meta::FLAGS != 0 {
+                        byte(at)?;
+                        varint(at)?;
+                    }
+                    if m & meta::FROM_ZERO == 0 {
+                        varint(at)?;
+                    }
+                    if m & meta::TO_ZERO == 0 {
+                        varint(at)?;
+                    }
+                    varint(at)?;
+                    (2, 1, true)
+                }
+                0x84..=0x8B => {
+                    byte(at)?;
+                    *ts = ts.wrapping_add(dts(at, (t - tag::FAR) & 1 != 0)?);
+                    (3, 1, true)
+                }
+                tag::REPEAT => (4, u64::from(byte(at)?), true),
+                tag::RECORD => {
+                    let rest = &payload[*at..];
+                    let len = crate::record::record_len(e, rest)
+                        .filter(|&l| l >= crate::RECORD_HEADER_LEN && l <= rest.len())?;
+                    *ts = e.u64(&rest[8..]);
+                    *at += len;
+                    // Trace on, trace off, lost: never a branch (a decode refuses one here).
+                    (5, 1, false)
+                }
+                _ => return None,
+            })
+        };
+        while at < payload.len() {
+            let start = at;
+            let Some((kind, records, branch)) = item(&mut at, &mut ts) else { break };
+            let k = &mut self.kinds[kind];
+            k.records += records;
+            k.bytes += (at - start) as u64;
+            if branch {
+                self.branches += records;
+            }
+            if records > 0 {
+                self.first_ts = Some(self.first_ts.map_or(ts, |f| f.min(ts)));
+                self.last_ts = Some(self.last_ts.map_or(ts, |l| l.max(ts)));
+            }
+        }
+    }
+}
+
+/// The kind (an index of [`RECORD_KINDS`]) of the record `rec` whose item starts at `before` in
+/// a CPU chunk's `payload` (`compact`: 3.0's encoding; else 40-byte branches and whole records).
+fn kind_of(payload: &[u8], before: usize, compact: bool, rec: &Record) -> usize {
+    use crate::compact::tag;
+    if !compact {
+        return if matches!(rec, Record::Branch(_)) { 6 } else { 5 };
+    }
+    // A timestamp reset belongs to the item after it.
+    let mut at = before;
+    while payload.get(at) == Some(&tag::TS_SET) {
+        at += 1;
+        while payload.get(at).is_some_and(|b| b & 0x80 != 0) {
+            at += 1;
+        }
+        at += 1;
+    }
+    match payload.get(at).copied().unwrap_or(0) {
+        0x00..=0x3F => 0,
+        0x40..=0x7F => 1,
+        0x80..=0x83 => 2,
+        0x84..=0x8B => 3,
+        tag::REPEAT => 4,
+        _ => 5,
+    }
+}
+
 /// The size breakdown of one stream.
 #[derive(Clone, Debug, Default)]
 pub struct StreamStats {
@@ -627,6 +762,38 @@ pub struct StreamStats {
 }
 
 impl TraceFile {
+    /// [`Self::stream_stats`] of CPU stream `id` from the chunk headers and the summary's
+    /// stream totals, without decoding a record: `None` when the file has no totals (written
+    /// before them), or damage or a cut that makes them say more than the file holds.
+    pub fn stream_stats_from_totals(&self, id: StreamId) -> Option<StreamStats> {
+        if id >= self.header.ncpu || !self.damage.is_empty() || self.truncated_at.is_some() {
+            return None;
+        }
+        let t = self.summary.as_ref()?.totals.as_ref()?.get(id as usize)?;
+        let mut st =
+            StreamStats { branches: t.branches, first_ts: t.first_ts, last_ts: t.last_ts, ..StreamStats::default() };
+        let hlen = self.chunk_header_len();
+        for c in self.chunks.iter().filter(|c| c.stream == id) {
+            st.chunks += 1;
+            st.file_bytes += (hlen + c.len) as u64;
+            let payload = &self.data.bytes()[c.offset as usize + hlen..][..c.len];
+            if c.flags & CHUNK_FLAG_COMPRESSED != 0 && self.header.version_major >= 3 && payload.len() >= 4 {
+                // A compressed payload starts with its length uncompressed.
+                st.compressed_chunks += 1;
+                st.payload_bytes += self.header.endian.u32(payload) as u64;
+            } else {
+                st.payload_bytes += c.len as u64;
+            }
+        }
+        for (name, k) in RECORD_KINDS.iter().zip(&t.kinds) {
+            if k.records > 0 {
+                st.records = st.records.saturating_add(k.records);
+                st.kinds.insert(name, k.clone());
+            }
+        }
+        Some(st)
+    }
+
     /// Decode stream `id` whole and say what its records cost, by kind of item.
     pub fn stream_stats(&self, id: StreamId) -> Result<StreamStats, FormatError> {
         self.stream_stats_with_progress(id, &mut |_| {})
@@ -639,7 +806,6 @@ impl TraceFile {
         id: StreamId,
         progress: &mut dyn FnMut(u64),
     ) -> Result<StreamStats, FormatError> {
-        use crate::compact::tag;
         let mut st = StreamStats::default();
         let chunks: Vec<ChunkInfo> = self.chunks.iter().filter(|c| c.stream == id).cloned().collect();
         for c in chunks {
@@ -668,31 +834,7 @@ impl TraceFile {
                     None => &self.data.bytes()[cur.base..cur.base + cur.len],
                 };
                 let after = cur.pos;
-                let kind = if !compact {
-                    if matches!(rec, Record::Branch(_)) {
-                        "40-byte branch"
-                    } else {
-                        "whole record"
-                    }
-                } else {
-                    // A timestamp reset belongs to the item after it.
-                    let mut at = before;
-                    while payload.get(at) == Some(&tag::TS_SET) {
-                        at += 1;
-                        while payload.get(at).is_some_and(|b| b & 0x80 != 0) {
-                            at += 1;
-                        }
-                        at += 1;
-                    }
-                    match payload.get(at).copied().unwrap_or(0) {
-                        0x00..=0x3F => "table hit",
-                        0x40..=0x7F => "table hit, time moved",
-                        0x80..=0x83 => "new edge",
-                        0x84..=0x8B => "second-table hit",
-                        tag::REPEAT => "run",
-                        _ => "whole record",
-                    }
-                };
+                let kind = RECORD_KINDS[kind_of(payload, before, compact, &rec)];
                 let k = st.kinds.entry(kind).or_default();
                 k.records += 1;
                 k.bytes += (after - before) as u64;
@@ -1041,5 +1183,72 @@ impl Iterator for MergedRecords<'_> {
         let (offset, record) =
             std::mem::replace(&mut self.heads[i], (0, Record::Unknown { ts: 0, major: 0, minor: 0 }));
         Some(Ok(Event { stream: self.streams[i].0, offset, record, after_gap: self.gaps[i] }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Branch, BranchKind, Lost, StopReason, TraceOff, TraceOn, TraceOnReason};
+
+    /// The writer's walk of a payload counts what a decode does: every kind of item, a
+    /// timestamp reset, runs, whole records, kernel branches with flags.
+    #[test]
+    fn walking_a_chunk_counts_what_decoding_it_does() {
+        let br = |ts: u64, from: u64, tid: u32| Branch {
+            ts,
+            kernel: from == 0,
+            kind: if from == 0 { BranchKind::Iret } else { BranchKind::Jump },
+            flags: if from == 0 { crate::branch_flags::SYSCALL } else { 0 },
+            aux: if from == 0 { 60 } else { 0 },
+            from,
+            to: if tid == 3 { 0 } else { from + 0x40 },
+            tid,
+            icount: 3,
+        };
+        let mut recs =
+            vec![Record::TraceOn(TraceOn { ts: 100, reason: TraceOnReason::Start, pid: 1, tid: 1, pc: 0x1000 })];
+        for i in 0..300u64 {
+            // New edges, table hits at the same and later times, runs of one edge at one time.
+            let b = br(200 + i / 3, 0x1000 + (i % 7) * 0x10, 1 + (i % 3) as u32);
+            recs.push(Record::Branch(b));
+            if i % 11 == 0 {
+                recs.extend([Record::Branch(b), Record::Branch(b)]);
+            }
+        }
+        recs.push(Record::Branch(br(150, 0x2000, 2))); // older: a timestamp reset
+        recs.push(Record::Branch(br(400, 0, 2))); // from the kernel
+        recs.push(Record::Lost(Lost { ts: 401, count: 5 }));
+        recs.push(Record::TraceOff(TraceOff {
+            ts: 402,
+            reason: StopReason::Exited,
+            pid: 1,
+            tid: 1,
+            pc: 0x1234,
+            icount: 2,
+            value: 0,
+        }));
+        let payload = crate::compact::encode_chunk(&recs).unwrap();
+        let mut walked = StreamTotals::default();
+        walked.add_chunk(crate::Endian::native(), &payload);
+
+        let mut decoded = StreamTotals::default();
+        let mut dec = Decoder::new();
+        let mut rec = Record::Unknown { ts: 0, major: 0, minor: 0 };
+        let (mut at, mut before) = (0, 0);
+        while dec.next_into(crate::Endian::native(), &payload, &mut at, &mut rec).unwrap() {
+            let k = &mut decoded.kinds[kind_of(&payload, before, true, &rec)];
+            k.records += 1;
+            k.bytes += (at - before) as u64;
+            before = at;
+            decoded.branches += matches!(rec, Record::Branch(_)) as u64;
+            let ts = rec.ts();
+            decoded.first_ts = Some(decoded.first_ts.map_or(ts, |f| f.min(ts)));
+            decoded.last_ts = Some(decoded.last_ts.map_or(ts, |l| l.max(ts)));
+        }
+        assert_eq!(walked, decoded);
+        assert_eq!(decoded.kinds.iter().map(|k| k.records).sum::<u64>(), recs.len() as u64);
+        let seen: Vec<usize> = (0..6).filter(|&i| decoded.kinds[i].records > 0).collect();
+        assert!(seen.contains(&4) && seen.contains(&5) && seen.contains(&2) && seen.contains(&0), "{decoded:?}");
     }
 }

@@ -356,7 +356,7 @@ impl Mte {
 }
 
 /// End-of-trace totals, written last.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, PartialEq, Eq, Default)]
 pub struct Summary {
     pub ts: u64,
     /// Why the whole trace ended (a [`StopReason`] code).
@@ -367,6 +367,28 @@ pub struct Summary {
     /// Lost records per CPU stream.
     pub lost: Vec<u64>,
     pub mte_records: u64,
+    /// What each CPU stream's chunks hold, counted as they were written (3.0 files written since
+    /// these totals were added; `None` in older ones): `itrace info` answers from them without
+    /// decoding the records.
+    pub totals: Option<Vec<crate::reader::StreamTotals>>,
+}
+
+/// As derived, but a summary without stream totals prints as before they were added (so
+/// `itrace dump` of an older file reads as the itrace that wrote it dumped it).
+impl std::fmt::Debug for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Summary");
+        d.field("ts", &self.ts)
+            .field("stop_reason", &self.stop_reason)
+            .field("instructions", &self.instructions)
+            .field("records", &self.records)
+            .field("lost", &self.lost)
+            .field("mte_records", &self.mte_records);
+        if let Some(t) = &self.totals {
+            d.field("totals", t);
+        }
+        d.finish()
+    }
 }
 
 /// Any record.
@@ -517,6 +539,28 @@ impl Record {
                     w.u64(*r);
                     w.u64(*l);
                 }
+                // After the pairs, which older readers stop at: the stream totals, one per CPU,
+                // when the record can hold them (else readers take the slow path).
+                let kinds = crate::reader::RECORD_KINDS.len();
+                let per_cpu = 24 + 16 * kinds;
+                let fits =
+                    RECORD_HEADER_LEN + 24 + 16 * s.records.len() + 8 + per_cpu * s.records.len() <= MAX_RECORD_LEN;
+                match &s.totals {
+                    Some(t) if t.len() == s.records.len() && fits => {
+                        w.u32(kinds as u32);
+                        w.u32(0);
+                        for t in t {
+                            w.u64(t.branches);
+                            w.u64(t.first_ts.unwrap_or(u64::MAX));
+                            w.u64(t.last_ts.unwrap_or(0));
+                            for k in &t.kinds {
+                                w.u64(k.records);
+                                w.u64(k.bytes);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
             }
             Record::Unknown { .. } => {
                 return Err(FormatError::Corrupt { offset: 0, what: "cannot encode an unknown record".into() })
@@ -603,6 +647,7 @@ impl Record {
                     stop_reason: e.u32(p),
                     instructions: e.u64(&p[8..]),
                     mte_records: e.u64(&p[16..]),
+                    totals: decode_totals(e, &p[24 + 16 * n..], n),
                     records,
                     lost,
                 })
@@ -761,6 +806,38 @@ impl Enc<'_> {
         self.out[self.start..self.start + 2].copy_from_slice(&(len as u16).to_ne_bytes());
         Ok(())
     }
+}
+
+/// The stream totals that may follow a summary's (kept, lost) pairs, for `n` CPUs; `None` when
+/// absent (a file written before them), short, or listing kinds of record this reader does not
+/// know (the slow path counts those then).
+fn decode_totals(e: Endian, b: &[u8], n: usize) -> Option<Vec<crate::reader::StreamTotals>> {
+    use crate::reader::{KindStats, StreamTotals, RECORD_KINDS};
+    let kinds = RECORD_KINDS.len();
+    if b.len() < 8 || e.u32(b) as usize != kinds {
+        return None;
+    }
+    let per_cpu = 24 + 16 * kinds;
+    let b = b.get(8..8 + per_cpu * n)?;
+    Some(
+        b.chunks_exact(per_cpu)
+            .map(|c| {
+                let first = e.u64(&c[8..]);
+                let last = e.u64(&c[16..]);
+                let any = c[24..].chunks_exact(16).any(|k| e.u64(k) > 0);
+                let mut t = StreamTotals {
+                    branches: e.u64(c),
+                    first_ts: any.then_some(first),
+                    last_ts: any.then_some(last),
+                    kinds: Default::default(),
+                };
+                for (i, k) in c[24..].chunks_exact(16).enumerate() {
+                    t.kinds[i] = KindStats { records: e.u64(k), bytes: e.u64(&k[8..]) };
+                }
+                t
+            })
+            .collect(),
+    )
 }
 
 /// Length of the record starting at `b` (from its type/length field), if `b` holds a header.

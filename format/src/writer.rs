@@ -39,6 +39,8 @@ pub struct TraceWriter {
     /// zstd level chunks are compressed with (`--compress`), if any.
     compress: Option<i32>,
     packed: Vec<u8>,
+    /// What the CPU chunks written so far hold, by CPU (the summary's stream totals).
+    totals: Vec<crate::reader::StreamTotals>,
 }
 
 impl TraceWriter {
@@ -53,6 +55,7 @@ impl TraceWriter {
             next_seq: 0,
             compress: None,
             packed: Vec::new(),
+            totals: Vec::new(),
         };
         w.write_all(&header.encode())?;
         Ok(w)
@@ -85,6 +88,7 @@ impl TraceWriter {
             return Ok(());
         }
         let mut packed = std::mem::take(&mut self.packed);
+        let raw = payload;
         let payload = match self.compress {
             Some(level) if stream != STREAM_END && payload.len() <= MAX_DECOMPRESSED => {
                 packed.clear();
@@ -101,7 +105,23 @@ impl TraceWriter {
         };
         let r = self.write_framed(stream, flags, payload);
         self.packed = packed;
+        if r.is_ok() && stream < STREAM_MTE {
+            // Counted as written, so that `itrace info` need not decode the file (a decode of
+            // what was just encoded: a small part of recording's cost).
+            let i = stream as usize;
+            if self.totals.len() <= i {
+                self.totals.resize(i + 1, Default::default());
+            }
+            self.totals[i].add_chunk(crate::Endian::native(), raw);
+        }
         r
+    }
+
+    /// What the CPU chunks written so far hold, for CPUs `0..ncpu`.
+    pub fn stream_totals(&self, ncpu: usize) -> Vec<crate::reader::StreamTotals> {
+        let mut t = self.totals.clone();
+        t.resize(ncpu, Default::default());
+        t
     }
 
     fn write_framed(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {

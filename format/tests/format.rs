@@ -153,6 +153,25 @@ fn every_record_kind_round_trips() {
             records: vec![1, 2],
             lost: vec![0, 3],
             mte_records: 4,
+            totals: None,
+        }),
+        // With the stream totals (after the pairs, where older readers stop).
+        Record::Summary(Summary {
+            ts: 11,
+            stop_reason: 2,
+            instructions: 99,
+            records: vec![1, 2],
+            lost: vec![0, 3],
+            mte_records: 4,
+            totals: Some(vec![
+                StreamTotals {
+                    branches: 1,
+                    first_ts: Some(5),
+                    last_ts: Some(9),
+                    kinds: [0, 1, 2, 3, 4, 5, 6].map(|i| KindStats { records: i, bytes: 10 * i }),
+                },
+                StreamTotals::default(),
+            ]),
         }),
     ];
     for r in recs {

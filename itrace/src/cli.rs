@@ -606,6 +606,10 @@ pub struct DumpArgs {
 pub struct InfoArgs {
     #[command(flatten)]
     pub input: TraceInput,
+    /// Count by decoding every record, not from the totals the writer left in the end summary
+    /// (as for files written before those totals: slower, the same answer).
+    #[arg(long)]
+    pub decode: bool,
 }
 
 #[derive(Args)]

@@ -49,15 +49,28 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
         "\n{:<8} {:>7} {:>11} {:>13} {:>13} {:>12}",
         "stream", "chunks", "records", "branches", "bytes", "B/branch"
     )?;
-    // Decoding every record takes a while on a large trace: a bar on a terminal.
-    let pb = crate::read::progress(t.chunks().iter().map(|c| c.len as u64).sum());
+    // A CPU stream's counts come from the summary's stream totals when the file has them;
+    // else (files written before them, damaged or cut short ones, the MTE and end streams)
+    // every record is decoded, which takes a while on a large trace: a bar on a terminal.
+    let from_totals: Vec<Option<StreamStats>> =
+        ids.iter().map(|&id| t.stream_stats_from_totals(id).filter(|_| !args.decode)).collect();
+    let slow_bytes = t
+        .chunks()
+        .iter()
+        .filter(|c| ids.iter().zip(&from_totals).any(|(&id, f)| id == c.stream && f.is_none()))
+        .map(|c| c.len as u64)
+        .sum();
+    let pb = crate::read::progress(slow_bytes);
     let mut done = 0;
     let mut stats = Vec::with_capacity(ids.len());
-    for &id in &ids {
-        stats.push(t.stream_stats_with_progress(id, &mut |n| {
-            done += n;
-            pb.set_position(done);
-        })?);
+    for (&id, fast) in ids.iter().zip(from_totals) {
+        stats.push(match fast {
+            Some(st) => st,
+            None => t.stream_stats_with_progress(id, &mut |n| {
+                done += n;
+                pb.set_position(done);
+            })?,
+        });
     }
     pb.finish_and_clear();
     for (id, s) in ids.into_iter().zip(stats) {
@@ -75,11 +88,11 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
             s.chunks, s.records, s.branches, s.file_bytes
         )?;
         if id < h.ncpu {
-            cpu_total.chunks += s.chunks;
-            cpu_total.records += s.records;
-            cpu_total.branches += s.branches;
-            cpu_total.file_bytes += s.file_bytes;
-            cpu_total.payload_bytes += s.payload_bytes;
+            cpu_total.chunks = cpu_total.chunks.saturating_add(s.chunks);
+            cpu_total.records = cpu_total.records.saturating_add(s.records);
+            cpu_total.branches = cpu_total.branches.saturating_add(s.branches);
+            cpu_total.file_bytes = cpu_total.file_bytes.saturating_add(s.file_bytes);
+            cpu_total.payload_bytes = cpu_total.payload_bytes.saturating_add(s.payload_bytes);
             for (ts, keep_min) in [(s.first_ts, true), (s.last_ts, false)] {
                 let Some(ts) = ts else { continue };
                 let slot = if keep_min { &mut cpu_total.first_ts } else { &mut cpu_total.last_ts };
@@ -87,8 +100,8 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
             }
             for (k, v) in s.kinds {
                 let e = kinds.entry(k).or_default();
-                e.records += v.records;
-                e.bytes += v.bytes;
+                e.records = e.records.saturating_add(v.records);
+                e.bytes = e.bytes.saturating_add(v.bytes);
             }
         }
     }

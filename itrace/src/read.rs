@@ -11,19 +11,9 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-/// A progress bar on a terminal for reads of large traces; hidden otherwise.
+/// A progress bar on a terminal for reads of traces that take a second or more; hidden otherwise.
 pub fn progress(total: u64) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() || total < (64 << 20) {
-        return indicatif::ProgressBar::hidden();
-    }
-    let pb = indicatif::ProgressBar::new(total);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} [{bar:40}] {eta} left")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb
+    itrace_post::progress::read_bar("reading", total)
 }
 
 pub fn arc(args: ArcArgs) -> Result<ExitCode> {

@@ -93,131 +93,134 @@ pub fn replay(
     let mut thread_stream: FxHashMap<u32, u16> = FxHashMap::default();
     let ncpu = trace.header().ncpu;
     let mut n = 0u64;
-    let mut merged = trace.merged();
-    while let Some(ev) = merged.next_ref() {
-        let ev = ev?;
-        n += 1;
-        if damaged && ev.stream < ncpu {
-            let tid = match ev.record {
-                Record::Branch(b) => Some(b.tid),
-                Record::TraceOn(on) => Some(on.tid),
-                Record::TraceOff(off) => Some(off.tid),
-                _ => None,
-            };
-            if ev.after_gap {
-                let mut tids: Vec<u32> =
-                    thread_stream.iter().filter(|&(_, &s)| s == ev.stream).map(|(&t, _)| t).collect();
-                tids.extend(tid.filter(|t| !tids.contains(t)));
-                tids.sort_unstable();
-                for t in &tids {
-                    block_start.remove(t);
+    // Chunks decode on a second thread while this one walks the records (ITRACE_READ_THREADS=1: here).
+    trace.read_merged(itrace_format::decode_ahead_default(), |merged| -> Result<(), PostError> {
+        while let Some(ev) = merged.next_ref() {
+            let ev = ev?;
+            n += 1;
+            if damaged && ev.stream < ncpu {
+                let tid = match ev.record {
+                    Record::Branch(b) => Some(b.tid),
+                    Record::TraceOn(on) => Some(on.tid),
+                    Record::TraceOff(off) => Some(off.tid),
+                    _ => None,
+                };
+                if ev.after_gap {
+                    let mut tids: Vec<u32> =
+                        thread_stream.iter().filter(|&(_, &s)| s == ev.stream).map(|(&t, _)| t).collect();
+                    tids.extend(tid.filter(|t| !tids.contains(t)));
+                    tids.sort_unstable();
+                    for t in &tids {
+                        block_start.remove(t);
+                    }
+                    sink.gap(ev.stream, &tids)?;
                 }
-                sink.gap(ev.stream, &tids)?;
+                if let Some(t) = tid {
+                    thread_stream.insert(t, ev.stream);
+                }
             }
-            if let Some(t) = tid {
-                thread_stream.insert(t, ev.stream);
+            if n % PROGRESS_EVERY == 0 {
+                progress(ev.offset);
             }
-        }
-        if n % PROGRESS_EVERY == 0 {
-            progress(ev.offset);
-        }
-        if let (Record::TraceOff(off), false, None) = (ev.record, at.started, &after) {
-            // A thread's last, partial block starts the range as a block would.
-            at.started = range.from.is_none_or(|f| at.reached(f, off.ts.saturating_sub(start_ns)));
-        }
-        match ev.record {
-            Record::Branch(b) => {
-                let in_range = at.started;
-                let pid = names.pid_of(b.tid);
-                // The thread's block start: looked up once, and updated in place after the block.
-                let known_start = block_start.get_mut(&b.tid);
-                let (start, loc) = if b.kernel {
-                    let name = if b.flags & branch_flags::SIGNAL != 0 {
-                        names::signal(b.aux)
-                    } else if b.flags & branch_flags::SYSCALL != 0 {
-                        names::syscall(arch, b.aux)
+            if let (Record::TraceOff(off), false, None) = (ev.record, at.started, &after) {
+                // A thread's last, partial block starts the range as a block would.
+                at.started = range.from.is_none_or(|f| at.reached(f, off.ts.saturating_sub(start_ns)));
+            }
+            match ev.record {
+                Record::Branch(b) => {
+                    let in_range = at.started;
+                    let pid = names.pid_of(b.tid);
+                    // The thread's block start: looked up once, and updated in place after the block.
+                    let known_start = block_start.get_mut(&b.tid);
+                    let (start, loc) = if b.kernel {
+                        let name = if b.flags & branch_flags::SIGNAL != 0 {
+                            names::signal(b.aux)
+                        } else if b.flags & branch_flags::SYSCALL != 0 {
+                            names::syscall(arch, b.aux)
+                        } else {
+                            "kernel".to_string()
+                        };
+                        (0, Where::Kernel(name))
                     } else {
-                        "kernel".to_string()
+                        // Without a known start (wrap mode cut it off), the block is placed at its branch.
+                        let start = known_start.as_deref().copied().unwrap_or(b.from);
+                        let loc = res.resolve(pid, start);
+                        // A call, or a jump out of a function, into code no symbol covers starts a
+                        // function there (stripped code without call-frame information).
+                        match b.kind {
+                            BranchKind::Call => res.learn_function_start(pid, None, b.to),
+                            BranchKind::Jump => res.learn_function_start(pid, Some(loc.func), b.to),
+                            _ => {}
+                        }
+                        (start, Where::User(loc))
                     };
-                    (0, Where::Kernel(name))
-                } else {
-                    // Without a known start (wrap mode cut it off), the block is placed at its branch.
-                    let start = known_start.as_deref().copied().unwrap_or(b.from);
-                    let loc = res.resolve(pid, start);
-                    // A call, or a jump out of a function, into code no symbol covers starts a
-                    // function there (stripped code without call-frame information).
-                    match b.kind {
-                        BranchKind::Call => res.learn_function_start(pid, None, b.to),
-                        BranchKind::Jump => res.learn_function_start(pid, Some(loc.func), b.to),
-                        _ => {}
+                    let ns = b.ts.saturating_sub(start_ns);
+                    if !in_range {
+                        let from_reached = range.from.is_none_or(|f| at.reached(f, ns));
+                        let after_reached = match (&after, &loc) {
+                            (None, _) => true,
+                            (Some(names), Where::User(l)) => names.contains(&l.symbol),
+                            (Some(_), Where::Kernel(_)) => false,
+                        };
+                        at.started = from_reached && after_reached;
                     }
-                    (start, Where::User(loc))
-                };
-                let ns = b.ts.saturating_sub(start_ns);
-                if !in_range {
-                    let from_reached = range.from.is_none_or(|f| at.reached(f, ns));
-                    let after_reached = match (&after, &loc) {
-                        (None, _) => true,
-                        (Some(names), Where::User(l)) => names.contains(&l.symbol),
-                        (Some(_), Where::Kernel(_)) => false,
+                    if at.started && range.to.is_some_and(|t| at.reached(t, ns)) {
+                        break;
+                    }
+                    at.instructions += u64::from(b.icount);
+                    if at.started {
+                        sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
+                    }
+                    match known_start {
+                        Some(s) if b.to != 0 => *s = b.to,
+                        None if b.to != 0 => {
+                            block_start.insert(b.tid, b.to);
+                        }
+                        _ => {
+                            block_start.remove(&b.tid);
+                        }
+                    }
+                }
+                Record::TraceOn(on) => {
+                    // pid 0: a wrap-mode resume point; the thread's process comes from the MTE stream.
+                    if on.pid != 0 {
+                        names.trace_on(on.pid, on.tid);
+                    }
+                    block_start.insert(on.tid, on.pc);
+                }
+                Record::TraceOff(off) if !at.started => {
+                    // Outside the range: only where the thread stands changes.
+                    at.instructions += u64::from(off.icount);
+                    block_start.remove(&off.tid);
+                }
+                Record::TraceOff(off) => {
+                    let ns = off.ts.saturating_sub(start_ns);
+                    if range.to.is_some_and(|t| at.reached(t, ns)) {
+                        break;
+                    }
+                    at.instructions += u64::from(off.icount);
+                    let partial = if off.icount > 0 {
+                        let start = block_start.get(&off.tid).copied().unwrap_or(off.pc);
+                        Some(res.resolve(off.pid, start))
+                    } else {
+                        None
                     };
-                    at.started = from_reached && after_reached;
+                    let at = res.resolve(off.pid, off.pc);
+                    sink.trace_off(off, partial.as_deref(), &at, &mut names)?;
+                    block_start.remove(&off.tid);
                 }
-                if at.started && range.to.is_some_and(|t| at.reached(t, ns)) {
-                    break;
+                Record::Lost(l) => {
+                    sink.lost(ev.stream, l)?;
                 }
-                at.instructions += u64::from(b.icount);
-                if at.started {
-                    sink.block(&Block { cpu: ev.stream, pid, branch: b, start, loc }, &mut names, &mut res)?;
+                Record::Mte(m) => {
+                    names.apply(m);
+                    res.apply(m);
                 }
-                match known_start {
-                    Some(s) if b.to != 0 => *s = b.to,
-                    None if b.to != 0 => {
-                        block_start.insert(b.tid, b.to);
-                    }
-                    _ => {
-                        block_start.remove(&b.tid);
-                    }
-                }
+                Record::Summary(_) | Record::Unknown { .. } => {}
             }
-            Record::TraceOn(on) => {
-                // pid 0: a wrap-mode resume point; the thread's process comes from the MTE stream.
-                if on.pid != 0 {
-                    names.trace_on(on.pid, on.tid);
-                }
-                block_start.insert(on.tid, on.pc);
-            }
-            Record::TraceOff(off) if !at.started => {
-                // Outside the range: only where the thread stands changes.
-                at.instructions += u64::from(off.icount);
-                block_start.remove(&off.tid);
-            }
-            Record::TraceOff(off) => {
-                let ns = off.ts.saturating_sub(start_ns);
-                if range.to.is_some_and(|t| at.reached(t, ns)) {
-                    break;
-                }
-                at.instructions += u64::from(off.icount);
-                let partial = if off.icount > 0 {
-                    let start = block_start.get(&off.tid).copied().unwrap_or(off.pc);
-                    Some(res.resolve(off.pid, start))
-                } else {
-                    None
-                };
-                let at = res.resolve(off.pid, off.pc);
-                sink.trace_off(off, partial.as_deref(), &at, &mut names)?;
-                block_start.remove(&off.tid);
-            }
-            Record::Lost(l) => {
-                sink.lost(ev.stream, l)?;
-            }
-            Record::Mte(m) => {
-                names.apply(m);
-                res.apply(m);
-            }
-            Record::Summary(_) | Record::Unknown { .. } => {}
         }
-    }
+        Ok(())
+    })?;
     Ok((names, res))
 }
 
