@@ -5,13 +5,19 @@
 //! (`unit.rs`), keeps the cache's tables (`cache.rs`), and writes the code into the process
 //! (`/proc/PID/mem`). The translated code records every taken branch itself into a ring in
 //! the thread's state block (`layout.rs`, reached through the gs base), and stops for itrace
-//! (an `int3`) only to translate a unit it has not got, to have its ring drained, or to leave
+//! (a trap) only to translate a unit it has not got, to have its ring drained, or to leave
 //! the cache before an instruction the cache does not run (a system call, an interrupt, code
 //! using gs): the shared engine single-steps that one exactly as `--step instruction` does,
 //! then the thread goes back into the cache. Signals stop the thread as for any tracee; the
 //! thread leaves the cache first, at the application instruction its state is at, so the
 //! engine delivers the signal with the application's pc in its frame and records it as the
 //! stepping recorder does. The trace is therefore the one `--step instruction` records.
+//!
+//! A trap is a system call (`unit.rs`): a thread in the cache runs under `PTRACE_SYSEMU`, so
+//! each trap is a syscall-entry stop whose call never runs. Should itrace die, by any signal,
+//! the kernel lets the thread go from such a stop without a signal, the call runs, and the
+//! code after it takes the thread out of the cache to the application's code, where it runs on
+//! natively: no thread of the program is ever left stopped at a trap it would die of.
 //!
 //! Design notes, costs and limits: docs/translate.md.
 
@@ -34,12 +40,13 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use unit::{TranslateError, Trap};
 
+/// The length of `syscall` (0f 05): a syscall stop's pc is this far past it.
+const SYSCALL_LEN: u64 = 2;
+
 /// A thread in the cache keeps its records until its ring fills; older than this, itrace
 /// interrupts it to collect them (continuous mode writes them, a kill loses no more).
 const DRAIN_EVERY_NS: u64 = 250_000_000;
 
-/// `si_code` of a SIGTRAP raised by `int3`.
-const SI_KERNEL: i32 = 0x80;
 /// At most this many single steps to bring a thread stopped inside a stub to an application
 /// instruction (the longest stub is about thirty instructions).
 const MAX_SETTLE_STEPS: u32 = 256;
@@ -118,6 +125,14 @@ impl Session<'_> {
         let Some(state) = self.thread_state(tid, pid) else { return false };
         let Some(entry) = self.unit_entry(tid, pid, p.pc) else { return false };
         let Ok(mut regs) = getregs(tid) else { return false };
+        // The way out of the cache puts the application's gs base back if itrace is gone.
+        if self
+            .cache_of(pid)
+            .and_then(|c| c.write(pid, state + APP_GS as u64, &regs.gs_base.to_le_bytes()).ok())
+            .is_none()
+        {
+            return false;
+        }
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.arch.xl.app_gs = regs.gs_base;
         regs.gs_base = state;
@@ -141,38 +156,120 @@ impl Session<'_> {
         if let Some(t) = self.threads.get_mut(&tid) {
             t.stopped = false;
         }
-        let r = ptrace::cont(Pid::from_raw(tid), None);
+        // Each trap is a syscall-entry stop, its call skipped (no exit stop).
+        let r = ptrace::sysemu(Pid::from_raw(tid), None);
         self.after_resume(tid, r);
     }
 
-    /// A signal-delivery stop of a thread in the cache: one of the cache's traps, or a signal
-    /// for the program.
-    pub(in super::super) fn cache_stop(&mut self, tid: i32, sig: i32) {
-        self.restore_trap_mask(tid);
-        let Ok(regs) = getregs(tid) else {
-            self.resume(tid, sig);
-            return;
-        };
+    /// A syscall stop of a thread in the cache: one of the cache's traps (under
+    /// `PTRACE_SYSEMU`, the call is not run).
+    pub(in super::super) fn cache_syscall_stop(&mut self, tid: i32) {
         let pid = self.threads[&tid].pid;
-        let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
-        if sig == libc::SIGTRAP && si.is_some_and(|si| si.si_code == SI_KERNEL) {
-            let trap = self.cache_of(pid).and_then(|c| c.trap_at(regs.rip.wrapping_sub(1)));
-            if let Some(trap) = trap {
-                // At an int3 the stub before it is done with the ring.
-                self.drain(tid);
-                match self.on_trap(tid, pid, trap) {
-                    Next::Run(at) => {
-                        self.set_rip(tid, at);
-                        self.run_in_cache(tid);
-                    }
-                    Next::Leave { pc, count } => {
-                        self.leave_cache(tid, pc, count);
-                        self.step_on(tid, 0);
-                    }
+        let trap = getregs(tid).ok().and_then(|r| {
+            let at = r.rip.wrapping_sub(SYSCALL_LEN);
+            self.cache_of(pid).and_then(|c| c.trap_at(at)).map(|t| (at, t))
+        });
+        let Some((at, trap)) = trap else {
+            // Not a trap of the cache (it cannot be): out of the cache where it is.
+            eprintln!("itrace: warning: thread {tid} made a system call in the code cache; it leaves the cache");
+            self.settle(tid, false, true);
+            self.leave_syscall_stop(tid);
+            return self.step_on(tid, 0);
+        };
+        // The registers as they were before the trap, on its `syscall`.
+        if !self.unspill_trap(tid, pid, at) {
+            return self.resume(tid, 0);
+        }
+        // At a trap the stub before it is done with the ring.
+        self.drain(tid);
+        match self.on_trap(tid, pid, trap) {
+            Next::Run(at) => {
+                self.set_rip(tid, at);
+                self.run_in_cache(tid);
+            }
+            Next::Leave { pc, count } => {
+                self.leave_cache(tid, pc, count);
+                if self.leave_syscall_stop(tid) {
+                    self.step_on(tid, 0);
                 }
-                return;
             }
         }
+    }
+
+    /// The thread is on a trap's `syscall` (`at`), stopped there or at its entry stop: put
+    /// back what the trap spilled (rax, rcx, r11), so that its registers are the ones before
+    /// the trap, and its pc `at`. No system call is in progress for the kernel (a stop's
+    /// `-ENOSYS` and number are not a call to restart).
+    fn unspill_trap(&mut self, tid: i32, pid: i32, at: u64) -> bool {
+        let Some(state) = self.threads.get(&tid).map(|t| t.arch.xl.state) else { return false };
+        let Some(c) = self.cache_of(pid) else { return false };
+        let mut spilled = [0u8; 24];
+        if c.read(pid, state + TRAP_RAX as u64, &mut spilled).is_err() {
+            return false;
+        }
+        let word = |n: usize| u64::from_le_bytes(spilled[n * 8..n * 8 + 8].try_into().expect("8 bytes"));
+        let Ok(mut regs) = getregs(tid) else { return false };
+        (regs.rax, regs.rcx, regs.r11) = (word(0), word(1), word(2));
+        regs.orig_rax = u64::MAX;
+        regs.rip = at;
+        ptrace::setregs(Pid::from_raw(tid), regs).is_ok()
+    }
+
+    /// A thread at a trap's syscall-entry stop is to be stepped (or run to its next system
+    /// call) from its pc: the first resume from such a stop ends at the skipped call's exit,
+    /// before any instruction (a step is reported there). Take that stop first, as a syscall
+    /// stop: a SIGTRAP stop there would kill the program if itrace died in it. False: the
+    /// thread is gone.
+    fn leave_syscall_stop(&mut self, tid: i32) -> bool {
+        let mut requeue = Vec::new();
+        let ok = self.run_to_syscall_stop(tid, &mut requeue);
+        let pid = self.threads.get(&tid).map(|t| t.pid).unwrap_or(tid);
+        for sig in requeue {
+            // SAFETY: tgkill with plain integers.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig as i32) };
+        }
+        ok
+    }
+
+    /// Run the thread to its next syscall stop (PTRACE_SYSCALL); signals that arrive meanwhile
+    /// are kept in `requeue` for the kernel to send again. False: the thread is gone.
+    fn run_to_syscall_stop(&mut self, tid: i32, requeue: &mut Vec<Signal>) -> bool {
+        let p = Pid::from_raw(tid);
+        if ptrace::syscall(p, None).is_err() {
+            return false;
+        }
+        loop {
+            match waitpid(p, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::PtraceSyscall(_)) => return true,
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    requeue.push(sig);
+                    if ptrace::syscall(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Ok(WaitStatus::Exited(_, code)) => {
+                    self.gone(tid, itrace_format::StopReason::Exited, code);
+                    return false;
+                }
+                Ok(WaitStatus::Signaled(_, sig, _)) => {
+                    self.gone(tid, itrace_format::StopReason::Signaled, sig as i32);
+                    return false;
+                }
+                Ok(_) => {
+                    if ptrace::syscall(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// A signal-delivery stop of a thread in the cache: a signal for the program.
+    pub(in super::super) fn cache_stop(&mut self, tid: i32, sig: i32) {
+        self.restore_trap_mask(tid);
+        let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
         self.arch.xl_stats.signals += 1;
         // A signal for the program: from the application instruction its state is at, the
         // engine delivers it with a step (the stop after shows the handler).
@@ -355,7 +452,10 @@ impl Session<'_> {
                     break;
                 }
                 Loc::Trap(trap) => {
-                    // At an int3 the stub before it is done with the ring.
+                    // On a trap's `syscall` the stub before it is done with the ring.
+                    if !self.unspill_trap(tid, pid, regs.rip) {
+                        break;
+                    }
                     self.drain(tid);
                     match self.on_trap(tid, pid, trap) {
                         Next::Run(at) => self.set_rip(tid, at),
@@ -645,7 +745,10 @@ impl Session<'_> {
     }
 
     /// Run system call `nr` in the stopped thread (at a `syscall` instruction of its vDSO) and
-    /// put its registers back. Signals that arrive meanwhile are sent again after.
+    /// put its registers back. Signals that arrive meanwhile are sent again after. The thread
+    /// goes from syscall stop to syscall stop (from a trap's entry stop: the skipped call's
+    /// exit, then this call's entry and exit), never a step: no stop it could die of should
+    /// itrace be killed meanwhile.
     fn remote_syscall(&mut self, tid: i32, pid: i32, nr: u64, args: [u64; 6]) -> Result<u64, Errno> {
         let gadget = match self.cache_of(pid).and_then(|c| c.gadget) {
             Some(g) => g,
@@ -665,16 +768,16 @@ impl Session<'_> {
         ptrace::setregs(p, r)?;
         let mut requeue = Vec::new();
         let mut result = Err(Errno::EIO);
-        for _ in 0..16 {
-            if !self.step_in_stub(tid, &mut requeue) {
+        for _ in 0..8 {
+            if !self.run_to_syscall_stop(tid, &mut requeue) {
                 return Err(Errno::ESRCH);
             }
             let now = getregs(tid)?;
-            if now.rip == gadget + 2 {
+            if now.rip == gadget + SYSCALL_LEN && super::syscall_stop_is_exit(tid) {
                 result = Ok(now.rax);
                 break;
             }
-            if now.rip != gadget {
+            if now.rip != gadget && now.rip != gadget + SYSCALL_LEN {
                 break;
             }
         }
