@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use itrace_tests::{itrace_bin, program, run, test_dir, wait_with_guard, KillOnDrop};
 
 const THREADS: &str = "3";
-const ROUNDS: &str = "60000";
+const ROUNDS: &str = "20000";
 /// Between rounds while stdin is open: the busy threads spend much of their time in nanosleep.
 const SLEEP_US: &str = "500";
 const RUNS: u64 = 30;
