@@ -315,9 +315,15 @@ impl Session<'_> {
                 self.drain(tid);
                 self.settle(tid, false, false);
             } else if drain_only && event == libc::PTRACE_EVENT_STOP && self.detaching.is_none() {
-                // Only for its records: drained at a safe point, it goes on in the cache.
-                self.arch.xl_stats.drains_by_interrupt += 1;
-                if self.safe_point(tid, false, true).is_some() {
+                // Only for its records: drained where the ring is not being written, it goes on
+                // in the cache. Not stepped out of a stub to get there: a thread stepped is
+                // stopped with a SIGTRAP it dies of if itrace is killed meanwhile. One
+                // interrupted inside a stub is drained at its next trap or interrupt.
+                let rip = getregs(tid).map(|r| r.rip).unwrap_or(0);
+                let pid = self.threads[&tid].pid;
+                let loc = self.cache_of(pid).map(|c| c.locate(rip)).unwrap_or(Loc::Outside);
+                if matches!(loc, Loc::Boundary { .. } | Loc::Trap(_)) {
+                    self.arch.xl_stats.drains_by_interrupt += 1;
                     self.drain(tid);
                 }
                 return;

@@ -759,6 +759,42 @@ mod tests {
     }
 
     #[test]
+    fn traps_are_system_calls_with_a_way_out() {
+        // 0x1000: dec eax ; jnz 0x1000 ; call [rip+0x10] ; (next unit) -- every kind of trap:
+        // link misses, a full ring, an indirect miss.
+        static CODE: [u8; 10] = [0xff, 0xc8, 0x75, 0xfc, 0xff, 0x15, 0x10, 0, 0, 0];
+        let mut fetch = fetch_from(&CODE, 0x1000);
+        let u = translate(0x1000, 0x10_0000, 0, &mut fetch, &|_| false).expect("translates");
+        let entry = u.entry();
+        let code = &u.code[(entry - u.cache_start) as usize..];
+        let insns: Vec<Instruction> = Decoder::with_ip(64, code, entry, DecoderOptions::NONE).into_iter().collect();
+        let text = disasm(code, entry);
+        assert!(insns.iter().all(|i| i.code() != Code::Int3), "an int3 in the unit: {text:#?}");
+        assert!(u.traps.iter().any(|t| matches!(t.1, Trap::IndirectMiss)), "{:?}", u.traps);
+        assert!(u.traps.iter().any(|t| matches!(t.1, Trap::RingFull { .. })), "{:?}", u.traps);
+        for &(at, trap) in &u.traps {
+            // A trap is `mov eax, getpid ; syscall`; the way out follows.
+            let n = insns.iter().position(|i| i.ip() == at).unwrap_or_else(|| panic!("{trap:?} at {at:#x}: {text:#?}"));
+            assert_eq!(insns[n].code(), Code::Syscall, "{trap:?}: {text:#?}");
+            assert_eq!(
+                (insns[n - 1].code(), insns[n - 1].immediate32()),
+                (Code::Mov_r32_imm32, libc::SYS_getpid as u32)
+            );
+            // It leaves below the red zone and jumps to the way out.
+            assert!(insns[n + 1..n + 6]
+                .iter()
+                .any(|i| i.code() == Code::Lea_r64_m && i.memory_displacement64() as i64 == -WAY_OUT_STACK));
+        }
+        // The way out: the gs base back with arch_prctl(ARCH_SET_GS), then `ret 256`.
+        let ret = insns.iter().position(|i| i.code() == Code::Retnq_imm16).expect("a way out");
+        assert_eq!(insns[ret].immediate16() as i64, WAY_OUT_STACK);
+        assert!(insns[..ret]
+            .iter()
+            .any(|i| i.code() == Code::Mov_r32_imm32 && i.immediate32() == libc::SYS_arch_prctl as u32));
+        assert!(insns[..ret].iter().any(|i| i.code() == Code::Mov_r32_imm32 && i.immediate32() == ARCH_SET_GS));
+    }
+
+    #[test]
     fn conditional_branch_to_the_next_instruction_stays_in_the_cache() {
         // jno +0 ; ret: a copy would keep its absolute target (0x3002) and leave the cache.
         static CODE: [u8; 3] = [0x71, 0x00, 0xc3];
