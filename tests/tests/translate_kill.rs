@@ -51,6 +51,20 @@ fn untraced(pid: u32) -> Option<bool> {
     Some(all)
 }
 
+/// Whether the translator has moved a thread of `pid` into its code cache: a thread-state
+/// block is mapped (anonymous, `rw-p`, from 64 GB up: docs/translate.md, Limits).
+fn taken_over(pid: u32) -> bool {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines().any(|l| {
+        let fields: Vec<&str> = l.split_whitespace().collect();
+        let start = fields.first().and_then(|r| r.split('-').next()).and_then(|s| u64::from_str_radix(s, 16).ok());
+        let anonymous = fields.len() == 5;
+        start.is_some_and(|s| (0x10_0000_0000..0x20_0000_0000).contains(&s))
+            && fields.get(1) == Some(&"rw-p")
+            && anonymous
+    })
+}
+
 /// A small xorshift generator: the moments of the kills, reproducible from the seed printed.
 struct Moments(u64);
 
@@ -80,10 +94,12 @@ fn kill_9_of_an_attached_translating_itrace_never_harms_the_program() {
     let mut moments = Moments(seed);
     for round in 0..RUNS {
         let kill = [Kill::Recorder, Kill::Group, Kill::Everything][(round % 3) as usize];
-        // 0 to 400 ms after the recorder exists: the attach, the takeover, running in the cache.
-        let delay_ms = moments.next_below(400);
-        let what =
-            format!("run {round} ({kill:?} killed {delay_ms} ms after the recorder started; ITRACE_KILL_SEED={seed})");
+        // Even runs: 0 to 400 ms after the recorder exists (the attach, the takeover, running in
+        // the cache). Odd runs: 0 to 300 ms after the first thread is in the cache.
+        let after_takeover = round % 2 == 1;
+        let delay_ms = moments.next_below(if after_takeover { 300 } else { 400 });
+        let since = if after_takeover { "a thread entered the cache" } else { "the recorder started" };
+        let what = format!("run {round} ({kill:?} killed {delay_ms} ms after {since}; ITRACE_KILL_SEED={seed})");
 
         let mut child = KillOnDrop(
             Command::new(&target)
@@ -119,6 +135,10 @@ fn kill_9_of_an_attached_translating_itrace_never_harms_the_program() {
             assert!(Instant::now() < deadline, "{what}: no recording process after 60 s");
             std::thread::sleep(Duration::from_millis(1));
         };
+        while after_takeover && !taken_over(pid) {
+            assert!(Instant::now() < deadline, "{what}: no thread in the code cache 60 s after the start");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::thread::sleep(Duration::from_millis(delay_ms));
         // SAFETY: plain kill(2) of processes we started (the group our child leads, its child).
         unsafe {

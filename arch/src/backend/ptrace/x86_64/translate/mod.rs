@@ -165,30 +165,29 @@ impl Session<'_> {
     /// `PTRACE_SYSEMU`, the call is not run).
     pub(in super::super) fn cache_syscall_stop(&mut self, tid: i32) {
         let pid = self.threads[&tid].pid;
-        let trap = getregs(tid).ok().and_then(|r| {
-            let at = r.rip.wrapping_sub(SYSCALL_LEN);
-            self.cache_of(pid).and_then(|c| c.trap_at(at)).map(|t| (at, t))
-        });
-        let Some((at, trap)) = trap else {
+        let trap =
+            getregs(tid).ok().and_then(|r| self.cache_of(pid).and_then(|c| c.trap_at(r.rip.wrapping_sub(SYSCALL_LEN))));
+        let Some(trap) = trap else {
             // Not a trap of the cache (it cannot be): out of the cache where it is.
             eprintln!("itrace: warning: thread {tid} made a system call in the code cache; it leaves the cache");
             self.settle(tid, false, true);
             self.leave_syscall_stop(tid);
             return self.step_on(tid, 0);
         };
-        // The registers as they were before the trap, on its `syscall`.
-        if !self.unspill_trap(tid, pid, at) {
+        // What the trap spilled; its registers stay as they are until the thread goes on (a
+        // released thread then takes the way out after the `syscall`).
+        let Some(spilled) = self.trap_spills(tid, pid) else {
             return self.resume(tid, 0);
-        }
+        };
         // At a trap the stub before it is done with the ring.
         self.drain(tid);
         match self.on_trap(tid, pid, trap) {
             Next::Run(at) => {
-                self.set_rip(tid, at);
+                self.out_of_trap(tid, spilled, at);
                 self.run_in_cache(tid);
             }
             Next::Leave { pc, count } => {
-                self.leave_cache(tid, pc, count);
+                self.leave_cache(tid, pc, count, Some(spilled));
                 if self.leave_syscall_stop(tid) {
                     self.step_on(tid, 0);
                 }
@@ -196,23 +195,28 @@ impl Session<'_> {
         }
     }
 
-    /// The thread is on a trap's `syscall` (`at`), stopped there or at its entry stop: put
-    /// back what the trap spilled (rax, rcx, r11), so that its registers are the ones before
-    /// the trap, and its pc `at`. No system call is in progress for the kernel (a stop's
-    /// `-ENOSYS` and number are not a call to restart).
-    fn unspill_trap(&mut self, tid: i32, pid: i32, at: u64) -> bool {
-        let Some(state) = self.threads.get(&tid).map(|t| t.arch.xl.state) else { return false };
-        let Some(c) = self.cache_of(pid) else { return false };
-        let mut spilled = [0u8; 24];
-        if c.read(pid, state + TRAP_RAX as u64, &mut spilled).is_err() {
-            return false;
+    /// What a trap spilled: the application's rax, rcx and r11 before it.
+    fn trap_spills(&mut self, tid: i32, pid: i32) -> Option<[u64; 3]> {
+        let state = self.threads.get(&tid).map(|t| t.arch.xl.state)?;
+        let c = self.cache_of(pid)?;
+        let mut raw = [0u8; 24];
+        c.read(pid, state + TRAP_RAX as u64, &mut raw).ok()?;
+        let word = |n: usize| u64::from_le_bytes(raw[n * 8..n * 8 + 8].try_into().expect("8 bytes"));
+        Some([word(0), word(1), word(2)])
+    }
+
+    /// The thread goes on at `rip` with what its trap spilled put back, in one write of its
+    /// registers: every state it is left in between is one it survives should itrace die (a
+    /// trap's `syscall` with the application's rax would make whatever call rax names). No
+    /// system call is in progress for the kernel (a stop's `-ENOSYS` and number are not a call
+    /// to restart).
+    fn out_of_trap(&mut self, tid: i32, spilled: [u64; 3], rip: u64) {
+        if let Ok(mut regs) = getregs(tid) {
+            (regs.rax, regs.rcx, regs.r11) = (spilled[0], spilled[1], spilled[2]);
+            regs.orig_rax = u64::MAX;
+            regs.rip = rip;
+            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
         }
-        let word = |n: usize| u64::from_le_bytes(spilled[n * 8..n * 8 + 8].try_into().expect("8 bytes"));
-        let Ok(mut regs) = getregs(tid) else { return false };
-        (regs.rax, regs.rcx, regs.r11) = (word(0), word(1), word(2));
-        regs.orig_rax = u64::MAX;
-        regs.rip = at;
-        ptrace::setregs(Pid::from_raw(tid), regs).is_ok()
     }
 
     /// A thread at a trap's syscall-entry stop is to be stepped (or run to its next system
@@ -371,13 +375,6 @@ impl Session<'_> {
         }
     }
 
-    fn set_rip(&mut self, tid: i32, rip: u64) {
-        if let Ok(mut regs) = getregs(tid) {
-            regs.rip = rip;
-            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
-        }
-    }
-
     /// What an `int3` of the cache asks for (the ring was drained).
     fn on_trap(&mut self, tid: i32, pid: i32, trap: Trap) -> Next {
         let st = &mut self.arch.xl_stats;
@@ -430,7 +427,7 @@ impl Session<'_> {
     fn settle(&mut self, tid: i32, fault: bool, can_step: bool) {
         if let Some((pc, count)) = self.safe_point(tid, fault, can_step) {
             self.drain(tid);
-            self.leave_cache(tid, pc, count);
+            self.leave_cache(tid, pc, count, None);
         }
     }
 
@@ -459,14 +456,12 @@ impl Session<'_> {
                 }
                 Loc::Trap(trap) => {
                     // On a trap's `syscall` the stub before it is done with the ring.
-                    if !self.unspill_trap(tid, pid, regs.rip) {
-                        break;
-                    }
+                    let Some(spilled) = self.trap_spills(tid, pid) else { break };
                     self.drain(tid);
                     match self.on_trap(tid, pid, trap) {
-                        Next::Run(at) => self.set_rip(tid, at),
+                        Next::Run(at) => self.out_of_trap(tid, spilled, at),
                         Next::Leave { pc, count } => {
-                            self.leave_cache(tid, pc, count);
+                            self.leave_cache(tid, pc, count, Some(spilled));
                             break;
                         }
                     }
@@ -539,12 +534,17 @@ impl Session<'_> {
 
     /// The thread leaves the cache before application instruction `pc`, `count` instructions
     /// into its unit: its pc and gs base are the application's again, and the engine's pending
-    /// instruction is `pc`.
-    fn leave_cache(&mut self, tid: i32, pc: u64, count: u32) {
+    /// instruction is `pc`. At a trap, what it spilled goes back in the same write of the
+    /// registers (`out_of_trap`).
+    fn leave_cache(&mut self, tid: i32, pc: u64, count: u32, spilled: Option<[u64; 3]>) {
         let Ok(mut regs) = getregs(tid) else { return };
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.icount += count;
         t.arch.xl.in_cache = false;
+        if let Some([rax, rcx, r11]) = spilled {
+            (regs.rax, regs.rcx, regs.r11) = (rax, rcx, r11);
+            regs.orig_rax = u64::MAX;
+        }
         regs.rip = pc;
         regs.gs_base = t.arch.xl.app_gs;
         let _ = ptrace::setregs(Pid::from_raw(tid), regs);
@@ -681,7 +681,18 @@ impl Session<'_> {
             ) {
                 Ok(got) if got == base => {
                     let c = self.cache_of(pid)?;
-                    c.regions.push(cache::Region { base, used: 0 });
+                    let mut used = 0;
+                    if c.remote_gadget.is_none() {
+                        // From now on itrace's system calls in the process use the cache's own
+                        // `syscall` (the vDSO's is followed by code that expects its caller).
+                        if let Ok((bytes, syscall)) = unit::remote_call_gadget(base) {
+                            if c.write(pid, base, &bytes).is_ok() {
+                                c.remote_gadget = Some((base, syscall));
+                                used = bytes.len() as u64;
+                            }
+                        }
+                    }
+                    c.regions.push(cache::Region { base, used });
                     return Some(c.regions.len() - 1);
                 }
                 Ok(_) | Err(Errno::EEXIST) | Err(Errno::ENOMEM) => continue,
@@ -766,6 +777,25 @@ impl Session<'_> {
         };
         let p = Pid::from_raw(tid);
         let saved = getregs(tid)?;
+        // With the cache's own gadget, a thread let go during the call (itrace killed) comes
+        // back to its own registers and pc from the save area.
+        let own = self.cache_of(pid).and_then(|c| c.remote_gadget);
+        let gadget = match own {
+            Some((save, syscall)) => {
+                let s = &saved;
+                let mut area = Vec::with_capacity(unit::REMOTE_SAVE_BYTES as usize);
+                for v in [s.rax, s.rdi, s.rsi, s.rdx, s.r10, s.r8, s.r9, s.rcx, s.r11, s.rip] {
+                    area.extend_from_slice(&v.to_le_bytes());
+                }
+                let c = self.cache_of(pid).ok_or(Errno::ESRCH)?;
+                if c.write(pid, save, &area).is_ok() {
+                    syscall
+                } else {
+                    gadget
+                }
+            }
+            None => gadget,
+        };
         let mut r = saved;
         r.rip = gadget;
         r.rax = nr;

@@ -694,6 +694,44 @@ pub(super) fn translate(
     Ok(Unit { app_start: start, app_end: end, cache_start: cache_at, code, spans, traps, exits, links })
 }
 
+/// The registers a system call itrace makes in a thread changes, in the order of the remote
+/// gadget's save area (then the pc to go back to).
+pub(super) const REMOTE_SAVED: [Register; 9] = [
+    Register::RAX,
+    Register::RDI,
+    Register::RSI,
+    Register::RDX,
+    Register::R10,
+    Register::R8,
+    Register::R9,
+    Register::RCX,
+    Register::R11,
+];
+/// The save area's size: the registers and the pc.
+pub(super) const REMOTE_SAVE_BYTES: u64 = (REMOTE_SAVED.len() as u64 + 1) * 8;
+
+/// The `syscall` itrace makes its own system calls with in a thread (mmap of the cache and of
+/// state blocks), for `at` in the cache: a save area of the thread's registers and pc (written
+/// by itrace before each call), then `syscall`, then the way back should itrace die during the
+/// call: the registers from the save area, a jump to the saved pc. Returns the bytes and the
+/// address of the `syscall`.
+pub(super) fn remote_call_gadget(at: u64) -> Result<(Vec<u8>, u64), TranslateError> {
+    let encode = |e: iced_x86::IcedError| TranslateError::Encode(e.to_string());
+    let code_at = at + REMOTE_SAVE_BYTES;
+    let mut insns = vec![Instruction::with(Code::Syscall)];
+    for (n, &r) in REMOTE_SAVED.iter().enumerate() {
+        let slot = MemoryOperand::with_base_displ(Register::RIP, (at + 8 * n as u64) as i64);
+        insns.push(Instruction::with2(Code::Mov_r64_rm64, r, slot).map_err(encode)?);
+    }
+    let pc = MemoryOperand::with_base_displ(Register::RIP, (at + 8 * REMOTE_SAVED.len() as u64) as i64);
+    insns.push(Instruction::with1(Code::Jmp_rm64, pc).map_err(encode)?);
+    let out = BlockEncoder::encode(64, InstructionBlock::new(&insns, code_at), BlockEncoderOptions::NONE)
+        .map_err(|e| TranslateError::Encode(e.to_string()))?;
+    let mut bytes = vec![0u8; REMOTE_SAVE_BYTES as usize];
+    bytes.extend_from_slice(&out.code_buffer);
+    Ok((bytes, code_at))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,6 +830,25 @@ mod tests {
             .iter()
             .any(|i| i.code() == Code::Mov_r32_imm32 && i.immediate32() == libc::SYS_arch_prctl as u32));
         assert!(insns[..ret].iter().any(|i| i.code() == Code::Mov_r32_imm32 && i.immediate32() == ARCH_SET_GS));
+    }
+
+    #[test]
+    fn remote_call_gadget_goes_back_to_the_saved_registers_and_pc() {
+        let at = 0x7000_0000u64;
+        let (bytes, syscall) = remote_call_gadget(at).expect("encodes");
+        assert_eq!(syscall, at + REMOTE_SAVE_BYTES);
+        let code = &bytes[REMOTE_SAVE_BYTES as usize..];
+        let insns: Vec<Instruction> = Decoder::with_ip(64, code, syscall, DecoderOptions::NONE).into_iter().collect();
+        assert_eq!(insns[0].code(), Code::Syscall);
+        // Each register from its slot, in order, then a jump through the saved pc.
+        for (n, r) in REMOTE_SAVED.iter().enumerate() {
+            let i = &insns[1 + n];
+            assert_eq!((i.code(), i.op0_register()), (Code::Mov_r64_rm64, *r), "{i}");
+            assert_eq!(i.ip_rel_memory_address(), at + 8 * n as u64, "{i}");
+        }
+        let jmp = &insns[1 + REMOTE_SAVED.len()];
+        assert_eq!(jmp.code(), Code::Jmp_rm64);
+        assert_eq!(jmp.ip_rel_memory_address(), at + 8 * REMOTE_SAVED.len() as u64);
     }
 
     #[test]
