@@ -67,7 +67,7 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped), {} signals, {} periodic drains",
+            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains",
             self.units, self.links, self.indirect_misses, self.ring_full, self.leaves, self.signals, self.drains_by_interrupt
         )
     }
