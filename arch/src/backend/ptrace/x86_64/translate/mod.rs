@@ -122,8 +122,11 @@ impl Session<'_> {
             return false;
         }
         let pid = t.pid;
-        let Some(state) = self.thread_state(tid, pid) else { return false };
+        // The unit first: the process's first region brings the cache's own gadget for the
+        // system calls itrace makes there (the state block's mmap is one), so that only that
+        // first mmap runs at the vDSO's `syscall` (see `remote_syscall`).
         let Some(entry) = self.unit_entry(tid, pid, p.pc) else { return false };
+        let Some(state) = self.thread_state(tid, pid) else { return false };
         let Ok(mut regs) = getregs(tid) else { return false };
         // The way out of the cache puts the application's gs base back if itrace is gone.
         if self
