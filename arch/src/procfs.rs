@@ -108,6 +108,13 @@ pub fn thread_pending_signals(tid: i32) -> u64 {
     status_field(tid, "SigPnd:").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0)
 }
 
+/// The signals pending for thread `tid` or its process that it does not block (SigPnd and
+/// ShdPnd, less SigBlk, of /proc/TID/status).
+pub fn unblocked_pending_signals(tid: i32) -> u64 {
+    let field = |name| status_field(tid, name).and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0);
+    (field("SigPnd:") | field("ShdPnd:")) & !field("SigBlk:")
+}
+
 /// Whether thread `tid` has a handler for signal `sig` (SigCgt of /proc/TID/status).
 pub fn signal_has_handler(tid: i32, sig: i32) -> bool {
     let caught = status_field(tid, "SigCgt:").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0);

@@ -431,6 +431,10 @@ pub struct AnnotateArgs {
     /// Also show each instruction, disassembled, with its executions.
     #[arg(long)]
     pub asm: bool,
+    /// Show only the lines (and instructions) with at least this percentage of the function's
+    /// self instructions.
+    #[arg(long, value_name = "PERCENT", value_parser = parse_percent)]
+    pub hot: Option<f64>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -462,6 +466,28 @@ pub struct DiffArgs {
     pub output: TableOutput,
     #[command(flatten)]
     pub read: ReadOptions,
+    /// The range of both traces compared (as `report`'s).
+    #[command(flatten)]
+    pub range: RangeArgs,
+    /// Only this thread of each trace: TID in both, or BASE_TID:NEW_TID (a thread's id
+    /// differs between runs); every total is the thread's.
+    #[arg(long, value_name = "TID[:TID]", value_parser = parse_tid_pair)]
+    pub tid: Option<(u32, u32)>,
+    /// Only the functions of this module (file name or path); totals stay the traces'.
+    #[arg(long, value_name = "MODULE")]
+    pub module: Option<String>,
+    /// Only the functions whose name matches this regular expression; totals stay the traces'.
+    #[arg(long, value_name = "REGEX")]
+    pub grep: Option<String>,
+}
+
+/// `diff --tid`: one thread id for both traces, or `BASE:NEW`.
+fn parse_tid_pair(s: &str) -> Result<(u32, u32), String> {
+    let tid = |t: &str| t.parse::<u32>().map_err(|_| format!("'{s}' is not a thread id, nor BASE_TID:NEW_TID"));
+    match s.split_once(':') {
+        Some((a, b)) => Ok((tid(a)?, tid(b)?)),
+        None => tid(s).map(|t| (t, t)),
+    }
 }
 
 #[derive(Args)]
@@ -482,6 +508,21 @@ pub struct FlamegraphArgs {
     /// Title of the SVG (default: the trace file's name).
     #[arg(long)]
     pub title: Option<String>,
+    /// A frame per thread at the root (`name-pid/tid`, as inferno's `--tid` folding): each
+    /// thread's stacks apart instead of merged.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// How the SVG's frames are coloured: by function name (shades of one palette) or one
+    /// colour per module.
+    #[arg(long, value_enum, default_value_t = FrameColorsArg::Name, value_name = "BY")]
+    pub colors: FrameColorsArg,
+}
+
+/// `flamegraph --colors` (no help per value: it would turn `flamegraph --help` into its long form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FrameColorsArg {
+    Name,
+    Module,
 }
 
 fn parse_min_width(s: &str) -> Result<f64, String> {
@@ -538,6 +579,21 @@ pub struct ExportArgs {
     /// The clock of the timeline exports (chrome, firefox).
     #[arg(long, value_enum, default_value_t = TimeAxisArg::Instructions)]
     pub time: TimeAxisArg,
+    /// Chrome: merge the spans shorter than N into the span they ran in (N instructions on the
+    /// instructions clock, N microseconds on the timestamps clock). Default: the smallest N (a
+    /// whole number up to 4096, a power of two above) that keeps the file within --max-size
+    /// (none when every span fits).
+    #[arg(long, value_name = "N", conflicts_with = "all_spans",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub min_span: Option<u64>,
+    /// Chrome: write every span, however large the file (a browser may not open it).
+    #[arg(long)]
+    pub all_spans: bool,
+    /// Chrome: the size the file is kept within by merging short spans (K, M, G: powers of
+    /// 1024; default 100M).
+    #[arg(long, value_name = "BYTES", value_parser = crate::size::parse_size,
+          conflicts_with_all = ["all_spans", "min_span"])]
+    pub max_size: Option<usize>,
 }
 
 #[derive(Args)]

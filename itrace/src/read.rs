@@ -2,8 +2,8 @@
 //! every reader shares (opening a trace, progress on a terminal, the truncation warning).
 
 use crate::cli::{
-    AnnotateArgs, ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, RangeArgs, ReplayArgs, ReportArgs,
-    SortArg, TimeAxisArg, TraceInput,
+    AnnotateArgs, ArcArgs, ArchiveArgs, ExportArgs, ExportFormat, FlamegraphArgs, FrameColorsArg, RangeArgs,
+    ReplayArgs, ReportArgs, SortArg, TimeAxisArg, TraceInput,
 };
 use anyhow::{bail, Context, Result};
 use itrace_post::PostError;
@@ -80,7 +80,7 @@ fn read_trace<T>(
 pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
     let path = args.input.path();
     let trace = open_ranged(&path, &args.range)?;
-    let folded = read_trace(&trace, itrace_post::flame::folded)?;
+    let folded = read_trace(&trace, |trace, progress| itrace_post::flame::folded(trace, args.per_thread, progress))?;
     print_notes(&trace, &folded.notes);
     if folded.stack_count() == 0 {
         eprintln!("itrace: note: {} holds no instructions: the flame graph is empty", path.display());
@@ -91,7 +91,11 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
     } else {
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let title = args.title.unwrap_or_else(|| format!("{name}: instructions per call stack"));
-        folded.write_svg(&title, args.min_width, &mut out)
+        let colors = match args.colors {
+            FrameColorsArg::Name => itrace_post::flame::FrameColors::Name,
+            FrameColorsArg::Module => itrace_post::flame::FrameColors::Module,
+        };
+        folded.write_svg(&title, args.min_width, colors, &mut out)
     };
     written.and_then(|()| Ok(out.flush()?)).context("cannot write the flame graph")?;
     if let Some(p) = &args.output {
@@ -106,6 +110,9 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
 }
 
 pub fn export(args: ExportArgs) -> Result<ExitCode> {
+    if args.format != ExportFormat::Chrome && (args.all_spans || args.min_span.is_some() || args.max_size.is_some()) {
+        bail!("--all-spans, --min-span and --max-size are for --format chrome");
+    }
     if args.format == ExportFormat::Parquet {
         return export_parquet(args);
     }
@@ -149,6 +156,13 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
         itrace_post::parquet::write_parquet(trace, out, rows_per_group, progress)
     })?;
     print_notes(&trace, &stats.notes);
+    if stats.calls_without_row > 0 {
+        eprintln!(
+            "itrace: note: {} of the report's calls have no row with a call_kind (counted where no row was written, \
+             as a PLT call whose target was never seen closed at the end of the trace, or a second one at a row)",
+            stats.calls_without_row
+        );
+    }
     if let Some(p) = &args.output {
         let ends = stats.rows - stats.branches;
         eprintln!(
@@ -165,7 +179,7 @@ fn export_parquet(args: ExportArgs) -> Result<ExitCode> {
 
 /// `itrace export --format chrome|firefox`: a timeline of call spans per thread.
 fn export_timeline(args: &ExportArgs, trace: &itrace_post::Trace) -> Result<ExitCode> {
-    use itrace_post::timeline::{TimeAxis, TimelineFormat};
+    use itrace_post::timeline::{SpanSelection, TimeAxis, TimelineFormat};
     let format = match args.format {
         ExportFormat::Firefox => {
             let gzip = args.output.as_deref().is_some_and(|p| p.extension().is_some_and(|e| e == "gz"));
@@ -177,12 +191,38 @@ fn export_timeline(args: &ExportArgs, trace: &itrace_post::Trace) -> Result<Exit
         TimeAxisArg::Instructions => TimeAxis::Instructions,
         TimeAxisArg::Timestamps => TimeAxis::Timestamps,
     };
+    let max_bytes = args.max_size.map_or(itrace_post::timeline::CHROME_MAX_BYTES, |b| b as u64);
+    let spans = if args.all_spans {
+        SpanSelection::All
+    } else if let Some(n) = args.min_span {
+        SpanSelection::MinSpan(n)
+    } else {
+        SpanSelection::MaxBytes(max_bytes)
+    };
     let mut out = create_output(args.output.as_deref())?;
     let stats = read_trace(trace, |trace, progress| {
-        itrace_post::timeline::write_timeline(trace, format, axis, &mut out, progress)
+        itrace_post::timeline::write_timeline(trace, format, axis, spans, &mut out, progress)
     })?;
     out.flush().context("cannot write the timeline")?;
     print_notes(trace, &stats.notes);
+    if stats.min_span > 0 {
+        let unit = match axis {
+            TimeAxis::Instructions => "instructions",
+            TimeAxis::Timestamps => "us",
+        };
+        eprintln!(
+            "itrace: note: {} spans shorter than {} {unit} were merged into the spans they ran in ({} instructions \
+             ran in them){}; --all-spans writes every span",
+            stats.merged_spans,
+            stats.min_span,
+            stats.merged_instructions,
+            if args.min_span.is_some() {
+                String::new()
+            } else {
+                format!(", to keep the file within {} (--max-size)", crate::size::human_size(max_bytes))
+            }
+        );
+    }
     if let Some(p) = &args.output {
         eprintln!(
             "itrace: wrote {} ({} threads, {} spans, {} markers, {} instructions)",
@@ -219,15 +259,7 @@ pub fn archive(args: ArchiveArgs) -> Result<ExitCode> {
 pub fn report(args: ReportArgs) -> Result<ExitCode> {
     use itrace_post::views::{self, Filter, SortKey, TreeLimits, ViewOptions};
     let v = &args.views;
-    let grep = match &v.grep {
-        Some(re) => Some(regex::Regex::new(re).map_err(|e| {
-            // regex's message draws the pattern over lines: its last line says what is wrong.
-            let text = e.to_string();
-            let why = text.lines().last().unwrap_or_default().trim_start_matches("error: ").to_string();
-            anyhow::anyhow!("--grep {re:?} is not a regular expression: {why}")
-        })?),
-        None => None,
-    };
+    let grep = grep_regex(v.grep.as_deref())?;
     let path = args.input.path();
     let trace = open_ranged(&path, &args.range)?;
     let opts = ViewOptions { tid: v.tid, tree: v.tree, callers: v.callers.clone(), callees: v.callees.clone() };
@@ -257,6 +289,17 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--grep RE` compiled; a one-line error when it is not a regular expression.
+pub fn grep_regex(re: Option<&str>) -> Result<Option<regex::Regex>> {
+    let Some(re) = re else { return Ok(None) };
+    regex::Regex::new(re).map(Some).map_err(|e| {
+        // regex's message draws the pattern over lines: its last line says what is wrong.
+        let text = e.to_string();
+        let why = text.lines().last().unwrap_or_default().trim_start_matches("error: ").to_string();
+        anyhow::anyhow!("--grep {re:?} is not a regular expression: {why}")
+    })
+}
+
 /// `itrace replay`: the call flow, streamed to the output.
 pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
     let path = args.input.path();
@@ -283,8 +326,11 @@ pub fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let function = function.to_string_lossy();
     let trace = open_ranged(&path, &args.range)?;
     let module = args.module.as_deref();
-    let annotation =
+    let mut annotation =
         read_trace(&trace, |trace, progress| itrace_post::annotate::annotate(trace, &function, module, progress))?;
+    if let Some(hot) = args.hot {
+        annotation.retain_hot(hot);
+    }
     print_notes(&trace, &annotation.notes);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
@@ -296,16 +342,20 @@ pub fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The report of the trace at `path`, its warnings and notes said on stderr.
-pub fn build_report(path: &Path) -> Result<itrace_post::report::Report> {
-    let trace = open_trace(path)?;
-    let pb = progress(trace.trace_bytes());
-    let report = itrace_post::report::build(&trace, &mut |done| pb.set_position(done))
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    pb.finish_and_clear();
-    warn_truncated(&trace);
-    print_notes(&trace, &report.notes);
-    Ok(report)
+/// The report of the trace at `path` over `range`, of thread `tid` alone when given (as
+/// `report --tid`), its warnings and notes said on stderr.
+pub fn build_report(path: &Path, range: &RangeArgs, tid: Option<u32>) -> Result<itrace_post::views::Views> {
+    let trace = open_ranged(path, range)?;
+    let opts = itrace_post::views::ViewOptions { tid, ..Default::default() };
+    let views =
+        read_trace(&trace, |trace, progress| itrace_post::views::build(trace, &opts, progress)).with_context(|| {
+            match tid {
+                Some(_) => format!("in {}", path.display()),
+                None => format!("cannot read {}", path.display()),
+            }
+        })?;
+    print_notes(&trace, &views.report.notes);
+    Ok(views)
 }
 
 /// `--strict`: readers refuse a damaged chunk instead of skipping it.

@@ -60,9 +60,12 @@ pub fn settings(a: &RecordArgs) -> Result<RecordSettings> {
         // The environment's default gives way to a --step or a test hook of the ptrace backend.
         None if a.step.is_some() || a.emulate_block_step => BackendArg::Auto,
         None => match std::env::var("ITRACE_BACKEND") {
-            Ok(v) if !v.is_empty() => <BackendArg as clap::ValueEnum>::from_str(&v, true).map_err(|_| {
-                anyhow::anyhow!("ITRACE_BACKEND={v}: expected auto, ptrace, inproc, qemu, kmod or translate")
-            })?,
+            Ok(v) if !v.is_empty() => {
+                s.backend_from_env = true;
+                <BackendArg as clap::ValueEnum>::from_str(&v, true).map_err(|_| {
+                    anyhow::anyhow!("ITRACE_BACKEND={v}: expected auto, ptrace, inproc, qemu, kmod or translate")
+                })?
+            }
             _ => BackendArg::Auto,
         },
     };

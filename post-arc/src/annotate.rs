@@ -37,8 +37,18 @@ pub struct InsnCount {
     pub file: Option<String>,
     /// 0 when unknown.
     pub line: u32,
-    /// The instruction, disassembled (Intel syntax on x86).
+    /// The instruction, disassembled (Intel syntax on x86), a direct branch's or call's
+    /// target named as objdump names it (`call printf@plt`, `jmp bar+0x10`).
     pub text: String,
+    /// The target of a direct branch or call (named in `text` when a symbol covers it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<u64>,
+    /// For a conditional branch: the executions that branched (the trace's records from it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taken: Option<u64>,
+    /// For a conditional branch: the executions that fell through (executions minus taken).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_taken: Option<u64>,
 }
 
 /// Instructions run on one source line.
@@ -70,6 +80,10 @@ pub struct AnnotatedFunction {
 #[derive(Clone, Debug, Serialize)]
 pub struct Annotation {
     pub total_instructions: u64,
+    /// `--hot`: only the lines and instructions with at least this percentage of their
+    /// function's self instructions are listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hot_percent: Option<f64>,
     /// Every function of the name that ran (one per module, or per process that loaded it elsewhere).
     pub functions: Vec<AnnotatedFunction>,
     /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
@@ -84,6 +98,12 @@ struct Insn {
     file: Option<Arc<str>>,
     line: u32,
     text: String,
+    target: Option<u64>,
+    /// Whether the target is named in `text` (or cannot be).
+    named: bool,
+    conditional: bool,
+    /// Branch records from the instruction: the times a conditional one was taken.
+    taken: u64,
 }
 
 #[derive(Default)]
@@ -121,7 +141,57 @@ struct AnnotateSink<'a> {
     error: Option<PostError>,
 }
 
+/// The name objdump gives `addr` in a listing (`printf@plt`, `main`, `bar+0x10`); None where
+/// no symbol covers it.
+fn address_name(res: &mut Resolver, pid: u32, addr: u64) -> Option<String> {
+    let loc = res.resolve(pid, addr);
+    if loc.symbol.starts_with('<') {
+        return None;
+    }
+    Some(match loc.offset {
+        0 => loc.symbol.to_string(),
+        off => format!("{}+{off:#x}", loc.symbol),
+    })
+}
+
+impl Insn {
+    /// Set the instruction's branch `target` and name it in its text, whose last operand is
+    /// the target's address (`call 0x401030` becomes `call printf@plt`).
+    fn name_target(&mut self, res: &mut Resolver, pid: u32, target: u64) {
+        self.named = true;
+        let hex = format!("0x{target:x}");
+        let Some(before) = self.text.strip_suffix(&hex) else { return };
+        if !before.ends_with([' ', ',']) {
+            return;
+        }
+        self.target = Some(target);
+        if let Some(name) = address_name(res, pid, target) {
+            self.text = format!("{before}{name}");
+        }
+    }
+}
+
 impl AnnotateSink<'_> {
+    /// What the block's closing branch tells of its instruction: a branch taken (the taken
+    /// count of a conditional one; a conditional jump also where the disassembler did not
+    /// say), a direct target the disassembler did not decode.
+    fn branch(&mut self, res: &mut Resolver, func: u32, pid: u32, br: &itrace_format::Branch) {
+        use itrace_format::BranchKind;
+        let Some(f) = self.funcs.get_mut(&func) else { return };
+        let Some(insn) = f.insns.get_mut(&br.from) else { return };
+        // A branch's own records, not a signal's or fault's that stopped the block there.
+        if !matches!(br.kind, BranchKind::Call | BranchKind::Return | BranchKind::Jump | BranchKind::CondJump) {
+            return;
+        }
+        insn.taken += 1;
+        if br.kind == BranchKind::CondJump {
+            insn.conditional = true;
+        }
+        if !insn.named && br.to != 0 && br.kind != BranchKind::Return {
+            insn.name_target(res, pid, br.to);
+        }
+    }
+
     fn wanted(&mut self, l: &Location) -> bool {
         let query = &self.function;
         *self.matched.entry(l.func).or_insert_with(|| query.matches(&l.symbol).is_some())
@@ -170,17 +240,31 @@ impl AnnotateSink<'_> {
         for _ in 0..icount {
             let Some((bytes, off)) = self.code(res, pid, pc)? else { return Ok(None) };
             let code = &bytes[off..(off + MAX_INSN_LEN).min(bytes.len())];
-            let Some((len, text)) = self.dis.disassemble(pc, code) else { return Ok(None) };
+            let Some(listed) = self.dis.list(pc, code) else { return Ok(None) };
             let f = self.funcs.get_mut(&func).expect("the block's function");
             if let std::collections::btree_map::Entry::Vacant(slot) = f.insns.entry(pc) {
                 let loc = res.resolve(pid, pc);
                 // From the annotated function's start, also for an instruction a block falls
                 // through to past its end.
                 let offset = pc.wrapping_sub(func_start);
-                slot.insert(Insn { executions: 0, offset, file: loc.file.clone(), line: loc.line, text });
+                let mut insn = Insn {
+                    executions: 0,
+                    offset,
+                    file: loc.file.clone(),
+                    line: loc.line,
+                    text: listed.text,
+                    target: None,
+                    named: false,
+                    conditional: listed.conditional,
+                    taken: 0,
+                };
+                if let Some(target) = listed.target {
+                    insn.name_target(res, pid, target);
+                }
+                slot.insert(insn);
             }
             addrs.push(pc);
-            pc += len as u64;
+            pc += listed.len as u64;
         }
         // A branch block ends at its branch; a block a signal or fault cut ends before it.
         let ends_right = match end {
@@ -240,8 +324,10 @@ impl Sink for AnnotateSink<'_> {
         }
         if let Where::User(l) = &b.loc {
             if self.wanted(l) {
-                if let Err(e) = self.run(res, l, b.pid, b.start, br.icount, Some(br.from)) {
-                    self.error = Some(e);
+                match self.run(res, l, b.pid, b.start, br.icount, Some(br.from)) {
+                    Ok(()) if !br.kernel => self.branch(res, l.func, b.pid, br),
+                    Ok(()) => {}
+                    Err(e) => self.error = Some(e),
                 }
             }
         }
@@ -352,12 +438,17 @@ pub fn annotate(
                         file: i.file.map(|f| f.to_string()),
                         line: i.line,
                         text: i.text,
+                        target: i.target,
+                        // A record per taken branch: taken never exceeds the executions,
+                        // but a damaged trace's counts are not trusted to say so.
+                        taken: i.conditional.then_some(i.taken),
+                        not_taken: i.conditional.then(|| i.executions.saturating_sub(i.taken)),
                     })
                     .collect(),
             }
         })
         .collect();
-    Ok(Annotation { total_instructions: sink.total, functions, notes: res.notes().to_vec() })
+    Ok(Annotation { total_instructions: sink.total, hot_percent: None, functions, notes: res.notes().to_vec() })
 }
 
 /// Lines of source shown around a function's lines at most: a function whose lines spread
@@ -372,24 +463,40 @@ impl Annotation {
         Ok(())
     }
 
+    /// Keep only the lines and instructions with at least `percent` of their function's
+    /// self instructions (`--hot`).
+    pub fn retain_hot(&mut self, percent: f64) {
+        self.hot_percent = Some(percent);
+        for f in &mut self.functions {
+            let hot = |n: u64| n > 0 && share(n, f.self_instructions) >= percent;
+            f.lines.retain(|l| hot(l.instructions));
+            f.instructions.retain(|i| hot(i.executions));
+        }
+    }
+
     /// Text: per function, its source lines with the instructions each ran (the source
-    /// text when the file is readable), and with `asm` each instruction's executions.
+    /// text when the file is readable), and with `asm` each instruction's executions; each
+    /// count also as a percentage of the function's self instructions (`%func`) and of the
+    /// trace's (`%all`).
     pub fn write_text(&self, out: &mut dyn Write, asm: bool) -> Result<(), PostError> {
-        let pct =
-            |n: u64| if self.total_instructions == 0 { 0.0 } else { 100.0 * n as f64 / self.total_instructions as f64 };
+        let all = |n: u64| share(n, self.total_instructions);
         for (k, f) in self.functions.iter().enumerate() {
             if k > 0 {
                 writeln!(out)?;
             }
+            let func = |n: u64| share(n, f.self_instructions);
             writeln!(
                 out,
-                "{} [{}]: {} self instructions ({:.2}% of {})",
+                "{} [{}]: {} self instructions ({:.2}% of {}); %func is of the function's self instructions, %all of the trace's",
                 printable(&f.name),
                 printable(&f.module),
                 f.self_instructions,
-                pct(f.self_instructions),
+                all(f.self_instructions),
                 self.total_instructions
             )?;
+            if let Some(hot) = self.hot_percent {
+                writeln!(out, "  (only lines and instructions with at least {hot}% of the function's instructions)")?;
+            }
             if f.unplaced > 0 {
                 writeln!(
                     out,
@@ -405,18 +512,28 @@ impl Annotation {
             for (file, lines) in &by_file {
                 let name = file.unwrap_or("(no line information)");
                 writeln!(out, "\n-- {}", printable(name))?;
-                writeln!(out, "{:>12} {:>7} {:>6}  source", "instructions", "%", "line")?;
+                writeln!(out, "{:>12} {:>7} {:>7} {:>6}  source", "instructions", "%func", "%all", "line")?;
                 let source = file.and_then(|f| std::fs::read_to_string(f).ok());
                 let source: Vec<&str> = source.as_deref().map(|s| s.lines().collect()).unwrap_or_default();
                 let (first, last) = (*lines.keys().next().unwrap_or(&0), *lines.keys().next_back().unwrap_or(&0));
-                let whole_span = !source.is_empty() && first > 0 && last - first <= MAX_SPAN;
+                // The hot lines alone, without the cold ones between them.
+                let whole_span =
+                    self.hot_percent.is_none() && !source.is_empty() && first > 0 && last - first <= MAX_SPAN;
                 let shown: Vec<u32> =
                     if whole_span { (first..=last).collect() } else { lines.keys().copied().collect() };
                 for line in shown {
                     let text = line.checked_sub(1).and_then(|i| source.get(i as usize)).copied().unwrap_or("");
                     match lines.get(&line) {
-                        Some(n) => writeln!(out, "{:>12} {:>7.2} {:>6}  {}", n, pct(*n), line, printable(text))?,
-                        None => writeln!(out, "{:>12} {:>7} {:>6}  {}", "", "", line, printable(text))?,
+                        Some(n) => writeln!(
+                            out,
+                            "{:>12} {:>7.2} {:>7.2} {:>6}  {}",
+                            n,
+                            func(*n),
+                            all(*n),
+                            line,
+                            printable(text)
+                        )?,
+                        None => writeln!(out, "{:>12} {:>7} {:>7} {:>6}  {}", "", "", "", line, printable(text))?,
                     }
                 }
                 if file.is_some() && source.is_empty() {
@@ -424,16 +541,25 @@ impl Annotation {
                 }
             }
             if asm {
-                writeln!(out, "\n{:>12} {:>18} {:>8}  {:<24}  instruction", "executions", "address", "offset", "line")?;
+                writeln!(
+                    out,
+                    "\n{:>12} {:>7} {:>18} {:>8}  {:<24}  instruction",
+                    "executions", "%func", "address", "offset", "line"
+                )?;
                 for i in &f.instructions {
                     let at = match &i.file {
                         Some(file) if i.line > 0 => format!("{}:{}", crate::report::basename(file), i.line),
                         _ => "?".to_string(),
                     };
+                    let branches = match (i.taken, i.not_taken) {
+                        (Some(t), Some(n)) => format!("  [taken {t}, not taken {n}]"),
+                        _ => String::new(),
+                    };
                     writeln!(
                         out,
-                        "{:>12} {:>#18x} {:>8}  {:<24}  {}",
+                        "{:>12} {:>7.2} {:>#18x} {:>8}  {:<24}  {}{branches}",
                         i.executions,
+                        func(i.executions),
                         i.address,
                         format!("+{:#x}", i.offset),
                         printable(&at),
@@ -443,5 +569,14 @@ impl Annotation {
             }
         }
         Ok(())
+    }
+}
+
+/// `n` as a percentage of `total` (0 of nothing).
+fn share(n: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        100.0 * n as f64 / total as f64
     }
 }

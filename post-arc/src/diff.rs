@@ -5,6 +5,9 @@
 //! come from two builds of a program (a rebuilt binary's functions move) or two paths of one
 //! library. Rows of one key (a function in several processes) are summed. A function in only
 //! one trace is `added` or `removed`; its other side counts as zero in the change.
+//!
+//! The relative change of self and inclusive instructions is the change as a percentage of
+//! the before side; a function new in the after trace shows `new`, one gone from it `gone`.
 
 use crate::names::printable;
 use crate::report::{basename, fit, FunctionRow, Report};
@@ -31,6 +34,14 @@ pub struct Change {
     pub calls: i64,
 }
 
+/// The change as a percentage of the before side, where it has one (not 0, not missing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct RelativeChange {
+    #[serde(rename = "self")]
+    pub self_instructions: Option<f64>,
+    pub inclusive: Option<f64>,
+}
+
 /// Whether a function is in both traces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -50,6 +61,8 @@ pub struct FunctionDiff {
     pub before: Option<Counts>,
     pub after: Option<Counts>,
     pub change: Change,
+    /// `change` in percent of `before` (null where before is 0 or missing).
+    pub relative: RelativeChange,
 }
 
 /// One trace's totals.
@@ -68,6 +81,9 @@ pub struct Diff {
     pub after: Totals,
     pub change_instructions: i64,
     pub functions: Vec<FunctionDiff>,
+    /// What the diff is limited to (thread, range, module, name), one line each (text only).
+    #[serde(skip)]
+    pub scope: Vec<String>,
 }
 
 /// `after - before` as a signed count (saturating at i64's range, which no trace reaches).
@@ -108,7 +124,15 @@ pub fn diff(before_name: &str, before: &Report, after_name: &str, after: &Report
     for ((module, name), a) in new {
         let b = old.remove(&(module.clone(), name.clone()));
         let status = if b.is_some() { Status::Both } else { Status::Added };
-        functions.push(FunctionDiff { name, module, status, before: b, after: Some(a), change: Change::default() });
+        functions.push(FunctionDiff {
+            name,
+            module,
+            status,
+            before: b,
+            after: Some(a),
+            change: Change::default(),
+            relative: RelativeChange::default(),
+        });
     }
     for ((module, name), b) in old {
         functions.push(FunctionDiff {
@@ -118,6 +142,7 @@ pub fn diff(before_name: &str, before: &Report, after_name: &str, after: &Report
             before: Some(b),
             after: None,
             change: Change::default(),
+            relative: RelativeChange::default(),
         });
     }
     for f in &mut functions {
@@ -127,6 +152,11 @@ pub fn diff(before_name: &str, before: &Report, after_name: &str, after: &Report
             self_instructions: delta(b.self_instructions, a.self_instructions),
             inclusive: delta(b.inclusive, a.inclusive),
             calls: delta(b.calls, a.calls),
+        };
+        let relative = |before: u64, change: i64| (before > 0).then(|| 100.0 * change as f64 / before as f64);
+        f.relative = RelativeChange {
+            self_instructions: relative(b.self_instructions, f.change.self_instructions),
+            inclusive: relative(b.inclusive, f.change.inclusive),
         };
     }
     functions.sort_by(|x, y| {
@@ -144,6 +174,18 @@ pub fn diff(before_name: &str, before: &Report, after_name: &str, after: &Report
         after: totals(after_name, after),
         change_instructions: delta(before.total_instructions, after.total_instructions),
         functions,
+        scope: Vec::new(),
+    }
+}
+
+/// A relative change as the text shows it: `+12.5%`, `new` for a function only in the after
+/// trace, `gone` for one only in the before trace, `-` from a before side of 0.
+fn relative(f: &FunctionDiff, pct: Option<f64>) -> String {
+    match (f.status, pct) {
+        (Status::Added, _) => "new".to_string(),
+        (Status::Removed, _) => "gone".to_string(),
+        (Status::Both, Some(p)) => format!("{p:+.1}%"),
+        (Status::Both, None) => "-".to_string(),
     }
 }
 
@@ -177,31 +219,38 @@ impl Diff {
             self.after.lost_records,
             self.change_instructions
         )?;
+        for line in &self.scope {
+            writeln!(out, "{}", printable(line))?;
+        }
         let shown = if top == 0 { self.functions.len() } else { self.functions.len().min(top) };
         let rows = &self.functions[..shown];
-        // Nine number columns, each as wide as its widest entry or heading.
-        let cells: Vec<[String; 9]> = rows
+        // Eleven number columns in three groups, each as wide as its widest entry or heading.
+        let cells: Vec<[String; 11]> = rows
             .iter()
             .map(|f| {
                 [
                     side(f.before, |c| c.self_instructions),
                     side(f.after, |c| c.self_instructions),
                     format!("{:+}", f.change.self_instructions),
+                    relative(f, f.relative.self_instructions),
                     side(f.before, |c| c.inclusive),
                     side(f.after, |c| c.inclusive),
                     format!("{:+}", f.change.inclusive),
+                    relative(f, f.relative.inclusive),
                     side(f.before, |c| c.calls),
                     side(f.after, |c| c.calls),
                     format!("{:+}", f.change.calls),
                 ]
             })
             .collect();
-        let headings = ["before", "after", "change"];
-        let mut w = [0usize; 9];
+        let headings =
+            ["before", "after", "change", "%", "before", "after", "change", "%", "before", "after", "change"];
+        let groups = [("self", 0..4), ("inclusive", 4..8), ("calls", 8..11)];
+        let mut w = [0usize; 11];
         for (i, wi) in w.iter_mut().enumerate() {
-            *wi = cells.iter().map(|c| c[i].len()).max().unwrap_or(0).max(headings[i % 3].len());
+            *wi = cells.iter().map(|c| c[i].len()).max().unwrap_or(0).max(headings[i].len());
         }
-        let numbers: usize = w.iter().sum::<usize>() + 8;
+        let numbers: usize = w.iter().sum::<usize>() + 10;
         let module_w = rows.iter().map(|f| printable(&f.module).chars().count()).max().unwrap_or(0).clamp(6, 20);
         let longest_name = rows.iter().map(|f| printable(&f.name).chars().count()).max().unwrap_or(0).max(8);
         let name_w = longest_name.min(width.saturating_sub(numbers + 2 + 2 + module_w).max(12));
@@ -209,17 +258,17 @@ impl Diff {
         // A title over each group of three columns, then the columns' headings.
         let mut titles = String::new();
         let mut line = String::new();
-        for (g, title) in ["self", "inclusive", "calls"].iter().enumerate() {
-            let group = w[3 * g] + w[3 * g + 1] + w[3 * g + 2] + 2;
+        for (g, (title, columns)) in groups.iter().enumerate() {
+            let group = w[columns.clone()].iter().sum::<usize>() + columns.len() - 1;
             if g > 0 {
                 titles.push(' ');
             }
             titles.push_str(&format!("{title:^group$}"));
-            for i in 3 * g..3 * g + 3 {
+            for i in columns.clone() {
                 if i > 0 {
                     line.push(' ');
                 }
-                line.push_str(&format!("{:>width$}", headings[i % 3], width = w[i]));
+                line.push_str(&format!("{:>width$}", headings[i], width = w[i]));
             }
         }
         writeln!(out, "{}", titles.trim_end())?;
@@ -334,8 +383,26 @@ mod tests {
         assert!(lines[0].ends_with("change -3 instructions"), "{text}");
         assert_eq!(lines[3].split_whitespace().collect::<Vec<_>>(), ["self", "inclusive", "calls"], "{text}");
         let words = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>().join(" ");
-        assert_eq!(words(lines[5]), "5 - -5 5 - -5 1 - -1 gone p (removed)", "{text}");
-        assert_eq!(words(lines[6]), "- 2 +2 - 2 +2 - 1 +1 new p (added)", "{text}");
+        assert_eq!(words(lines[5]), "5 - -5 gone 5 - -5 gone 1 - -1 gone p (removed)", "{text}");
+        assert_eq!(words(lines[6]), "- 2 +2 new - 2 +2 new - 1 +1 new p (added)", "{text}");
+    }
+
+    #[test]
+    fn relative_change_is_of_the_before_side() {
+        let before = report(vec![row("f", "/a/p", 200, 400, 1), row("z", "/a/p", 0, 10, 1)]);
+        let after = report(vec![row("f", "/a/p", 250, 300, 1), row("z", "/a/p", 5, 10, 1)]);
+        let d = diff("a", &before, "b", &after);
+        let f = d.functions.iter().find(|f| f.name == "f").unwrap();
+        assert_eq!(f.relative, RelativeChange { self_instructions: Some(25.0), inclusive: Some(-25.0) });
+        let z = d.functions.iter().find(|f| f.name == "z").unwrap();
+        assert_eq!(z.relative, RelativeChange { self_instructions: None, inclusive: Some(0.0) });
+        let mut out = Vec::new();
+        d.write_text(&mut out, 0, 200).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let words = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>().join(" ");
+        let rows: Vec<String> = text.lines().skip(5).map(words).collect();
+        assert_eq!(rows[0], "200 250 +50 +25.0% 400 300 -100 -25.0% 1 1 +0 f p", "{text}");
+        assert_eq!(rows[1], "0 5 +5 - 10 10 +0 +0.0% 1 1 +0 z p", "{text}");
     }
 
     #[test]

@@ -3,17 +3,36 @@
 //! drawn by inferno. The stacks are those of [`crate::stacks`]; memory grows with the number
 //! of distinct stacks, not the trace's length, and the folded text is written straight from
 //! the tree of stacks (one path in memory at a time).
+//!
+//! `--per-thread` puts a frame per thread at the root (`name-pid/tid`, as inferno's and
+//! stackcollapse-perf's `--tid` folding name them); `--colors module` fills every frame of a
+//! module with one colour, its hue from the module's file name (the same on every run).
 
 use crate::names::printable;
 use crate::stacks::{self, Collect, StackTree};
 use crate::{PostError, Trace};
+use rustc_hash::FxHashMap;
 use std::io::Write;
+
+/// How the SVG's frames are coloured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FrameColors {
+    /// inferno's "hot" palette, the shade from the function's name (flamegraph.pl's `--hash`).
+    #[default]
+    Name,
+    /// One colour per module, its hue from the module's file name.
+    Module,
+}
 
 /// The call stacks of a trace, ready to be written.
 pub struct Folded {
     tree: StackTree,
     /// Frame names by function id.
     names: Vec<String>,
+    /// Module file names by function id.
+    modules: Vec<String>,
+    /// The frames of threads (per-thread stacks), by their function id in the tree.
+    thread_frames: FxHashMap<u32, String>,
     pub total_instructions: u64,
     /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
     pub notes: Vec<String>,
@@ -25,15 +44,35 @@ fn frame_name(name: &str) -> String {
     printable(name).replace(';', ":")
 }
 
-/// Replay `trace` into its call stacks.
-pub fn folded(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Folded, PostError> {
-    let collect = Collect { tree: true, ..Collect::default() };
-    let (mut stacks, _names, res) = stacks::build(trace, collect, progress)?;
+/// Replay `trace` into its call stacks; with `per_thread`, each thread's under a frame of
+/// its own.
+pub fn folded(trace: &Trace, per_thread: bool, progress: &mut dyn FnMut(u64)) -> Result<Folded, PostError> {
+    let collect = Collect { tree: true, per_thread, ..Collect::default() };
+    let (mut stacks, names, res) = stacks::build(trace, collect, progress)?;
     let tree = stacks.tree.take().expect("asked for the tree");
-    let names = (0..res.func_count()).map(|id| frame_name(res.func(id as u32).1)).collect();
+    let funcs = (0..res.func_count()).map(|id| res.func(id as u32));
+    let (modules, names_by_id): (Vec<String>, Vec<String>) =
+        funcs.map(|(module, name)| (crate::report::basename(module).to_string(), frame_name(name))).unzip();
+    let mut thread_frames = FxHashMap::default();
+    tree.walk(&mut |path, _| {
+        if let Some(tid) = tree.thread_of(path[0]) {
+            thread_frames.entry(path[0]).or_insert_with(|| {
+                let pid = stacks.threads.get(&tid).map(|t| t.pid).filter(|&p| p != 0).unwrap_or(names.pid_of(tid));
+                let name = match names.thread_name(tid) {
+                    "" => "?",
+                    n => n,
+                };
+                // Spaces as `_`, as inferno's perf folding writes a comm.
+                frame_name(&format!("{}-{pid}/{tid}", name.replace(' ', "_")))
+            });
+        }
+        Ok(())
+    })?;
     Ok(Folded {
         tree,
-        names,
+        names: names_by_id,
+        modules,
+        thread_frames,
         total_instructions: stacks.threads.values().map(|t| t.instructions).sum(),
         notes: res.notes().to_vec(),
     })
@@ -50,12 +89,41 @@ impl Folded {
                 if i > 0 {
                     line.push(';');
                 }
-                line.push_str(&self.names[*func as usize]);
+                line.push_str(self.frame(*func));
             }
             line.push(' ');
             line.push_str(&n.to_string());
             visit(&line)
         })
+    }
+
+    /// The frame name of function id `func` (or of a thread's frame).
+    fn frame(&self, func: u32) -> &str {
+        match self.names.get(func as usize) {
+            Some(name) => name,
+            None => self.thread_frames.get(&func).map_or("?", String::as_str),
+        }
+    }
+
+    /// The fill of each frame name by its module: one hue per module file name, from a hash
+    /// of it (stable across runs and traces); threads' frames grey. A name in two modules
+    /// takes the first one's colour met in the tree.
+    fn module_palette(&self) -> inferno::flamegraph::color::PaletteMap {
+        let mut palette = inferno::flamegraph::color::PaletteMap::default();
+        let _ = self.tree.walk(&mut |path, _| {
+            for &func in path {
+                let name = self.frame(func);
+                if palette.get(name).is_none() {
+                    let colour = match self.modules.get(func as usize) {
+                        Some(module) => module_colour(module),
+                        None => inferno::flamegraph::color::Color { r: 160, g: 160, b: 160 },
+                    };
+                    palette.insert(name, colour);
+                }
+            }
+            Ok(())
+        });
+        palette
     }
 
     /// Distinct stacks that ran instructions.
@@ -76,7 +144,13 @@ impl Folded {
 
     /// The flame graph SVG; frames narrower than `min_width` pixels are left out (inferno's
     /// `--minwidth`; 0 keeps all).
-    pub fn write_svg(&self, title: &str, min_width: f64, out: &mut dyn Write) -> Result<(), PostError> {
+    pub fn write_svg(
+        &self,
+        title: &str,
+        min_width: f64,
+        colors: FrameColors,
+        out: &mut dyn Write,
+    ) -> Result<(), PostError> {
         // inferno takes the lines as borrowed strings: all of them at once.
         let mut lines: Vec<String> = Vec::new();
         self.lines(&mut |line| {
@@ -95,9 +169,37 @@ impl Folded {
         // Colours from the names, so that two runs of one program look alike.
         opt.hash = true;
         opt.deterministic = true;
+        let mut palette;
+        if colors == FrameColors::Module {
+            palette = self.module_palette();
+            opt.palette_map = Some(&mut palette);
+        }
         inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), out)?;
         Ok(())
     }
+}
+
+/// The colour of a module's frames: its hue from an FNV-1a hash of its file name, at one
+/// saturation and lightness light enough for the black frame names.
+fn module_colour(module: &str) -> inferno::flamegraph::color::Color {
+    let hash = module.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let hue = (hash % 360) as f64;
+    let (s, l) = (0.6, 0.7);
+    // HSL to RGB.
+    let c = (1.0 - (2.0 * l - 1.0_f64).abs()) * s;
+    let h = hue / 60.0;
+    let x = c * (1.0 - (h % 2.0 - 1.0).abs());
+    let (r, g, b) = match h as u32 {
+        0 => (c, x, 0.0),
+        1 => (x, c, 0.0),
+        2 => (0.0, c, x),
+        3 => (0.0, x, c),
+        4 => (x, 0.0, c),
+        _ => (c, 0.0, x),
+    };
+    let m = l - c / 2.0;
+    let byte = |v: f64| ((v + m) * 255.0).round().clamp(0.0, 255.0) as u8;
+    inferno::flamegraph::color::Color { r: byte(r), g: byte(g), b: byte(b) }
 }
 
 /// A valid SVG of the flame graph's size with `title` and "no instructions" in place of frames.

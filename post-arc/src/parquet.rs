@@ -9,6 +9,7 @@
 
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
+use crate::stacks::{CallStacks, Collect, Opened};
 use crate::threads::Names;
 use crate::{PostError, Trace};
 use ::parquet::basic::{Compression, ZstdLevel};
@@ -53,11 +54,38 @@ message itrace_blocks {
   optional binary to_function (STRING);
   optional int64 to_function_offset (INTEGER(64,false));
   optional binary to_module (STRING);
+  optional binary call_kind (STRING);
+  optional binary called_function (STRING);
+  optional binary called_module (STRING);
 }";
 
 /// The string columns of [`SCHEMA`].
-const STRING_COLUMNS: [&str; 9] =
-    ["process", "thread", "mode", "kind", "function", "module", "file", "to_function", "to_module"];
+const STRING_COLUMNS: [&str; 12] = [
+    "process",
+    "thread",
+    "mode",
+    "kind",
+    "function",
+    "module",
+    "file",
+    "to_function",
+    "to_module",
+    "call_kind",
+    "called_function",
+    "called_module",
+];
+
+/// The `call_kind` of a call the report counts.
+fn call_kind_name(how: Opened) -> &'static str {
+    match how {
+        Opened::Call => "call",
+        Opened::PltCall => "plt_call",
+        Opened::TailCall => "tail_call",
+        Opened::SignalHandler => "signal",
+        // Not counted as calls.
+        Opened::SignalTrampoline | Opened::Root => "none",
+    }
+}
 
 /// The `kind` of a thread's last block, which ended without a branch (the arc's OTHER line
 /// before `# end of trace`).
@@ -89,6 +117,12 @@ pub struct ParquetStats {
     pub row_groups: u64,
     /// The sum of the `instructions` column.
     pub instructions: u64,
+    /// Rows with a `call_kind`: the calls the report counts.
+    pub calls: u64,
+    /// Calls the report counts that no row holds: counted where no row was written (a PLT
+    /// call whose target was never seen, closed at the end of the trace), or a second call
+    /// counted at one row.
+    pub calls_without_row: u64,
     /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
     pub notes: Vec<String>,
 }
@@ -177,6 +211,9 @@ struct Rows {
     to_function: Col<u32>,
     to_function_offset: Col<i64>,
     to_module: Col<u32>,
+    call_kind: Col<u32>,
+    called_function: Col<u32>,
+    called_module: Col<u32>,
 }
 
 impl Rows {
@@ -203,6 +240,9 @@ impl Rows {
             to_function: Col::optional(),
             to_function_offset: Col::optional(),
             to_module: Col::optional(),
+            call_kind: Col::optional(),
+            called_function: Col::optional(),
+            called_module: Col::optional(),
         }
     }
 
@@ -242,6 +282,9 @@ impl Rows {
         write_col::<ByteArrayType, W>(&mut g, &strs(&self.to_function))?;
         write_col::<Int64Type, W>(&mut g, &self.to_function_offset)?;
         write_col::<ByteArrayType, W>(&mut g, &strs(&self.to_module))?;
+        write_col::<ByteArrayType, W>(&mut g, &strs(&self.call_kind))?;
+        write_col::<ByteArrayType, W>(&mut g, &strs(&self.called_function))?;
+        write_col::<ByteArrayType, W>(&mut g, &strs(&self.called_module))?;
         if g.next_column()?.is_some() {
             return Err(ParquetError::General("the schema has more columns than itrace writes".into()));
         }
@@ -259,6 +302,9 @@ impl Rows {
             c.clear();
         }
         for c in [&mut self.module, &mut self.file, &mut self.to_function, &mut self.to_module] {
+            c.clear();
+        }
+        for c in [&mut self.call_kind, &mut self.called_function, &mut self.called_module] {
             c.clear();
         }
         Ok(())
@@ -288,11 +334,15 @@ fn func_ids(cache: &mut Vec<Option<(u32, u32)>>, strings: &mut Strings, l: &Loca
 
 struct ParquetSink<W: Write + Send> {
     writer: SerializedFileWriter<W>,
+    /// The report's call stacks, for the calls it counts (`call_kind`).
+    stacks: CallStacks,
     rows: Rows,
     rows_per_group: usize,
     strings: Strings,
     /// String ids of each resolver function id's (symbol, module).
     funcs: Vec<Option<(u32, u32)>>,
+    /// The same for `called_function` and `called_module` (from the resolver's names).
+    called: Vec<Option<(u32, u32)>>,
     /// The last source file seen and its string id (consecutive blocks are mostly in one file).
     last_file: Option<(Arc<str>, u32)>,
     kinds: [u32; 9],
@@ -377,6 +427,40 @@ impl<W: Write + Send> ParquetSink<W> {
         }
     }
 
+    /// The row's call columns: the call the report counted with it, if any (by the call
+    /// stacks, given the row's record just before).
+    fn calls(&mut self, res: &Resolver) {
+        let mut counted = self.stacks.drain_calls();
+        let first = counted.next();
+        let more = counted.count() as u64;
+        self.stats.calls_without_row += more;
+        let r = &mut self.rows;
+        match first {
+            Some(c) => {
+                let i = c.func as usize;
+                if i >= self.called.len() {
+                    self.called.resize(i + 1, None);
+                }
+                let strings = &mut self.strings;
+                let (function, module) = *self.called[i].get_or_insert_with(|| {
+                    let (module, function) = res.func(c.func);
+                    (strings.id(function), strings.id(module))
+                });
+                let kind = self.strings.id(call_kind_name(c.how));
+                let r = &mut self.rows;
+                r.call_kind.push(kind);
+                r.called_function.push(function);
+                r.called_module.push(module);
+                self.stats.calls += 1;
+            }
+            None => {
+                r.call_kind.push_opt(None);
+                r.called_function.push_opt(None);
+                r.called_module.push_opt(None);
+            }
+        }
+    }
+
     /// Write the row group once it is full.
     fn end_row(&mut self) -> Result<(), PostError> {
         if self.rows.len() >= self.rows_per_group {
@@ -421,6 +505,8 @@ impl<W: Write + Send> Sink for ParquetSink<W> {
             }
         }
         self.stats.branches += 1;
+        self.stacks.block(b, names, res)?;
+        self.calls(res);
         self.end_row()
     }
 
@@ -428,9 +514,10 @@ impl<W: Write + Send> Sink for ParquetSink<W> {
         &mut self,
         off: &TraceOff,
         partial: Option<&Location>,
-        _at: &Location,
+        at: &Location,
         names: &mut Names,
     ) -> Result<(), PostError> {
+        self.stacks.trace_off(off, partial, at, names)?;
         // The last block never reached a branch; where it started is not kept, only its
         // function.
         if let Some(l) = partial {
@@ -438,13 +525,27 @@ impl<W: Write + Send> Sink for ParquetSink<W> {
             self.names(names, off.pid, off.tid);
             self.location(None, l);
             self.branch(None, None);
+            let counted = self.stacks.drain_calls().count() as u64;
+            self.stats.calls_without_row += counted;
+            let r = &mut self.rows;
+            r.call_kind.push_opt(None);
+            r.called_function.push_opt(None);
+            r.called_module.push_opt(None);
             self.end_row()?;
+        } else {
+            self.stats.calls_without_row += self.stacks.drain_calls().count() as u64;
         }
         Ok(())
     }
 
-    fn lost(&mut self, _cpu: u16, lost: &Lost) -> Result<(), PostError> {
+    fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError> {
         self.lost = self.lost.saturating_add(lost.count);
+        self.stacks.lost(cpu, lost)
+    }
+
+    fn gap(&mut self, cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+        self.stacks.gap(cpu, tids)?;
+        self.stats.calls_without_row += self.stacks.drain_calls().count() as u64;
         Ok(())
     }
 }
@@ -495,6 +596,7 @@ pub fn write_parquet<W: Write + Send>(
     .map(|k| strings.id(kind_name(k)));
     let mut sink = ParquetSink {
         writer,
+        stacks: CallStacks::new(Collect { calls: true, ..Collect::default() }),
         rows: Rows::new(),
         rows_per_group: rows_per_group.max(1),
         end_kind: strings.id(END_KIND),
@@ -504,11 +606,14 @@ pub fn write_parquet<W: Write + Send>(
         kinds,
         strings,
         funcs: Vec::new(),
+        called: Vec::new(),
         last_file: None,
         lost: 0,
         stats: ParquetStats::default(),
     };
     let (_, res) = replay(trace, true, &mut sink, progress)?;
+    sink.stacks.close_all();
+    sink.stats.calls_without_row += sink.stacks.drain_calls().count() as u64;
     sink.flush()?;
     let h = trace.header();
     let lost = trace.summary().map_or(0, crate::summary_lost).max(sink.lost);

@@ -127,6 +127,9 @@ pub struct Resolver {
     /// Function starts (image addresses) learned from branch targets in code of a module that
     /// no symbol covers, by module path.
     learned: HashMap<Arc<str>, std::collections::BTreeSet<u64>>,
+    /// Entry points (file offsets) learned from calls and jumps into a stale module, by its
+    /// path: its code is shown per entry point, as perf shows code without symbols.
+    stale_starts: HashMap<Arc<str>, std::collections::BTreeSet<u64>>,
 }
 
 impl Resolver {
@@ -146,6 +149,7 @@ impl Resolver {
             notes: Vec::new(),
             noted: Default::default(),
             learned: HashMap::default(),
+            stale_starts: HashMap::default(),
             recorded: HashMap::default(),
             stale: Default::default(),
             archive: None,
@@ -173,16 +177,26 @@ impl Resolver {
     /// A call (`from_func` None) or a jump from function `from_func` to `to` in process `pid`:
     /// if no symbol covers `to` and it is in a mapped file, and the jump leaves its function,
     /// a function starts there (named `module+0xOFFSET` like those from call-frame
-    /// information).
+    /// information). In a file changed since the recording (no symbol of it can be trusted),
+    /// such an entry point starts a function named by its file offset.
     pub fn learn_function_start(&mut self, pid: u32, from_func: Option<u32>, to: u64) {
         let target = self.resolve(pid, to);
-        if &*target.symbol != "<unknown>" || from_func == Some(target.func) {
+        if from_func == Some(target.func) {
+            return;
+        }
+        let stale = self.stale.contains(&target.module);
+        if &*target.symbol != "<unknown>" && !stale {
             return;
         }
         let Some(space) = self.spaces.get(&pid) else { return };
         let i = space.segs.partition_point(|g| g.end <= to);
         let Some(seg) = space.segs.get(i).filter(|g| g.start <= to).cloned() else { return };
-        if self.stale.contains(&seg.path) {
+        if stale {
+            let file_offset = (to - seg.start).wrapping_add(seg.offset);
+            if target.offset != 0 && self.stale_starts.entry(seg.path.clone()).or_default().insert(file_offset) {
+                // Locations resolved before are named by the start below this one.
+                self.recent_gen += 1;
+            }
             return;
         }
         let Some(ms) = self.symbols_for(&seg.path) else { return };
@@ -242,7 +256,7 @@ impl Resolver {
             };
             if let Some(why) = why {
                 self.notes.push(format!(
-                    "warning: {path} {why} since the trace was recorded: its code is shown as {base}+0xOFFSET (file offsets), without function names"
+                    "warning: {path} {why} since the trace was recorded: its code is shown as {base}+0xOFFSET (the file offsets where calls and jumps entered it), without function names"
                 ));
                 self.stale.insert(path.clone());
                 return;
@@ -418,13 +432,18 @@ impl Resolver {
         let (symbol, offset, module, (file, line), plt) = self.lookup(pid, addr);
         let func = self.intern(&module, &symbol);
         let loc = Rc::new(Location { symbol, offset, module, line, file, func, plt });
-        // Code of a file that no symbol covers may be named by a function start learned
-        // later (`learn_function_start`): not kept, so that learning never has to forget.
-        let keep = !(&*loc.symbol == "<unknown>" && loc.module.starts_with('/'));
-        if keep {
+        // Code of a file that no symbol covers, or of a stale one, may be named by a function
+        // start learned later (`learn_function_start`): not kept, so that learning never has
+        // to forget; a stale file's is kept in the recent slots only, which learning in it
+        // empties at once.
+        let unnamed = &*loc.symbol == "<unknown>" && loc.module.starts_with('/');
+        if unnamed {
+            return (loc, false);
+        }
+        if !self.stale.contains(&loc.module) {
             self.spaces.entry(pid).or_default().cache.insert(addr, loc.clone());
         }
-        (loc, keep)
+        (loc, true)
     }
 
     fn lookup(&mut self, pid: u32, addr: u64) -> (Arc<str>, u64, Arc<str>, SourceLine, Option<PltPart>) {
@@ -461,9 +480,17 @@ impl Resolver {
         let lines = self.lines;
         self.note_module(&seg.path);
         if self.stale.contains(&seg.path) {
+            // By the entry point below it that calls and jumps were seen to enter, else the
+            // file as a whole.
             let base = seg.path.rsplit('/').next().unwrap_or(&seg.path);
             let file_offset = (addr - seg.start).wrapping_add(seg.offset);
-            return (Arc::from(base), file_offset, seg.path.clone(), (None, 0), None);
+            let start = self.stale_starts.get(&seg.path).and_then(|s| s.range(..=file_offset).next_back());
+            return match start {
+                Some(&start) => {
+                    (Arc::from(format!("{base}+{start:#x}")), file_offset - start, seg.path.clone(), (None, 0), None)
+                }
+                None => (Arc::from(base), file_offset, seg.path.clone(), (None, 0), None),
+            };
         }
         match self.symbols_for(&seg.path) {
             Some(ms) => {

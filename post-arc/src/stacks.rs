@@ -43,12 +43,29 @@ const MAX_CALL_LEN: u64 = 16;
 pub struct Collect {
     /// The tree of call stacks with the instructions of each (flame graphs).
     pub tree: bool,
+    /// With `tree`: each thread's stacks under a frame of its own ([`StackTree::thread_of`]),
+    /// not merged over threads.
+    pub per_thread: bool,
     /// Calls and their inclusive instructions per (caller, call line, callee) (callgrind).
     pub edges: bool,
     /// Self instructions per (function, source file, line); makes the replay read line tables.
     pub lines: bool,
     /// Each change to a thread's stack as a [`StackEvent`] (timelines).
     pub events: bool,
+    /// Each call counted in a function's `calls`, as a [`CountedCall`] (the Parquet table).
+    pub calls: bool,
+}
+
+/// A call counted in [`FuncStats::calls`] ([`Collect::calls`]), when it is counted: at the
+/// CALL, the tail call's jump, the signal's delivery, the PLT stub's jump to its target, or
+/// (a PLT call whose target was never seen) when its frame closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CountedCall {
+    pub tid: u32,
+    /// The function whose calls it counts in.
+    pub func: u32,
+    /// [`Opened::Call`], [`Opened::PltCall`], [`Opened::TailCall`] or [`Opened::SignalHandler`].
+    pub how: Opened,
 }
 
 /// How a frame came to be opened.
@@ -241,6 +258,9 @@ pub struct CallStacks {
     events: Vec<StackEvent>,
     /// [`Collect::events`].
     record_events: bool,
+    /// Calls counted and not taken yet ([`Collect::calls`]).
+    counted: Vec<CountedCall>,
+    record_calls: bool,
 }
 
 /// Replay `trace` into call stacks, collecting what `collect` asks for; every frame is
@@ -316,10 +336,11 @@ impl CallStacks {
     /// [`build`], or by a sink of a caller's that passes the records on).
     pub fn new(collect: Collect) -> Self {
         CallStacks {
-            tree: collect.tree.then(StackTree::new),
+            tree: collect.tree.then(|| StackTree::new(collect.per_thread)),
             edges: collect.edges.then(FxHashMap::default),
             lines: collect.lines.then(FxHashMap::default),
             record_events: collect.events,
+            record_calls: collect.calls,
             ..CallStacks::default()
         }
     }
@@ -345,6 +366,19 @@ impl CallStacks {
 
     fn func(&mut self, id: u32) -> &mut FuncStats {
         Self::func_in(&mut self.funcs, id)
+    }
+
+    /// A call of `func` by `tid`, counted.
+    fn count_call(&mut self, tid: u32, func: u32, how: Opened) {
+        self.func(func).calls += 1;
+        if self.record_calls {
+            self.counted.push(CountedCall { tid, func, how });
+        }
+    }
+
+    /// The calls counted since the last time ([`Collect::calls`]), in order.
+    pub fn drain_calls(&mut self) -> std::vec::Drain<'_, CountedCall> {
+        self.counted.drain(..)
     }
 
     /// [`Self::func`] on the field alone, for callers that hold a thread's stack meanwhile.
@@ -375,11 +409,12 @@ impl CallStacks {
         if !plt_pending {
             th.enter(func);
         }
-        let parent = th.stack.last().map_or(ROOT, |f| f.node);
+        let base = StackTree::base_of(&mut self.tree, tid);
+        let parent = th.stack.last().map_or(base, |f| f.node);
         let node = match (&mut self.tree, signal) {
             // A handler runs under its signal, not under the function it interrupted.
             (Some(t), Some(signal)) => {
-                let root = t.child(ROOT, signal);
+                let root = t.child(base, signal);
                 t.child(root, func)
             }
             (Some(t), None) if plt_pending => t.detached(),
@@ -416,7 +451,8 @@ impl CallStacks {
         th.enter(func);
         let node = match &mut self.tree {
             Some(t) => {
-                let root = t.child(ROOT, signal);
+                let base = t.base(tid);
+                let root = t.child(base, signal);
                 t.child(root, func)
             }
             None => ROOT,
@@ -459,8 +495,9 @@ impl CallStacks {
         if waiting {
             return;
         }
+        let base = StackTree::base_of(&mut self.tree, tid);
         let Some(th) = self.threads.get_mut(&tid) else { return };
-        let parent = th.stack.len().checked_sub(2).map_or(ROOT, |i| th.stack[i].node);
+        let parent = th.stack.len().checked_sub(2).map_or(base, |i| th.stack[i].node);
         let depth = th.stack.len().saturating_sub(1) as u32;
         let Some(frame) = th.stack.last_mut() else { return };
         frame.func = target.func;
@@ -471,7 +508,7 @@ impl CallStacks {
             frame.node = node;
         }
         th.enter(target.func);
-        self.func(target.func).calls += 1;
+        self.count_call(tid, target.func, Opened::PltCall);
         self.event(StackEvent::Retarget { tid, depth, func: target.func });
     }
 
@@ -516,7 +553,7 @@ impl CallStacks {
             entry_in_handlers: th.in_handlers,
             tail: true,
         });
-        self.func(target_func).calls += 1;
+        self.count_call(tid, target_func, Opened::TailCall);
         self.event(StackEvent::Open { tid, depth, func: target_func, how: Opened::TailCall, at });
     }
 
@@ -526,7 +563,10 @@ impl CallStacks {
         let th = self.threads.entry(tid).or_default();
         if th.stack.is_empty() {
             let node = match &mut self.tree {
-                Some(t) => t.child(ROOT, func),
+                Some(t) => {
+                    let base = t.base(tid);
+                    t.child(base, func)
+                }
                 None => ROOT,
             };
             th.stack.push(Frame {
@@ -569,6 +609,7 @@ impl CallStacks {
 
     /// Close the frames of `tid` from index `i` up, newest first.
     fn pop_to(&mut self, tid: u32, i: usize) {
+        let base = StackTree::base_of(&mut self.tree, tid);
         let th = self.threads.entry(tid).or_default();
         let total = th.instructions;
         let mut in_handlers = th.in_handlers;
@@ -582,7 +623,7 @@ impl CallStacks {
             // The frame below is the caller's (the signal for a handler; none below a root).
             let below = th.stack.last();
             let caller = fr.signal.or(below.map(|b| b.func));
-            let parent_node = below.map_or(ROOT, |b| b.node);
+            let parent_node = below.map_or(base, |b| b.node);
             // Instructions run while the frame was open, less those of signal handlers that
             // interrupted it.
             // (Saturating: a damaged trace must not make it wrap.)
@@ -611,6 +652,9 @@ impl CallStacks {
             if fr.plt_pending {
                 // Its own instructions are already in its inclusive count (it had no frame).
                 Self::func_in(&mut self.funcs, fr.func).calls += 1;
+                if self.record_calls {
+                    self.counted.push(CountedCall { tid, func: fr.func, how: Opened::PltCall });
+                }
                 continue;
             }
             let outermost = th.leave(fr.func);
@@ -675,7 +719,7 @@ impl Sink for CallStacks {
                         let callee = res.resolve(b.pid, br.to);
                         let via_plt = callee.plt.is_some();
                         if !via_plt {
-                            self.func(callee.func).calls += 1;
+                            self.count_call(br.tid, callee.func, Opened::Call);
                         }
                         let call_line = if self.lines.is_some() { res.resolve(b.pid, br.from).line } else { 0 };
                         self.push(br.tid, callee.func, br.from, call_line, 0, via_plt, None);
@@ -734,7 +778,7 @@ impl Sink for CallStacks {
                     let resume = self.threads.entry(br.tid).or_default().signal_from;
                     let handler = res.resolve(b.pid, br.to).func;
                     let signal = res.kernel_func(kernel_name);
-                    self.func(handler).calls += 1;
+                    self.count_call(br.tid, handler, Opened::SignalHandler);
                     self.push(br.tid, handler, u64::MAX, 0, resume, false, Some(signal));
                 }
             }
@@ -800,12 +844,52 @@ pub struct StackTree {
     nodes: Vec<Node>,
     index: FxHashMap<(u32, u32), u32>,
     free: Vec<u32>,
+    /// Per thread ([`Collect::per_thread`]): the threads whose frames are the tree's roots,
+    /// the function id of each being [`THREAD_FRAME`] plus its index here.
+    threads: Option<Vec<u32>>,
+    /// The root node of each thread in `threads`.
+    thread_nodes: FxHashMap<u32, u32>,
 }
 
+/// Function ids from here up are threads' frames in a per-thread tree (a function id is an
+/// index into the resolver's functions, far below).
+const THREAD_FRAME: u32 = 1 << 31;
+
 impl StackTree {
-    fn new() -> Self {
+    fn new(per_thread: bool) -> Self {
         let root = Node { func: NONE, instructions: 0, calls: 0, first_child: NONE, next_sibling: NONE };
-        StackTree { nodes: vec![root], index: FxHashMap::default(), free: Vec::new() }
+        StackTree {
+            nodes: vec![root],
+            index: FxHashMap::default(),
+            free: Vec::new(),
+            threads: per_thread.then(Vec::new),
+            thread_nodes: FxHashMap::default(),
+        }
+    }
+
+    /// The node a thread's outermost frames are children of: the root, or in a per-thread
+    /// tree the thread's own frame.
+    fn base(&mut self, tid: u32) -> u32 {
+        let Some(threads) = &mut self.threads else { return ROOT };
+        if let Some(&node) = self.thread_nodes.get(&tid) {
+            return node;
+        }
+        let func = THREAD_FRAME + threads.len() as u32;
+        threads.push(tid);
+        let node = self.child(ROOT, func);
+        self.thread_nodes.insert(tid, node);
+        node
+    }
+
+    /// [`Self::base`] of a tree that may not be built (the root then).
+    fn base_of(tree: &mut Option<StackTree>, tid: u32) -> u32 {
+        tree.as_mut().map_or(ROOT, |t| t.base(tid))
+    }
+
+    /// The thread whose frame the function id `func` is, in a per-thread tree.
+    pub fn thread_of(&self, func: u32) -> Option<u32> {
+        let i = func.checked_sub(THREAD_FRAME)?;
+        self.threads.as_ref()?.get(i as usize).copied()
     }
 
     fn alloc(&mut self, func: u32) -> u32 {
@@ -940,7 +1024,7 @@ mod tests {
     /// jumps to the target; the stub's subtree moves under the target, and its nodes are reused.
     #[test]
     fn a_detached_subtree_merges_into_its_target() {
-        let mut t = StackTree::new();
+        let mut t = StackTree::new(false);
         let main = t.child(ROOT, 1);
         t.nodes[main as usize].instructions = 5;
         let pending = t.detached();

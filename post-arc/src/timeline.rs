@@ -15,6 +15,10 @@
 //! count between the records where the clock reading changes (some backends read the clock
 //! once per 64 records). Memory grows with the call depth and the threads, not the trace's
 //! length, for the Chrome format; the Firefox profile is built whole in memory by the crate.
+//!
+//! A Chrome file a browser can open holds a few hundred thousand spans: spans shorter than a
+//! minimum are merged into the span they ran in ([`SpanSelection`]), the minimum chosen from
+//! a first replay that measures the spans when the trace may not fit.
 
 use crate::replay::{replay, Block, Sink, Where};
 use crate::resolve::{Location, Resolver};
@@ -106,6 +110,23 @@ impl MarkerKind {
     }
 }
 
+/// Which spans a Chrome timeline keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanSelection {
+    /// Every span.
+    All,
+    /// Spans at least this long on the viewer's axis (microseconds: one instruction each on the
+    /// instructions clock); shorter ones are merged into the span they ran in.
+    MinSpan(u64),
+    /// The smallest [`SpanSelection::MinSpan`] (or none; a whole number up to 4096, a power of
+    /// two above) whose file fits in about this many bytes. A trace that may exceed it is
+    /// replayed once more first, to measure.
+    MaxBytes(u64),
+}
+
+/// The default size a Chrome timeline is kept under: about what a browser tab opens.
+pub const CHROME_MAX_BYTES: u64 = 100 << 20;
+
 /// What was written.
 #[derive(Clone, Debug, Default)]
 pub struct TimelineStats {
@@ -115,6 +136,11 @@ pub struct TimelineStats {
     pub total_instructions: u64,
     /// Warnings and hints about the names, as in [`crate::report::Report::notes`].
     pub notes: Vec<String>,
+    /// Chrome: spans shorter than this many microseconds on the axis were merged (0: none).
+    pub min_span: u64,
+    /// Chrome: the spans merged, and the instructions they ran (each counted once).
+    pub merged_spans: u64,
+    pub merged_instructions: u64,
 }
 
 /// A timeline format's writer. Per thread, calls come in time order, spans nest (an `end`
@@ -132,11 +158,13 @@ pub(crate) trait TimelineWriter {
     fn finish(&mut self) -> Result<(), PostError>;
 }
 
-/// Write the timeline of `trace` to `out`.
+/// Write the timeline of `trace` to `out`. `spans` says which spans a Chrome timeline keeps
+/// (the Firefox profile keeps them all).
 pub fn write_timeline(
     trace: &Trace,
     format: TimelineFormat,
     axis: TimeAxis,
+    spans: SpanSelection,
     out: &mut dyn Write,
     progress: &mut dyn FnMut(u64),
 ) -> Result<TimelineStats, PostError> {
@@ -149,8 +177,17 @@ pub fn write_timeline(
     let title = trace.path().file_name().map_or_else(|| "trace".to_string(), |n| n.to_string_lossy().into_owned());
     match format {
         TimelineFormat::Chrome => {
-            let mut writer = ChromeWriter::new(out, &title, what)?;
-            run_timeline(trace, axis, start_ns, &mut writer, progress)
+            let min_span = match spans {
+                SpanSelection::All => 0,
+                SpanSelection::MinSpan(micros) => micros,
+                SpanSelection::MaxBytes(max) => chrome_min_span(trace, axis, start_ns, max, progress)?,
+            };
+            let mut writer = ChromeWriter::new(out, &title, what, min_span.saturating_mul(1000))?;
+            let mut stats = run_timeline(trace, axis, start_ns, &mut writer, progress)?;
+            (stats.merged_spans, stats.merged_instructions) = writer.merged();
+            stats.spans -= stats.merged_spans;
+            stats.min_span = min_span;
+            Ok(stats)
         }
         TimelineFormat::Firefox { gzip } => {
             let mut writer = FirefoxWriter::new(&title, header.start_realtime_ns, firefox_window(trace));
@@ -167,6 +204,28 @@ pub fn write_timeline(
             Ok(stats)
         }
     }
+}
+
+/// The minimum span (µs on the axis) that keeps the Chrome timeline of `trace` within about
+/// `max_bytes`: 0 when even every span fits. A trace with few branches fits without looking;
+/// a longer one is replayed once to measure its spans.
+fn chrome_min_span(
+    trace: &Trace,
+    axis: TimeAxis,
+    start_ns: u64,
+    max_bytes: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<u64, PostError> {
+    let branches = match trace.summary() {
+        Some(s) => s.records.iter().sum::<u64>(),
+        None => trace.trace_bytes(),
+    };
+    if branches.saturating_mul(CHROME_BYTES_PER_BRANCH) <= max_bytes {
+        return Ok(0);
+    }
+    let mut sizes = ChromeSizes::new();
+    run_timeline(trace, axis, start_ns, &mut sizes, progress)?;
+    Ok(sizes.min_span_within(max_bytes).0)
 }
 
 pub(crate) fn run_timeline(
@@ -196,6 +255,7 @@ pub(crate) fn run_timeline(
         markers: sink.markers,
         total_instructions: sink.total_instructions,
         notes: res.notes().to_vec(),
+        ..TimelineStats::default()
     })
 }
 
@@ -558,6 +618,11 @@ impl Sink for TimelineSink<'_> {
 /// Trace Event Format JSON, written as it comes: `B`/`E` duration events per span (in time
 /// order per thread, which the viewers need for spans that start at the same time), `i`
 /// instant events per marker, `M` metadata naming processes and threads.
+///
+/// With a minimum span length, a span shorter than it is not written: its instructions stay
+/// in the span it ran in (whose length does not change), and its thread's `itrace_merged_spans`
+/// metadata event counts it. Whether a span is that long is known once its thread's clock
+/// passes its start plus the minimum; until then its `B` (and the markers after it) wait.
 struct ChromeWriter<'o> {
     out: &'o mut dyn Write,
     first: bool,
@@ -568,10 +633,95 @@ struct ChromeWriter<'o> {
     process_names: FxHashMap<u32, String>,
     time_axis: String,
     title: String,
+    /// Spans shorter than this (ns on the axis) are merged; 0: every span is written.
+    min_span: u64,
+    lines: FxHashMap<u32, ChromeLine>,
+    /// One event, formatted.
+    scratch: Vec<u8>,
 }
 
+/// A thread's open spans and what was merged of it.
+#[derive(Default)]
+struct ChromeLine {
+    /// Open spans, outermost first: `open[..written]` are written, the rest wait.
+    open: Vec<ChromeSpan>,
+    written: usize,
+    /// Markers after the first waiting span's start, with how many spans were open (clamped
+    /// when spans close, so that the depths never decrease along the list).
+    waiting_markers: Vec<(u32, WaitingMarker)>,
+    merged_spans: u64,
+    merged_instructions: u64,
+}
+
+struct ChromeSpan {
+    begin: u64,
+    name: String,
+    kind: SpanKind,
+    /// Instructions run in it (and the spans closed inside it).
+    instructions: u64,
+    /// Instructions of the spans merged right inside it (merged with it if it is merged too).
+    merged_inside: u64,
+}
+
+struct WaitingMarker {
+    name: String,
+    kind: MarkerKind,
+    number: u16,
+    time: u64,
+}
+
+/// Markers waiting for a span's fate, at most this many per thread: past it the waiting spans
+/// are written whatever their length (a clock that stops would otherwise hold them all).
+const MAX_WAITING_MARKERS: usize = 1 << 16;
+
+/// Nanoseconds as the format's microseconds.
+fn chrome_time(buf: &mut Vec<u8>, ns: u64) {
+    if ns % 1000 == 0 {
+        let _ = write!(buf, "{}", ns / 1000);
+    } else {
+        let _ = write!(buf, "{}.{:03}", ns / 1000, ns % 1000);
+    }
+}
+
+fn chrome_string(buf: &mut Vec<u8>, s: &str) {
+    // Writing JSON into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *buf, s);
+}
+
+fn chrome_begin(buf: &mut Vec<u8>, pid: u32, tid: u32, name: &str, kind: SpanKind, time: u64) {
+    let _ = write!(buf, "{{\"ph\":\"B\",\"pid\":{pid},\"tid\":{tid},\"ts\":");
+    chrome_time(buf, time);
+    let _ = write!(buf, ",\"cat\":\"{}\",\"name\":", kind.category());
+    chrome_string(buf, name);
+    buf.push(b'}');
+}
+
+fn chrome_end(buf: &mut Vec<u8>, pid: u32, tid: u32, time: u64) {
+    let _ = write!(buf, "{{\"ph\":\"E\",\"pid\":{pid},\"tid\":{tid},\"ts\":");
+    chrome_time(buf, time);
+    buf.push(b'}');
+}
+
+fn chrome_marker(buf: &mut Vec<u8>, pid: u32, tid: u32, name: &str, kind: MarkerKind, number: u16, time: u64) {
+    let _ = write!(buf, "{{\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"ts\":");
+    chrome_time(buf, time);
+    let _ = write!(buf, ",\"cat\":\"{}\",\"name\":", kind.category());
+    chrome_string(buf, name);
+    let _ = write!(buf, ",\"args\":{{\"number\":{number}}}}}");
+}
+
+fn chrome_metadata(buf: &mut Vec<u8>, what: &str, pid: u32, tid: u32, name: &str) {
+    let _ = write!(buf, "{{\"ph\":\"M\",\"name\":\"{what}\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":");
+    chrome_string(buf, name);
+    buf.extend_from_slice(b"}}");
+}
+
+/// The bytes an event takes in the file, with its separator.
+const CHROME_SEPARATOR: u64 = 2;
+
 impl<'o> ChromeWriter<'o> {
-    fn new(out: &'o mut dyn Write, title: &str, time_axis: &str) -> Result<Self, PostError> {
+    /// `min_span`: spans shorter than this many ns on the axis are merged (0: none).
+    fn new(out: &'o mut dyn Write, title: &str, time_axis: &str, min_span: u64) -> Result<Self, PostError> {
         out.write_all(b"{\"traceEvents\":[")?;
         Ok(ChromeWriter {
             out,
@@ -581,27 +731,18 @@ impl<'o> ChromeWriter<'o> {
             process_names: FxHashMap::default(),
             time_axis: time_axis.to_string(),
             title: title.to_string(),
+            min_span,
+            lines: FxHashMap::default(),
+            scratch: Vec::with_capacity(256),
         })
     }
 
-    fn start_event(&mut self) -> Result<(), PostError> {
+    /// Write the event in `scratch`.
+    fn emit(&mut self) -> Result<(), PostError> {
         self.out.write_all(if self.first { b"\n" } else { b",\n" })?;
         self.first = false;
-        Ok(())
-    }
-
-    fn string(&mut self, s: &str) -> Result<(), PostError> {
-        serde_json::to_writer(&mut *self.out, s).map_err(std::io::Error::from)?;
-        Ok(())
-    }
-
-    /// Nanoseconds as the format's microseconds.
-    fn time(&mut self, ns: u64) -> Result<(), PostError> {
-        if ns % 1000 == 0 {
-            write!(self.out, "{}", ns / 1000)?;
-        } else {
-            write!(self.out, "{}.{:03}", ns / 1000, ns % 1000)?;
-        }
+        self.out.write_all(&self.scratch)?;
+        self.scratch.clear();
         Ok(())
     }
 
@@ -610,11 +751,41 @@ impl<'o> ChromeWriter<'o> {
     }
 
     fn metadata(&mut self, what: &str, pid: u32, tid: u32, name: &str) -> Result<(), PostError> {
-        self.start_event()?;
-        write!(self.out, "{{\"ph\":\"M\",\"name\":\"{what}\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":")?;
-        self.string(name)?;
-        self.out.write_all(b"}}")?;
+        chrome_metadata(&mut self.scratch, what, pid, tid, name);
+        self.emit()
+    }
+
+    /// Write the waiting spans of `tid` that are known to be long enough at `time` (`force`:
+    /// all of them), each followed by the markers that came before the next one started.
+    fn promote(&mut self, tid: u32, time: u64, force: bool) -> Result<(), PostError> {
+        let pid = self.pid(tid);
+        let Some(line) = self.lines.get_mut(&tid) else { return Ok(()) };
+        while let Some(s) = line.open.get(line.written) {
+            if !force && time < s.begin.saturating_add(self.min_span) {
+                break;
+            }
+            chrome_begin(&mut self.scratch, pid, tid, &s.name, s.kind, s.begin);
+            self.out.write_all(if self.first { b"\n" } else { b",\n" })?;
+            self.first = false;
+            self.out.write_all(&self.scratch)?;
+            self.scratch.clear();
+            line.merged_instructions += s.merged_inside;
+            line.written += 1;
+            let before_next =
+                line.waiting_markers.iter().take_while(|(depth, _)| *depth as usize <= line.written).count();
+            for (_, m) in line.waiting_markers.drain(..before_next) {
+                chrome_marker(&mut self.scratch, pid, tid, &m.name, m.kind, m.number, m.time);
+                self.out.write_all(b",\n")?;
+                self.out.write_all(&self.scratch)?;
+                self.scratch.clear();
+            }
+        }
         Ok(())
+    }
+
+    /// What was merged: (spans, instructions in them).
+    fn merged(&self) -> (u64, u64) {
+        self.lines.values().fold((0, 0), |(s, i), l| (s + l.merged_spans, i + l.merged_instructions))
     }
 }
 
@@ -635,22 +806,216 @@ impl TimelineWriter for ChromeWriter<'_> {
     }
 
     fn begin(&mut self, tid: u32, name: &str, kind: SpanKind, time: u64) -> Result<(), PostError> {
-        self.start_event()?;
-        let pid = self.pid(tid);
-        write!(self.out, "{{\"ph\":\"B\",\"pid\":{pid},\"tid\":{tid},\"ts\":")?;
-        self.time(time)?;
-        write!(self.out, ",\"cat\":\"{}\",\"name\":", kind.category())?;
-        self.string(name)?;
-        self.out.write_all(b"}")?;
+        if self.min_span == 0 {
+            let pid = self.pid(tid);
+            chrome_begin(&mut self.scratch, pid, tid, name, kind, time);
+            return self.emit();
+        }
+        self.promote(tid, time, false)?;
+        let line = self.lines.entry(tid).or_default();
+        line.open.push(ChromeSpan { begin: time, name: name.to_string(), kind, instructions: 0, merged_inside: 0 });
         Ok(())
     }
 
     fn end(&mut self, tid: u32, time: u64) -> Result<(), PostError> {
-        self.start_event()?;
+        if self.min_span == 0 {
+            let pid = self.pid(tid);
+            chrome_end(&mut self.scratch, pid, tid, time);
+            return self.emit();
+        }
+        self.promote(tid, time, false)?;
         let pid = self.pid(tid);
-        write!(self.out, "{{\"ph\":\"E\",\"pid\":{pid},\"tid\":{tid},\"ts\":")?;
-        self.time(time)?;
-        self.out.write_all(b"}")?;
+        let Some(line) = self.lines.get_mut(&tid) else { return Ok(()) };
+        let Some(span) = line.open.pop() else { return Ok(()) };
+        if let Some(parent) = line.open.last_mut() {
+            parent.instructions += span.instructions;
+        }
+        let depth = line.open.len();
+        if depth < line.written {
+            line.written = depth;
+            chrome_end(&mut self.scratch, pid, tid, time);
+            return self.emit();
+        }
+        // Shorter than the minimum: merged into the span it ran in.
+        line.merged_spans += 1;
+        // Counted once, in the outermost span merged: one whose parent is written (or will be).
+        match line.open.last_mut() {
+            Some(parent) if depth > line.written => parent.merged_inside += span.instructions,
+            _ => line.merged_instructions += span.instructions,
+        }
+        for (d, _) in line.waiting_markers.iter_mut().rev() {
+            if *d as usize <= depth {
+                break;
+            }
+            *d = depth as u32;
+        }
+        if depth == line.written && !line.waiting_markers.is_empty() {
+            // No span waits any more: the markers can go.
+            let markers = std::mem::take(&mut line.waiting_markers);
+            for (_, m) in markers {
+                chrome_marker(&mut self.scratch, pid, tid, &m.name, m.kind, m.number, m.time);
+                self.emit()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, tid: u32, instructions: u64, _time: u64) -> Result<(), PostError> {
+        if let Some(top) = self.lines.get_mut(&tid).and_then(|l| l.open.last_mut()) {
+            top.instructions += instructions;
+        }
+        Ok(())
+    }
+
+    fn marker(&mut self, tid: u32, name: &str, kind: MarkerKind, number: u16, time: u64) -> Result<(), PostError> {
+        if self.min_span > 0 {
+            self.promote(tid, time, false)?;
+            if let Some(line) = self.lines.get_mut(&tid).filter(|l| l.written < l.open.len()) {
+                let depth = line.open.len() as u32;
+                line.waiting_markers.push((depth, WaitingMarker { name: name.to_string(), kind, number, time }));
+                if line.waiting_markers.len() > MAX_WAITING_MARKERS {
+                    self.promote(tid, time, true)?;
+                }
+                return Ok(());
+            }
+        }
+        let pid = self.pid(tid);
+        chrome_marker(&mut self.scratch, pid, tid, name, kind, number, time);
+        self.emit()
+    }
+
+    fn finish(&mut self) -> Result<(), PostError> {
+        let (spans, instructions) = self.merged();
+        if self.min_span > 0 {
+            // Per thread, what was merged (Perfetto shows a thread's metadata in its details).
+            let mut tids: Vec<u32> = self.lines.keys().copied().collect();
+            tids.sort_unstable();
+            for tid in tids {
+                let line = &self.lines[&tid];
+                let (s, i) = (line.merged_spans, line.merged_instructions);
+                let pid = self.pid(tid);
+                let _ = write!(
+                    self.scratch,
+                    "{{\"ph\":\"M\",\"name\":\"itrace_merged_spans\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"min_span\":"
+                );
+                chrome_time(&mut self.scratch, self.min_span);
+                let _ = write!(self.scratch, ",\"spans\":{s},\"instructions\":{i}}}}}");
+                self.emit()?;
+            }
+        }
+        self.out.write_all(b"\n],\"otherData\":{\"trace\":")?;
+        chrome_string(&mut self.scratch, &self.title);
+        self.scratch.extend_from_slice(b",\"time\":");
+        chrome_string(&mut self.scratch, &self.time_axis);
+        self.scratch.extend_from_slice(b",\"creator\":");
+        chrome_string(&mut self.scratch, concat!("itrace ", env!("CARGO_PKG_VERSION")));
+        if self.min_span > 0 {
+            self.scratch.extend_from_slice(b",\"min_span\":");
+            chrome_time(&mut self.scratch, self.min_span);
+            let _ = write!(self.scratch, ",\"merged_spans\":{spans},\"merged_instructions\":{instructions}");
+        }
+        self.scratch.extend_from_slice(b"}}\n");
+        self.out.write_all(&self.scratch)?;
+        self.scratch.clear();
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// Span lengths (µs) up to which the automatic minimum span is a whole number; above, a power
+/// of two.
+const EXACT_LENGTHS: u64 = 4096;
+
+/// The first pass of [`SpanSelection::MaxBytes`]: the bytes the Chrome file's events would
+/// take, spans by their length in whole microseconds, the rest apart.
+struct ChromeSizes {
+    pids: FxHashMap<u32, u32>,
+    /// Per thread, open spans: (start, bytes of its `B`).
+    open: FxHashMap<u32, Vec<(u64, u64)>>,
+    /// Bytes of the spans `l` µs long: at index `l` below [`EXACT_LENGTHS`], else at
+    /// `EXACT_LENGTHS + log2(l) - log2(EXACT_LENGTHS)`.
+    by_length: Vec<u64>,
+    /// Markers, metadata, the file's start and end.
+    other: u64,
+    scratch: Vec<u8>,
+}
+
+impl ChromeSizes {
+    fn new() -> Self {
+        ChromeSizes {
+            pids: FxHashMap::default(),
+            open: FxHashMap::default(),
+            by_length: vec![0; EXACT_LENGTHS as usize + 64],
+            // The file's start, and its end with otherData.
+            other: 320,
+            scratch: Vec::with_capacity(256),
+        }
+    }
+
+    fn take(&mut self) -> u64 {
+        let n = self.scratch.len() as u64 + CHROME_SEPARATOR;
+        self.scratch.clear();
+        n
+    }
+
+    fn bucket(micros: u64) -> usize {
+        if micros < EXACT_LENGTHS {
+            micros as usize
+        } else {
+            (EXACT_LENGTHS + u64::from(micros.ilog2() - EXACT_LENGTHS.ilog2())) as usize
+        }
+    }
+
+    /// The smallest minimum span (µs: 0 for none, a whole number up to [`EXACT_LENGTHS`], a
+    /// power of two above) whose file takes at most `max_bytes`, and the bytes it would take.
+    fn min_span_within(&self, max_bytes: u64) -> (u64, u64) {
+        // Keeping the spans of at least `min` µs keeps the buckets from `bucket(min)` on (a
+        // power of two at or above EXACT_LENGTHS starts its bucket).
+        let mut kept: u64 = self.by_length.iter().sum();
+        let mut min = 0;
+        loop {
+            if self.other + kept <= max_bytes || kept == 0 {
+                // Fits, or no span is left to merge.
+                return (min, self.other + kept);
+            }
+            let next = if min < EXACT_LENGTHS { min + 1 } else { min * 2 };
+            if next == 0 || min >= 1 << 62 {
+                return (min, self.other + kept);
+            }
+            for b in Self::bucket(min)..Self::bucket(next) {
+                kept -= self.by_length[b];
+            }
+            min = next;
+        }
+    }
+}
+
+impl TimelineWriter for ChromeSizes {
+    fn thread(&mut self, pid: u32, tid: u32, process: &str, name: &str) -> Result<(), PostError> {
+        // Names as the writer words them (a few bytes more), and its merge metadata event.
+        if self.pids.insert(tid, pid).is_none() {
+            self.other += 160;
+        }
+        chrome_metadata(&mut self.scratch, "process_name", pid, pid, process);
+        chrome_metadata(&mut self.scratch, "thread_name", pid, tid, name);
+        self.other += self.take() + 2 * 16;
+        Ok(())
+    }
+
+    fn begin(&mut self, tid: u32, name: &str, kind: SpanKind, time: u64) -> Result<(), PostError> {
+        chrome_begin(&mut self.scratch, self.pids.get(&tid).copied().unwrap_or(tid), tid, name, kind, time);
+        let bytes = self.take();
+        self.open.entry(tid).or_default().push((time, bytes));
+        Ok(())
+    }
+
+    fn end(&mut self, tid: u32, time: u64) -> Result<(), PostError> {
+        chrome_end(&mut self.scratch, self.pids.get(&tid).copied().unwrap_or(tid), tid, time);
+        let end_bytes = self.take();
+        if let Some((begin, bytes)) = self.open.get_mut(&tid).and_then(|o| o.pop()) {
+            let micros = time.saturating_sub(begin) / 1000;
+            self.by_length[Self::bucket(micros)] += bytes + end_bytes;
+        }
         Ok(())
     }
 
@@ -659,30 +1024,20 @@ impl TimelineWriter for ChromeWriter<'_> {
     }
 
     fn marker(&mut self, tid: u32, name: &str, kind: MarkerKind, number: u16, time: u64) -> Result<(), PostError> {
-        self.start_event()?;
-        let pid = self.pid(tid);
-        write!(self.out, "{{\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"ts\":")?;
-        self.time(time)?;
-        write!(self.out, ",\"cat\":\"{}\",\"name\":", kind.category())?;
-        self.string(name)?;
-        write!(self.out, ",\"args\":{{\"number\":{number}}}}}")?;
+        chrome_marker(&mut self.scratch, self.pids.get(&tid).copied().unwrap_or(tid), tid, name, kind, number, time);
+        self.other += self.take();
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), PostError> {
-        self.out.write_all(b"\n],\"otherData\":{\"trace\":")?;
-        let title = self.title.clone();
-        self.string(&title)?;
-        self.out.write_all(b",\"time\":")?;
-        let axis = self.time_axis.clone();
-        self.string(&axis)?;
-        self.out.write_all(b",\"creator\":")?;
-        self.string(concat!("itrace ", env!("CARGO_PKG_VERSION")))?;
-        self.out.write_all(b"}}\n")?;
-        self.out.flush()?;
         Ok(())
     }
 }
+
+/// Bytes a taken branch can take in a Chrome timeline at most, about: a span opened and
+/// closed, with a long name. A trace with fewer branches than the budget over this fits
+/// without measuring.
+const CHROME_BYTES_PER_BRANCH: u64 = 600;
 
 /// The Firefox Profiler's processed profile: per thread, a sample at the start of each stretch
 /// of instructions run with one stack, weighted by those instructions (so the call tree and
@@ -1017,6 +1372,90 @@ impl fxprof_processed_profile::StaticSchemaMarker for KernelMarker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The events a Chrome writer with a minimum span writes: (ph, name or "", ts in µs).
+    fn chrome_out(
+        min_span_us: u64,
+        calls: impl FnOnce(&mut ChromeWriter),
+    ) -> (Vec<(String, String, f64)>, serde_json::Value) {
+        let mut buf = Vec::new();
+        let mut w = ChromeWriter::new(&mut buf, "t.itr", "instructions", min_span_us * 1000).unwrap();
+        w.thread(7, 7, "prog", "").unwrap();
+        calls(&mut w);
+        w.finish().unwrap();
+        drop(w);
+        let json: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        let events = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] != "M")
+            .map(|e| {
+                let name = e["name"].as_str().unwrap_or("").to_string();
+                (e["ph"].as_str().unwrap().to_string(), name, e["ts"].as_f64().unwrap())
+            })
+            .collect();
+        (events, json["otherData"].clone())
+    }
+
+    /// Hand-computed, minimum 3 µs: `a` (0-7) holds `b` (1-2, merged, 1 instruction, with a
+    /// marker at 1.5 inside) and `c` (2-6, kept, holding `d`, 2-3, merged, 1 instruction); the
+    /// marker waits for `a` to be known long and keeps its place.
+    #[test]
+    fn chrome_merges_short_spans_and_keeps_markers_in_order() {
+        let (events, other) = chrome_out(3, |w| {
+            w.begin(7, "a", SpanKind::Root, 0).unwrap();
+            w.run(7, 1, 0).unwrap();
+            w.begin(7, "b", SpanKind::Call, 1000).unwrap();
+            w.marker(7, "sys_write", MarkerKind::Syscall, 1, 1500).unwrap();
+            w.run(7, 1, 1000).unwrap();
+            w.end(7, 2000).unwrap();
+            w.begin(7, "c", SpanKind::Call, 2000).unwrap();
+            w.begin(7, "d", SpanKind::Call, 2000).unwrap();
+            w.run(7, 1, 2000).unwrap();
+            w.end(7, 3000).unwrap();
+            w.run(7, 3, 3000).unwrap();
+            w.end(7, 6000).unwrap();
+            w.run(7, 1, 6000).unwrap();
+            w.end(7, 7000).unwrap();
+        });
+        let e = |ph: &str, name: &str, ts: f64| (ph.to_string(), name.to_string(), ts);
+        assert_eq!(
+            events,
+            vec![e("B", "a", 0.0), e("i", "sys_write", 1.5), e("B", "c", 2.0), e("E", "", 6.0), e("E", "", 7.0)]
+        );
+        assert_eq!((other["merged_spans"].as_u64(), other["merged_instructions"].as_u64()), (Some(2), Some(2)));
+        // A short span inside a short span: merged with it, its instructions counted once.
+        let (events, other) = chrome_out(10, |w| {
+            w.begin(7, "a", SpanKind::Root, 0).unwrap();
+            w.begin(7, "b", SpanKind::Call, 1000).unwrap();
+            w.run(7, 2, 1000).unwrap();
+            w.end(7, 3000).unwrap();
+            w.run(7, 1, 3000).unwrap();
+            w.end(7, 4000).unwrap();
+        });
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!((other["merged_spans"].as_u64(), other["merged_instructions"].as_u64()), (Some(2), Some(3)));
+    }
+
+    /// Hand-computed: spans of 0, 1, 2 and 5000 µs taking 10, 20, 30 and 40 bytes, and 5 bytes
+    /// of the rest: the smallest minimum that fits each budget.
+    #[test]
+    fn chrome_min_span_is_the_smallest_that_fits() {
+        let mut sizes = ChromeSizes::new();
+        sizes.other = 5;
+        for (micros, bytes) in [(0, 10), (1, 20), (2, 30), (5000, 40)] {
+            sizes.by_length[ChromeSizes::bucket(micros)] += bytes;
+        }
+        assert_eq!(sizes.min_span_within(105), (0, 105));
+        assert_eq!(sizes.min_span_within(104), (1, 95));
+        assert_eq!(sizes.min_span_within(75), (2, 75));
+        assert_eq!(sizes.min_span_within(74), (3, 45));
+        assert_eq!(sizes.min_span_within(45), (3, 45));
+        // 5000 µs is in the bucket from 4096 on: the next minimum is 8192.
+        assert_eq!(sizes.min_span_within(44), (8192, 5));
+        assert_eq!(sizes.min_span_within(1), (8192, 5));
+    }
 
     /// Hand-computed: 100 instructions between readings at 1000 ns and 2000 ns.
     #[test]

@@ -645,9 +645,10 @@ extern "C" fn on_syscall(
         return;
     }
     if num == s.nr.execve {
-        // qemu-user runs the new program itself (natively, or fails): the trace ends here.
+        // qemu-user runs the new program itself (natively, or fails): the trace ends here, and
+        // its summary says why (not as if the program had exited).
         v.stop(s, StopReason::Detached, p.fall, 0);
-        finish(s, None);
+        finish(s, Some((StopReason::Detached, 0)));
         return;
     }
     v.in_syscall = Some(num);

@@ -191,3 +191,37 @@ fn kill_9_of_the_process_group_leaves_the_target_running() {
     }
     finishes_undisturbed(child, out, &want);
 }
+
+/// Attach and detach (the default backend) wake the threads of `attach_mix blocked` from
+/// nanosleep, a futex, read and epoll_wait. Linux makes an interrupted `epoll_wait` fail with
+/// EINTR rather than restart it: itrace sets it to run again, so the program, which counts an
+/// EINTR as an error (it installs no handler, so untraced it never sees one), ends with
+/// errors=0 (before the fix: about one error per attach).
+#[test]
+fn attach_leaves_no_eintr_in_blocked_system_calls() {
+    let dir = test_dir("attach-eintr");
+    let mut child = Command::new(program("attach_mix"))
+        .arg("blocked")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start attach_mix");
+    let stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut child = KillOnDrop(child);
+    let mut first = String::new();
+    out.read_line(&mut first).expect("start line");
+    let pid = child.0.id();
+    for round in 0..6 {
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        record_pid(&dir.join(format!("t{round}.itr")), pid, "0.1").assert_success();
+    }
+    drop(stdin);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read output");
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err);
+    let status = wait_with_guard(&mut child.0, "attach_mix");
+    assert!(status.success() && rest.contains(" errors=0"), "attach_mix blocked: {status}; {rest}{err}");
+}

@@ -16,8 +16,8 @@
 //! annotation.
 
 use itrace_tests::{
-    annotated_edges, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, pinned, program, report_json, run,
-    test_dir, valgrind_command,
+    annotated_edges, callgrind_annotate, callgrind_profile_env, itrace, itrace_bin, pinned, program, report_json,
+    require_tool, run, test_dir, valgrind_command,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -410,6 +410,133 @@ fn annotate_matches_callgrind_lines_and_hand_counts() {
         })
         .collect();
     assert_eq!(insns, want);
+    // Its conditional branch, `jl 1f`, is taken by the 987 leaf calls and falls through in
+    // the 986 internal ones; no other instruction has branch counts; both calls are to itself.
+    let all = a["functions"][0]["instructions"].as_array().unwrap();
+    let branches: Vec<(&str, u64, u64)> = all
+        .iter()
+        .filter(|i| !i["taken"].is_null() || !i["not_taken"].is_null())
+        .map(|i| (i["text"].as_str().unwrap(), u(i, "taken"), u(i, "not_taken")))
+        .collect();
+    assert_eq!(branches, [("jl fib_asm+0x26", 987, 986)]);
+    let calls: Vec<&str> = all.iter().filter_map(|i| i["text"].as_str().filter(|t| t.starts_with("call"))).collect();
+    assert_eq!(calls, ["call fib_asm", "call fib_asm"]);
+}
+
+/// count_loop.S's hand counts: `_start`'s loop runs its three instructions 1000 times and
+/// its `jnz` branches back 999 times (not on the last iteration); `check`'s `je` is taken its
+/// one time. The percentages are of the function's 3007 self instructions and the trace's
+/// 3011; `--hot 30` keeps only the loop (1000 of 3007 is 33.26%, every other instruction 1).
+#[test]
+fn annotate_counts_branches_and_percentages_by_hand() {
+    let trace = traced("annotate-branches", "count_loop");
+    let a = json(&trace, &["_start", "--asm"], "annotate");
+    let f = &a["functions"][0];
+    assert_eq!((u(&a, "total_instructions"), u(f, "self")), (3011, 3007));
+    let insns = f["instructions"].as_array().unwrap();
+    let texts: Vec<&str> = insns.iter().map(|i| i["text"].as_str().unwrap()).collect();
+    assert_eq!(
+        texts,
+        [
+            "mov ecx, 0x3e8",
+            "xor eax, eax",
+            "add eax, ecx",
+            "dec ecx",
+            "jne _start+0x7",
+            "mov edi, eax",
+            "call check",
+            "mov edi, eax",
+            "mov eax, 0x3c",
+            "syscall"
+        ]
+    );
+    let jne = &insns[4];
+    assert_eq!((u(jne, "executions"), u(jne, "taken"), u(jne, "not_taken")), (1000, 999, 1));
+    assert_eq!(u(jne, "target"), u(&insns[2], "address"), "jnz goes back to the add");
+    assert!(insns.iter().enumerate().all(|(k, i)| k == 4 || i["taken"].is_null()), "only jnz is conditional");
+
+    let check = json(&trace, &["check", "--asm"], "annotate");
+    let je = &check["functions"][0]["instructions"][2];
+    assert_eq!(je["text"].as_str().unwrap().split_whitespace().next(), Some("je"));
+    assert_eq!((u(je, "executions"), u(je, "taken"), u(je, "not_taken")), (1, 1, 0));
+
+    // --hot 30: the loop's three instructions alone.
+    let hot = json(&trace, &["_start", "--asm", "--hot", "30"], "annotate");
+    let kept: Vec<(&str, u64)> = hot["functions"][0]["instructions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["text"].as_str().unwrap(), u(i, "executions")))
+        .collect();
+    assert_eq!(kept, [("add eax, ecx", 1000), ("dec ecx", 1000), ("jne _start+0x7", 1000)]);
+
+    // The text: each count with its share of the function (%func) and of the trace (%all),
+    // and the branch counts after the conditional branch.
+    let o = itrace([OsStr::new("annotate"), trace.as_os_str(), OsStr::new("_start"), OsStr::new("--asm")]);
+    o.assert_success();
+    assert!(
+        o.stdout.lines().next().unwrap().contains("%func is of the function's self instructions, %all of the trace's"),
+        "{}",
+        o.stdout
+    );
+    let line = o.stdout.lines().find(|l| l.contains("jne")).unwrap_or_else(|| panic!("{}", o.stdout));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    // 1000 / 3007 = 33.256%.
+    assert_eq!(&words[..2], ["1000", "33.26"], "{line}");
+    assert!(line.ends_with("jne _start+0x7  [taken 999, not taken 1]"), "{line}");
+    let source_row =
+        o.stdout.lines().find(|l| l.trim_start().starts_with("3007 ")).unwrap_or_else(|| panic!("{}", o.stdout));
+    // 3007 / 3007 and 3007 / 3011 = 99.867%.
+    assert_eq!(&source_row.split_whitespace().collect::<Vec<_>>()[..3], ["3007", "100.00", "99.87"], "{source_row}");
+}
+
+/// objdump's name of each direct call and jump target (`call 1030 <printf@plt>`,
+/// `jmp 1169 <tc_inner>`, `jl 115f <fib_asm+0x26>`) is annotate's, at the same offset in
+/// the function, for every branch with a target that ran.
+#[test]
+fn annotate_names_targets_as_objdump() {
+    require_tool("objdump");
+    let mut named = 0;
+    for (name, funcs) in [("fib", &["main", "fib", "fib_asm"][..]), ("tailcall", &["tc_mid", "tc_leaf", "main"][..])] {
+        let bin = program(name);
+        let o = Command::new("objdump").args(["-d", "--no-show-raw-insn"]).arg(&bin).output().expect("objdump");
+        let listing = String::from_utf8_lossy(&o.stdout).into_owned();
+        let trace = traced("annotate-targets", name);
+        for func in funcs {
+            // objdump's lines of the function: address -> (mnemonic, `<target>` when it names one).
+            let header = format!("<{func}>:");
+            let start_line = listing.lines().find(|l| l.ends_with(&header)).unwrap_or_else(|| panic!("{name}: {func}"));
+            let start = u64::from_str_radix(start_line.split_whitespace().next().unwrap(), 16).unwrap();
+            let mut theirs: BTreeMap<u64, String> = BTreeMap::new();
+            for l in listing.lines().skip_while(|l| !l.ends_with(&header)).skip(1).take_while(|l| !l.trim().is_empty())
+            {
+                let Some((addr, insn)) = l.trim_start().split_once(":\t") else { continue };
+                let addr = u64::from_str_radix(addr, 16).unwrap();
+                if let (Some(open), true) = (insn.rfind('<'), insn.ends_with('>')) {
+                    let mnemonic = insn.split_whitespace().next().unwrap();
+                    if mnemonic.starts_with('j') || mnemonic.starts_with("call") {
+                        theirs.insert(addr - start, insn[open + 1..insn.len() - 1].to_string());
+                    }
+                }
+            }
+            let a = json(&trace, &[func, "--asm"], "annotate");
+            let mut mine: BTreeMap<u64, String> = BTreeMap::new();
+            for i in a["functions"][0]["instructions"].as_array().unwrap() {
+                if !i["target"].is_null() {
+                    let text = i["text"].as_str().unwrap();
+                    mine.insert(u(i, "offset"), text.rsplit(' ').next().unwrap().to_string());
+                }
+            }
+            // objdump's branches of the instructions that ran (annotate lists only those).
+            let ran: std::collections::HashSet<u64> =
+                a["functions"][0]["instructions"].as_array().unwrap().iter().map(|i| u(i, "offset")).collect();
+            theirs.retain(|off, _| ran.contains(off));
+            assert!(!theirs.is_empty() || *func == "fib", "{name}: {func} has branches");
+            assert_eq!(mine, theirs, "{name}: {func}: annotate's targets (by offset) vs objdump's");
+            named += mine.len();
+        }
+    }
+    assert!(named >= 8, "targets compared: {named}");
 }
 
 /// A missing function, thread or binary is a one-line error.

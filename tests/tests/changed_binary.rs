@@ -1,11 +1,13 @@
 //! A program rebuilt with different code, or deleted, after it was recorded: the report and
-//! the arc warn once and name none of its functions (its code shows as `small2+0xOFFSET`);
-//! with `itrace archive` taken before, both cases resolve as if nothing had changed.
+//! the arc warn once and name none of its functions: its code shows as `small2+0xOFFSET`,
+//! one row per file offset where calls and jumps entered it (as perf shows code without
+//! symbols), and what ran before any such entry as `small2`; with `itrace archive` taken
+//! before, both cases resolve as if nothing had changed.
 //!
-//! Truth: the source. `f` is called 60 times by main's loop; the rebuilt program has `g`
-//! and `h` and no `f`.
+//! Truth: the source, and the recorded build's symbols (nm and objdump on a copy of it).
+//! `f` is called 60 times by main's loop; the rebuilt program has `g` and `h` and no `f`.
 
-use itrace_tests::{arc_text, itrace, record, report_json, require_tool, run, test_dir};
+use itrace_tests::{arc_text, itrace, record, report_json, require_tool, run, test_dir, Symbols};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,10 +57,37 @@ fn one_warning(stderr: &str, bin: &Path, what: &str) {
     assert!(warnings[0].contains(what), "warning says {what}: {}", warnings[0]);
 }
 
-/// Every row of the program is the file as a whole, under its file name: no function name.
-fn no_names(rows: &[(String, u64, u64)], total_before: u64) {
-    assert!(rows.iter().all(|r| r.0 == "small2"), "function names on a changed file: {rows:?}");
+/// The file offset of `name` in `bin`, from nm's address and objdump's section headers.
+fn file_offset(bin: &Path, name: &str) -> u64 {
+    let addr = Symbols::of(bin).by_name(name).unwrap_or_else(|| panic!("nm: no {name}")).addr;
+    let h = run(Command::new("objdump").arg("-h").arg("-w").arg(bin));
+    h.assert_success();
+    // `Idx Name Size VMA LMA File-off Algn Flags`.
+    for line in h.stdout.lines() {
+        let t: Vec<&str> = line.split_whitespace().collect();
+        let hex = |i: usize| t.get(i).and_then(|v| u64::from_str_radix(v, 16).ok());
+        if let (Some(size), Some(vma), Some(off)) = (hex(2), hex(3), hex(5)) {
+            if t[0].parse::<u32>().is_ok() && (vma..vma + size).contains(&addr) {
+                return addr - vma + off;
+            }
+        }
+    }
+    panic!("objdump: no section holds {name} at {addr:#x}");
+}
+
+/// No function name of any build: the rows are the file (`small2`) and its entry points
+/// (`small2+0xOFFSET`), which add up to the program's instructions; `f` and `main` of the
+/// recorded build (`v1`, a copy) are rows of their own, with their calls.
+fn no_names(rows: &[(String, u64, u64)], total_before: u64, v1: &Path) {
+    assert!(
+        rows.iter().all(|r| r.0 == "small2" || r.0.starts_with("small2+0x")),
+        "function names on a changed file: {rows:?}"
+    );
     assert_eq!(total(rows), total_before, "instructions in the program");
+    for (name, calls) in [("f", 60), ("main", 1)] {
+        let row = format!("small2+{:#x}", file_offset(v1, name));
+        assert_eq!(calls_of(rows, &row), Some(calls), "{name} of the recorded build is {row}: {rows:?}");
+    }
 }
 
 #[test]
@@ -83,6 +112,8 @@ fn changed_and_deleted_programs_under_the_qemu_plugin() {
 fn changed_and_deleted(name: &str, options: &[&str]) {
     let dir = test_dir(name);
     let bin = build(&dir, V1);
+    let v1 = dir.join("small2.v1");
+    std::fs::copy(&bin, &v1).unwrap();
     let trace = dir.join("t.itr");
     record(&trace, options, &bin, &[]).assert_success();
     let (before, _) = rows(&trace, &bin);
@@ -92,7 +123,7 @@ fn changed_and_deleted(name: &str, options: &[&str]) {
     build(&dir, V2);
     let (changed, stderr) = rows(&trace, &bin);
     one_warning(&stderr, &bin, "changed");
-    no_names(&changed, n);
+    no_names(&changed, n, &v1);
     let arc = arc_text(&trace);
     for f in ["f:", "g:", "h:", "main:"] {
         assert!(
@@ -105,7 +136,7 @@ fn changed_and_deleted(name: &str, options: &[&str]) {
     std::fs::remove_file(&bin).unwrap();
     let (deleted, stderr) = rows(&trace, &bin);
     one_warning(&stderr, &bin, "missing");
-    no_names(&deleted, n);
+    no_names(&deleted, n, &v1);
 }
 
 #[test]

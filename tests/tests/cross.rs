@@ -465,6 +465,61 @@ fn check_views(arch: &str) {
     );
 }
 
+/// `annotate --asm` on each architecture's asm program, against the hand counts in its
+/// source: the loop's conditional branch is taken 4 times and falls through once, the
+/// conditional branch at `target` falls through its one time, no other instruction has branch
+/// counts, and the loop's call names its target (add_two's code, inside `_start`'s symbol)
+/// instead of giving an address.
+fn check_annotate(arch: &str, loop_branch: &str, target_branch: &str, call: &str) {
+    let bin = cross_program(&format!("{arch}-asm"));
+    let dir = test_dir(&format!("cross-annotate-{arch}"));
+    let trace = record_plugin(arch, &bin, &dir);
+    let o = itrace(["annotate".as_ref(), trace.as_os_str(), "_start".as_ref(), "--asm".as_ref(), "--json".as_ref()]);
+    o.assert_success();
+    let a: serde_json::Value = serde_json::from_str(&o.stdout).expect("annotate json");
+    let insns = a["functions"][0]["instructions"].as_array().expect("instructions");
+    let mnemonic = |i: &serde_json::Value| i["text"].as_str().unwrap().split_whitespace().next().unwrap().to_string();
+    let branches: Vec<(String, u64, u64, u64)> = insns
+        .iter()
+        .filter(|i| !i["taken"].is_null())
+        .map(|i| {
+            let n = |k: &str| i[k].as_u64().unwrap_or_else(|| panic!("{k} of {i}"));
+            (mnemonic(i), n("executions"), n("taken"), n("not_taken"))
+        })
+        .collect();
+    assert_eq!(
+        branches,
+        [(loop_branch.to_string(), 5, 4, 1), (target_branch.to_string(), 1, 0, 1)],
+        "{arch}: conditional branches (mnemonic, executions, taken, not taken)"
+    );
+    let calls: Vec<&serde_json::Value> = insns.iter().filter(|i| mnemonic(i) == call).collect();
+    assert_eq!(calls.len(), 1, "{arch}: one {call} in {insns:?}");
+    let text = calls[0]["text"].as_str().unwrap();
+    let target = calls[0]["target"].as_u64().unwrap_or_else(|| panic!("{arch}: {call} has a target: {}", calls[0]));
+    let start = insns[0]["address"].as_u64().unwrap();
+    assert!(text.ends_with(&format!("_start+{:#x}", target - start)), "{arch}: {text}");
+}
+
+#[test]
+fn annotate_ppc64le() {
+    check_annotate("ppc64le", "bne", "beq", "bl");
+}
+
+#[test]
+fn annotate_ppc64_big_endian() {
+    check_annotate("ppc64", "bne", "beq", "bl");
+}
+
+#[test]
+fn annotate_s390x() {
+    check_annotate("s390x", "brctg", "je", "brasl");
+}
+
+#[test]
+fn annotate_i386() {
+    check_annotate("i386", "jne", "je", "call");
+}
+
 #[test]
 fn views_ppc64le() {
     check_views("ppc64le");

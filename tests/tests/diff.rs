@@ -5,8 +5,8 @@
 //! The builds have one file name (`diff_work`) in two directories of equal length (`a/`,
 //! `b/`), so the two runs' environments are alike byte for byte except for the program.
 
-use itrace_tests::{callgrind_profile, itrace, record, require_tool, run, test_dir};
-use std::collections::HashMap;
+use itrace_tests::{callgrind_profile, itrace, program, record, require_tool, run, test_dir};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -89,6 +89,11 @@ fn only_the_changed_function_and_its_callers_move() {
     assert_eq!(change(find("main")), [0, grown, 0], "main moves by work's change, inclusively");
     assert_eq!(change(find("helper")), [0, 0, 0], "helper, a sibling, does not move");
     assert_eq!(side(find("work"), "before").unwrap()[0] as i64, ca["work"][0], "work's self in the base build");
+    // Its relative change: callgrind's change of work's self count over its base count.
+    let relative = find("work")["relative"]["self"].as_f64().expect("relative self change");
+    let truth = 100.0 * grown as f64 / ca["work"][0] as f64;
+    assert!((relative - truth).abs() < 1e-9, "work's relative change {relative}% vs callgrind's {truth}%");
+    assert_eq!(find("helper")["relative"]["self"].as_f64(), Some(0.0), "helper: no change");
 
     // Everything else: no self or call change; an inclusive change only for work's
     // ancestors in libc's start-up (by exactly work's change).
@@ -124,6 +129,7 @@ fn only_the_changed_function_and_its_callers_move() {
     assert_eq!(first.last(), Some(&"diff_work"), "{}", text.stdout);
     assert_eq!(first[first.len() - 2], "work", "{}", text.stdout);
     assert_eq!(first[2], format!("+{grown}"), "{}", text.stdout);
+    assert_eq!(first[3], format!("{truth:+.1}%"), "{}", text.stdout);
 }
 
 #[test]
@@ -166,6 +172,134 @@ fn added_and_removed_functions_between_programs() {
     // `g(int x) { return x + 1; }` at -O1 on x86_64 without endbr64: lea 0x1(%rdi),%eax; ret.
     assert_eq!(change(&g), [-2, -2, -1]);
     assert_eq!(change(&h), [2, 2, 1]);
+    // Gone: all of its before side (-100%); new: none to be relative to.
+    assert_eq!(g["relative"]["self"].as_f64(), Some(-100.0), "{g}");
+    assert!(h["relative"]["self"].is_null(), "{h}");
+    // The text marks them in the relative columns: `gone` and `new`.
+    let text =
+        itrace([OsStr::new("diff"), bins[0].as_os_str(), bins[1].as_os_str(), OsStr::new("--top"), OsStr::new("0")]);
+    text.assert_success();
+    let row = |name: &str| -> Vec<String> {
+        let line = text
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().rev().nth(2) == Some(name))
+            .unwrap_or_else(|| panic!("{name}: {}", text.stdout));
+        line.split_whitespace().map(String::from).collect()
+    };
+    assert_eq!(row("g")[..8], ["2", "-", "-2", "gone", "2", "-", "-2", "gone"]);
+    assert_eq!(row("h")[..8], ["-", "2", "+2", "new", "-", "2", "+2", "new"]);
+}
+
+/// (module file name, function) -> (self, inclusive, calls), summed over rows of one key.
+type Rows = BTreeMap<(String, String), [u64; 3]>;
+
+fn rows_of(report: &serde_json::Value) -> Rows {
+    let mut rows = Rows::new();
+    for f in report["functions"].as_array().expect("functions") {
+        let module = f["module"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
+        let r = rows.entry((module, f["name"].as_str().unwrap().to_string())).or_default();
+        for (k, key) in ["self", "inclusive", "calls"].iter().enumerate() {
+            r[k] += f[key].as_u64().unwrap();
+        }
+    }
+    rows
+}
+
+/// (module file name, function) -> (before, after), each side missing or (self, inclusive, calls).
+type Sides = BTreeMap<(String, String), (Option<[u64; 3]>, Option<[u64; 3]>)>;
+
+/// A diff's functions as (before, after) per key.
+fn diff_rows(diff: &serde_json::Value) -> Sides {
+    diff["functions"]
+        .as_array()
+        .expect("functions")
+        .iter()
+        .map(|f| {
+            let key = (f["module"].as_str().unwrap().to_string(), f["name"].as_str().unwrap().to_string());
+            (key, (side(f, "before"), side(f, "after")))
+        })
+        .collect()
+}
+
+/// The diff the test makes itself of two reports: every key of either, with its sides.
+fn expected(before: &Rows, after: &Rows) -> Sides {
+    let mut m = BTreeMap::new();
+    for k in before.keys().chain(after.keys()) {
+        m.insert(k.clone(), (before.get(k).copied(), after.get(k).copied()));
+    }
+    m
+}
+
+fn json_of(args: &[&OsStr]) -> serde_json::Value {
+    let o = itrace(args);
+    o.assert_success();
+    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e})"))
+}
+
+/// `diff --tid BASE:NEW` is the diff of `report --tid BASE` and `report --tid NEW` (a worker
+/// thread of two runs of threads.c); `--module` and `--grep` keep the rows of that diff whose
+/// module and name match; `--after main` is the diff of the two reports `--after main`.
+#[test]
+fn filters_and_range_are_the_reports() {
+    let dir = test_dir("diff-filters");
+    let (ta, tb) = (dir.join("a.itr"), dir.join("b.itr"));
+    record(&ta, &[], &program("threads"), &[]).assert_success();
+    record(&tb, &[], &program("threads"), &[]).assert_success();
+    let report = |t: &Path, extra: &[&str]| {
+        let mut args = vec![OsStr::new("report"), t.as_os_str(), OsStr::new("--json")];
+        args.extend(extra.iter().map(OsStr::new));
+        json_of(&args)
+    };
+    // worker2's id in each run (the ids differ between runs).
+    let tid_of = |t: &Path| {
+        let r = report(t, &[]);
+        let w = r["threads"].as_array().unwrap().iter().find(|th| th["name"] == "worker2").expect("worker2").clone();
+        w["tid"].as_u64().unwrap().to_string()
+    };
+    let (a, b) = (tid_of(&ta), tid_of(&tb));
+    let pair = format!("{a}:{b}");
+    let diff = |extra: &[&str]| {
+        let mut args = vec![OsStr::new("diff"), ta.as_os_str(), tb.as_os_str(), OsStr::new("--json")];
+        args.extend(extra.iter().map(OsStr::new));
+        json_of(&args)
+    };
+
+    let (ra, rb) = (report(&ta, &["--tid", &a]), report(&tb, &["--tid", &b]));
+    let by_thread = diff(&["--tid", &pair]);
+    let want = expected(&rows_of(&ra), &rows_of(&rb));
+    assert!(want.keys().any(|(_, f)| f == "thr_compute"), "worker2 runs thr_compute: {want:?}");
+    assert_eq!(diff_rows(&by_thread), want, "diff --tid {pair} vs the two reports --tid");
+    assert_eq!(by_thread["before"]["total_instructions"], ra["total_instructions"]);
+    assert_eq!(by_thread["after"]["total_instructions"], rb["total_instructions"]);
+
+    let filtered = diff(&["--tid", &pair, "--module", "threads", "--grep", "^thr_"]);
+    let want_filtered: BTreeMap<_, _> = want
+        .iter()
+        .filter(|((m, f), _)| m == "threads" && f.starts_with("thr_"))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    assert_eq!(want_filtered.len(), 2, "thr_main and thr_compute: {want_filtered:?}");
+    assert_eq!(diff_rows(&filtered), want_filtered, "--module threads --grep ^thr_");
+    assert_eq!(filtered["before"]["total_instructions"], ra["total_instructions"], "totals stay the thread's");
+
+    let ranged = diff(&["--after", "main"]);
+    let (ra, rb) = (report(&ta, &["--after", "main"]), report(&tb, &["--after", "main"]));
+    assert_eq!(diff_rows(&ranged), expected(&rows_of(&ra), &rows_of(&rb)), "diff --after main");
+    assert!(ranged["before"]["total_instructions"].as_u64() < report(&ta, &[])["total_instructions"].as_u64());
+
+    // A thread one trace does not have: one line naming the trace.
+    let o = itrace([
+        OsStr::new("diff"),
+        ta.as_os_str(),
+        tb.as_os_str(),
+        OsStr::new("--tid"),
+        OsStr::new(&format!("{a}:1")),
+    ]);
+    let line = o.assert_clean_error();
+    assert!(line.contains("no thread 1") && line.contains("b.itr"), "{line}");
+    let o = itrace([OsStr::new("diff"), ta.as_os_str(), tb.as_os_str(), OsStr::new("--tid"), OsStr::new("x:1")]);
+    o.assert_clean_error();
 }
 
 #[test]

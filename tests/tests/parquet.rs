@@ -9,6 +9,8 @@
 //!   instructions, symbol, offset, module, pid, tid, names, source line); its totals are the
 //!   report's (instructions, taken branches, per thread), and grouped by function its
 //!   instructions are the report's self count of every function.
+//! - the rows with a `call_kind`, grouped by `called_function`, are the report's calls of every
+//!   function: with lazily bound PLT calls, tail calls, recursion, threads, signal handlers.
 
 use itrace_tests::{
     arc_text, itrace, parse_arc, program, record, report_json, run, test_dir, ArcLine, Symbols, COUNT_LOOP_BLOCKS,
@@ -104,6 +106,7 @@ fn count_loop_rows_are_the_hand_count() {
             ("kinds", "SELECT kind, mode, count(*) FROM t GROUP BY ALL ORDER BY kind"),
             ("functions", "SELECT function, module, sum(instructions) FROM t WHERE mode = 'U' GROUP BY ALL ORDER BY function"),
             ("call", "SELECT from_address, to_address, to_function, to_function_offset, to_module FROM t WHERE kind = 'call'"),
+            ("counted", "SELECT kind, call_kind, called_function, called_module FROM t WHERE call_kind IS NOT NULL"),
             ("return", "SELECT address, function, function_offset, to_address, to_function, to_function_offset FROM t WHERE kind = 'return'"),
             ("threads", "SELECT DISTINCT pid, tid, process FROM t"),
             ("schema", "SELECT column_name, column_type FROM (DESCRIBE t)"),
@@ -134,6 +137,11 @@ fn count_loop_rows_are_the_hand_count() {
     let call = &r["call"][0];
     assert_eq!(int(&call[1]), check, "the call goes to check (nm)");
     assert_eq!((&call[2], &call[3], &call[4]), (&json!("check"), &json!(0), &json!(module)));
+    assert_eq!(
+        r["counted"],
+        vec![vec![json!("call"), json!("call"), json!("check"), json!(module)]],
+        "one call, of check"
+    );
     let ret = &r["return"][0];
     assert_eq!(int(&ret[0]), check + 0xf, "the ret's block is the ret alone, at check+0xf");
     assert_eq!((&ret[1], int(&ret[2])), (&json!("check"), 0xf));
@@ -172,6 +180,9 @@ fn count_loop_rows_are_the_hand_count() {
         ("to_function", "VARCHAR"),
         ("to_function_offset", "UBIGINT"),
         ("to_module", "VARCHAR"),
+        ("call_kind", "VARCHAR"),
+        ("called_function", "VARCHAR"),
+        ("called_module", "VARCHAR"),
     ];
     assert_eq!(schema, documented.map(|(c, t)| (c.to_string(), t.to_string())));
 }
@@ -318,8 +329,72 @@ fn check_against_arc_and_report(name: &str) -> u64 {
         .collect();
     assert!(table_functions.len() > 10, "{name}: {} functions", table_functions.len());
     assert_eq!(table_functions, report_functions, "{name}: instructions per function = the report's self counts");
+    check_calls(name, &table, &report);
     assert_eq!(ints(&r, "end_last"), 0, "{name}: an end row is its thread's last");
     ints(&r, "ends")
+}
+
+/// Calls per function, (name, module), from the report (summed over its entries).
+fn report_calls(report: &Value) -> BTreeMap<(String, String), u64> {
+    let mut calls = BTreeMap::new();
+    for f in report["functions"].as_array().expect("functions") {
+        let key = (f["name"].as_str().unwrap().to_string(), f["module"].as_str().unwrap().to_string());
+        *calls.entry(key).or_default() += int(&f["calls"]);
+    }
+    calls.retain(|_, n| *n > 0);
+    calls
+}
+
+/// The rows with a `call_kind`, counted per `called_function` and `called_module`, are the
+/// report's calls per function; returns the calls per kind.
+fn check_calls(name: &str, table: &Path, report: &Value) -> BTreeMap<String, u64> {
+    let r = duckdb(
+        table,
+        &[
+            (
+                "calls",
+                "SELECT called_function, called_module, count(*) FROM t WHERE call_kind IS NOT NULL GROUP BY ALL",
+            ),
+            ("kinds", "SELECT call_kind, count(*) FROM t WHERE call_kind IS NOT NULL GROUP BY ALL"),
+        ],
+    );
+    let table_calls: BTreeMap<(String, String), u64> = r["calls"]
+        .iter()
+        .map(|f| ((f[0].as_str().unwrap().to_string(), f[1].as_str().unwrap().to_string()), int(&f[2])))
+        .collect();
+    assert_eq!(table_calls, report_calls(report), "{name}: rows with a call_kind per function = the report's calls");
+    r["kinds"].iter().map(|k| (k[0].as_str().unwrap().to_string(), int(&k[1]))).collect()
+}
+
+/// Calls through the PLT (lazily bound: the resolver runs inside the first call of each) and
+/// tail calls: the rows the report counts as calls are not the rows of kind `call` (a call to
+/// a stub is a call of the stub's target, a tail call is a jump), but `call_kind` gives them.
+#[test]
+fn call_kind_rows_are_the_reports_calls() {
+    for (name, kind) in [("pltcalls", "plt_call"), ("tailcall", "tail_call"), ("fib", "call")] {
+        let dir = test_dir(&format!("parquet-calls-{name}"));
+        let trace = dir.join("t.itr");
+        let rec = run(Command::new(itrace_tests::itrace_bin())
+            .arg("record")
+            .arg("-o")
+            .arg(&trace)
+            .arg("--")
+            .arg(program(name))
+            .env_remove("LD_BIND_NOW"));
+        rec.assert_success();
+        let table = dir.join("t.parquet");
+        itrace([
+            OsStr::new("export"),
+            trace.as_os_str(),
+            "--format".as_ref(),
+            "parquet".as_ref(),
+            "-o".as_ref(),
+            table.as_os_str(),
+        ])
+        .assert_success();
+        let kinds = check_calls(name, &table, &report_json(&trace));
+        assert!(kinds.get(kind).is_some_and(|&n| n > 0), "{name}: no {kind} rows: {kinds:?}");
+    }
 }
 
 #[test]

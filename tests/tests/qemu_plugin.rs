@@ -253,6 +253,71 @@ fn arch_mismatch_is_one_line() {
     assert!(line.contains("is a x86_64 program, not s390x"), "{line}");
 }
 
+/// A script (a pyenv-like shim) runs as the kernel runs it: its `#!` interpreter with the
+/// line's argument, the script and the command's arguments. Truth: the script run directly
+/// (its output and exit status), and count_loop's hand count for a script whose interpreter
+/// is count_loop; itrace says it is a script and names the interpreter. An interpreter that
+/// is missing is one line naming it.
+#[test]
+fn a_script_is_traced_through_its_interpreter() {
+    let dir = test_dir("qemu_plugin-script");
+    let shim = dir.join("shim");
+    std::fs::write(&shim, "#!/bin/sh -e\necho \"args: $0 $*\"\nexit 3\n").unwrap();
+    let exec = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    exec(&shim);
+    let direct = run(Command::new(&shim).args(["a", "b c"]));
+    assert_eq!(direct.status.code(), Some(3), "the shim run directly: {}", direct.stderr);
+    let trace = dir.join("shim.itr");
+    let traced = record(&trace, QEMU, &shim, &["a", "b c"]);
+    assert_eq!(traced.status.code(), Some(3), "the program's exit status: {}", traced.stderr);
+    assert_eq!(traced.stdout, direct.stdout, "the shim's output under qemu");
+    let said = format!("{} is a script for /bin/sh", shim.display());
+    assert!(traced.stderr.contains(&said), "itrace names the interpreter: {}", traced.stderr);
+    let report = report_json(&trace);
+    assert!(report["total_instructions"].as_u64().unwrap_or(0) > 10_000, "the shell ran: {report}");
+
+    // A script whose interpreter is count_loop: the trace is count_loop's, exactly.
+    let counted = dir.join("counted");
+    std::fs::write(&counted, format!("#!{}\n", program("count_loop").display())).unwrap();
+    exec(&counted);
+    let trace = dir.join("counted.itr");
+    let out = record(&trace, QEMU, &counted, &[]);
+    assert!(out.stderr.contains(&format!("is a script for {}", program("count_loop").display())), "{}", out.stderr);
+    let report = report_json(&trace);
+    assert_eq!(report["total_instructions"].as_u64(), Some(COUNT_LOOP_INSTRUCTIONS), "hand count (count_loop.S)");
+
+    // A shim through env (`#!/usr/bin/env sh`, as pyenv's): env execs the shell, which qemu-user
+    // runs natively: the trace is env's, itrace says it ended at the exec, and the script
+    // still runs whole.
+    let env_shim = dir.join("env_shim");
+    std::fs::write(&env_shim, "#!/usr/bin/env sh\necho \"args: $0 $*\"\nexit 3\n").unwrap();
+    exec(&env_shim);
+    let direct = run(Command::new(&env_shim).args(["a", "b c"]));
+    let traced = record(&dir.join("env.itr"), QEMU, &env_shim, &["a", "b c"]);
+    assert_eq!(traced.status.code(), Some(3), "the program's exit status: {}", traced.stderr);
+    assert_eq!(traced.stdout, direct.stdout, "the shim's output under qemu");
+    assert!(traced.stderr.contains("is a script for /usr/bin/env"), "{}", traced.stderr);
+    assert!(traced.stderr.contains("tracing ended: the program called exec"), "{}", traced.stderr);
+
+    let missing = dir.join("missing");
+    std::fs::write(&missing, "#!/nonexistent/interpreter -x\n").unwrap();
+    exec(&missing);
+    let o = itrace([
+        "record".as_ref(),
+        "--backend".as_ref(),
+        "qemu".as_ref(),
+        "-o".as_ref(),
+        dir.join("missing.itr").as_os_str(),
+        "--".as_ref(),
+        missing.as_os_str(),
+    ]);
+    let line = o.assert_clean_error();
+    assert!(line.contains("is a script for /nonexistent/interpreter, which cannot be run"), "{line}");
+}
+
 /// `itrace record --backend qemu -- spinner 400 10000` with the spinner's stdout piped here:
 /// the reference result line, itrace (still running) and the spinner's output.
 fn start_spinner_under_qemu(

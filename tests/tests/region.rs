@@ -197,6 +197,18 @@ fn both_backends_record_the_same_branches() {
 /// while attached are traced, nothing else, and it finishes with the right result.
 #[test]
 fn attach_to_a_program_with_regions() {
+    attach_with_regions("region-attach", &[]);
+}
+
+/// The same with the translating recorder (issue 29): ITraceOn/ITraceOff of the running
+/// program move its thread into and out of the code cache; every whole region is exact
+/// against callgrind's count per call.
+#[test]
+fn attach_to_a_program_with_regions_translated() {
+    attach_with_regions("region-attach-translate", &["--backend", "translate"]);
+}
+
+fn attach_with_regions(dir_name: &str, options: &[&str]) {
     use std::io::{BufRead, BufReader, Read};
     use std::process::{Command, Stdio};
     let bin = program("region_loop");
@@ -211,10 +223,12 @@ fn attach_to_a_program_with_regions() {
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
     assert!(first.contains("started"), "{first}");
-    let dir = test_dir("region-attach");
+    let dir = test_dir(dir_name);
     let trace = dir.join("t.itr");
     let pid = child.0.id().to_string();
-    let rec = itrace(["record", "--region", "-p", &pid, "--duration", "1.5", "-o", trace.to_str().unwrap()]);
+    let mut args = vec!["record", "--region", "-p", &pid, "--duration", "1.5", "-o", trace.to_str().unwrap()];
+    args.extend_from_slice(options);
+    let rec = itrace(args);
     rec.assert_success();
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();

@@ -11,6 +11,10 @@
 //! the delivery. With the timestamps clock the spans are the same and lie within the time
 //! the recording took.
 //!
+//! Merging (Chrome): `--min-span N` leaves exactly the spans of `--all-spans` at least N long,
+//! every marker, and metadata counting what was merged (computed from `--all-spans`); by
+//! default a file over `--max-size` gets the smallest minimum that fits it.
+//!
 //! Firefox (processed profile, gzipped): one thread per traced thread with its tid, samples
 //! weighted by instructions that add up to the thread's instructions in the report, the
 //! program's functions in the thread's string table, and the signals as markers.
@@ -63,13 +67,22 @@ fn export(trace: &Path, format: &str, time: &str, out: &Path) {
     .assert_success();
 }
 
+/// The events of the Chrome export of `trace`, with every span.
 fn chrome_events(trace: &Path, time: &str) -> Vec<serde_json::Value> {
     let out = trace.with_extension(format!("{time}.json"));
-    export(trace, "chrome", time, &out);
-    let text = std::fs::read_to_string(&out).expect("read the chrome export");
-    let json: serde_json::Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", out.display()));
+    let json = chrome_json(trace, &["--time", time, "--all-spans"], &out);
     json["traceEvents"].as_array().unwrap_or_else(|| panic!("no traceEvents in {}", out.display())).clone()
+}
+
+/// `itrace export TRACE --format chrome ARGS -o OUT`, parsed by serde_json.
+fn chrome_json(trace: &Path, args: &[&str], out: &Path) -> serde_json::Value {
+    let mut cmd: Vec<&std::ffi::OsStr> =
+        vec!["export".as_ref(), trace.as_os_str(), "--format".as_ref(), "chrome".as_ref()];
+    cmd.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+    cmd.extend(["-o".as_ref(), out.as_os_str()]);
+    itrace(cmd).assert_success();
+    let text = std::fs::read_to_string(out).expect("read the chrome export");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", out.display()))
 }
 
 /// One closed span.
@@ -85,6 +98,9 @@ struct Span {
     in_handlers: f64,
     /// Another span of its function is open below it, with no signal handler between.
     nested_in_own: bool,
+    /// Its place among the thread's spans in the order they begin, and its parent's.
+    id: usize,
+    parent: Option<usize>,
 }
 
 /// The spans of B/E events, checking that per thread they nest and time never goes back.
@@ -94,7 +110,9 @@ fn spans(events: &[serde_json::Value]) -> Vec<Span> {
         kind: String,
         begin: f64,
         in_handlers: f64,
+        id: usize,
     }
+    let mut next_id = 0;
     let mut open: HashMap<u64, Vec<Open>> = HashMap::new();
     let mut last: HashMap<u64, f64> = HashMap::new();
     let mut out = Vec::new();
@@ -117,7 +135,9 @@ fn spans(events: &[serde_json::Value]) -> Vec<Span> {
                     kind,
                     begin: ts,
                     in_handlers: 0.0,
+                    id: next_id,
                 });
+                next_id += 1;
             }
             "E" => {
                 let o = stack.pop().unwrap_or_else(|| panic!("tid {tid}: E without a B at {e}"));
@@ -144,6 +164,8 @@ fn spans(events: &[serde_json::Value]) -> Vec<Span> {
                     depth: stack.len(),
                     in_handlers: o.in_handlers,
                     nested_in_own,
+                    id: o.id,
+                    parent: stack.last().map(|p| p.id),
                 });
             }
             "i" => assert_eq!(e["s"], "t", "an instant of a thread: {e}"),
@@ -371,4 +393,141 @@ fn firefox_profile_has_each_thread_its_instructions_and_markers() {
         }
         assert_eq!(signal_markers, signals, "{name}: signal markers");
     }
+}
+
+/// The instant events of `json`, per thread in the file's order (threads interleave
+/// differently when spans wait to be known long enough).
+fn instants(json: &serde_json::Value) -> BTreeMap<u64, Vec<String>> {
+    let events = json["traceEvents"].as_array().expect("traceEvents");
+    let mut per_thread: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for e in events.iter().filter(|e| e["ph"] == "i") {
+        per_thread.entry(e["tid"].as_u64().expect("tid")).or_default().push(e.to_string());
+    }
+    per_thread
+}
+
+/// `--min-span N` against the same trace with every span (which the test above checks against
+/// the report): exactly the spans at least N instructions long are left, at the same times;
+/// every marker stays; the metadata counts, per thread, the spans left out and the
+/// instructions that ran in the outermost of them.
+#[test]
+fn chrome_min_span_leaves_out_exactly_the_shorter_spans() {
+    for name in ["fib", "signal", "threads"] {
+        let (trace, _) = traced("minspan", name);
+        let all_json = chrome_json(&trace, &["--all-spans"], &trace.with_extension("all.json"));
+        let all = spans(all_json["traceEvents"].as_array().expect("traceEvents"));
+        for min in [3u64, 40] {
+            let json = chrome_json(&trace, &["--min-span", &min.to_string()], &trace.with_extension("min.json"));
+            let events = json["traceEvents"].as_array().expect("traceEvents");
+            let kept = spans(events);
+            let key = |s: &Span| (s.tid, s.name.clone(), s.kind.clone(), s.begin.to_bits(), s.end.to_bits());
+            let want: Vec<_> = all.iter().filter(|s| s.end - s.begin >= min as f64).map(key).collect();
+            let mut want = want;
+            let mut got: Vec<_> = kept.iter().map(key).collect();
+            want.sort();
+            got.sort();
+            assert!(want.len() < all.len(), "{name}: no span shorter than {min} to merge");
+            assert_eq!(got, want, "{name} --min-span {min}: the spans left");
+            assert_eq!(instants(&json), instants(&all_json), "{name} --min-span {min}: the markers");
+
+            // Per thread: spans left out, and the instructions of the outermost of them.
+            let by_id: HashMap<(u64, usize), &Span> = all.iter().map(|s| ((s.tid, s.id), s)).collect();
+            let short = |s: &Span| s.end - s.begin < min as f64;
+            let mut want_merged: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+            for s in all.iter().filter(|s| short(s)) {
+                let e = want_merged.entry(s.tid).or_default();
+                e.0 += 1;
+                if s.parent.is_none_or(|p| !short(by_id[&(s.tid, p)])) {
+                    e.1 += (s.end - s.begin) as u64;
+                }
+            }
+            let mut got_merged = BTreeMap::new();
+            for e in events.iter().filter(|e| e["ph"] == "M" && e["name"] == "itrace_merged_spans") {
+                assert_eq!(e["args"]["min_span"].as_u64(), Some(min), "{e}");
+                let counts =
+                    (e["args"]["spans"].as_u64().expect("spans"), e["args"]["instructions"].as_u64().expect("n"));
+                if counts.0 > 0 {
+                    got_merged.insert(e["tid"].as_u64().expect("tid"), counts);
+                }
+            }
+            assert_eq!(got_merged, want_merged, "{name} --min-span {min}: merged spans and instructions per thread");
+            let total = want_merged.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            let other = &json["otherData"];
+            assert_eq!(
+                (other["merged_spans"].as_u64(), other["merged_instructions"].as_u64()),
+                (Some(total.0), Some(total.1))
+            );
+        }
+    }
+}
+
+/// By default the file is kept within --max-size by the smallest minimum span that does it (a
+/// whole number of instructions up to 4096, a power of two above): the file fits, the next
+/// smaller minimum would not, and stderr says what was merged. A trace that fits keeps every
+/// span.
+#[test]
+fn chrome_default_keeps_the_file_within_max_size() {
+    let (trace, _) = traced("maxsize", "fib");
+    let all = trace.with_extension("all.json");
+    chrome_json(&trace, &["--all-spans"], &all);
+    let all_bytes = std::fs::metadata(&all).expect("all").len();
+    let max = all_bytes / 8;
+    let out = trace.with_extension("max.json");
+    let max_arg = max.to_string();
+    let args: [&std::ffi::OsStr; 8] = [
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--format".as_ref(),
+        "chrome".as_ref(),
+        "--max-size".as_ref(),
+        max_arg.as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    let run = itrace(args);
+    run.assert_success();
+    let bytes = std::fs::metadata(&out).expect("out").len();
+    assert!(bytes <= max, "{bytes} bytes written, more than --max-size {max}");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("JSON");
+    let min = json["otherData"]["min_span"].as_u64().expect("a min_span in otherData");
+    assert!(min > 1 && (min <= 4096 || min.is_power_of_two()), "min_span {min}");
+    let merged = json["otherData"]["merged_spans"].as_u64().expect("merged_spans");
+    assert!(
+        run.stderr.contains(&format!("{merged} spans shorter than {min} instructions were merged")),
+        "stderr: {}",
+        run.stderr
+    );
+    let smaller = if min <= 4096 { min - 1 } else { min / 2 };
+    let out_smaller = trace.with_extension("smaller.json");
+    chrome_json(&trace, &["--min-span", &smaller.to_string()], &out_smaller);
+    let smaller_bytes = std::fs::metadata(&out_smaller).expect("smaller").len();
+    assert!(
+        smaller_bytes > max,
+        "--min-span {smaller} gives {smaller_bytes} bytes, within {max}: {min} was not the smallest"
+    );
+    // The options are the Chrome format's: one line elsewhere.
+    let firefox = itrace([
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--format".as_ref(),
+        "firefox".as_ref(),
+        "--min-span".as_ref(),
+        "3".as_ref(),
+        "-o".as_ref(),
+        trace.with_extension("ff.json").as_os_str(),
+    ]);
+    let line = firefox.assert_clean_error();
+    assert!(line.contains("are for --format chrome"), "{line}");
+    // Within the default 100 MiB: every span, nothing said.
+    let run = itrace([
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--format".as_ref(),
+        "chrome".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    run.assert_success();
+    assert!(!run.stderr.contains("merged"), "stderr: {}", run.stderr);
+    assert_eq!(std::fs::read(&out).expect("out"), std::fs::read(&all).expect("all"), "default against --all-spans");
 }

@@ -182,6 +182,8 @@ struct Frame {
     /// which frames of a function sit inside another of its frames (recursion).
     x_count: u64,
     w_count: u64,
+    /// The rectangle's fill (`rgb(r,g,b)`).
+    fill: String,
 }
 
 fn svg_frames(svg: &str) -> Vec<Frame> {
@@ -205,7 +207,8 @@ fn svg_frames(svg: &str) -> Vec<Frame> {
         let y: f64 = attr(None, "y").parse().expect("y");
         let x_count: u64 = attr(Some(FG), "x").parse().expect("fg:x");
         let w_count: u64 = attr(Some(FG), "w").parse().expect("fg:w");
-        frames.push(Frame { name, width, y, x_count, w_count });
+        let fill = attr(None, "fill").to_string();
+        frames.push(Frame { name, width, y, x_count, w_count, fill });
     }
     frames
 }
@@ -250,6 +253,106 @@ fn svg_frame_widths_are_inclusive_shares() {
             checked += 1;
         }
         assert!(checked > 50, "{name}: checked {checked} functions");
+    }
+}
+
+/// `--per-thread`: one root frame per thread, named `name-pid/tid` after the report's thread
+/// rows, holding exactly that thread's instructions (the report's per-thread totals, which
+/// `report --tid` replays alone); without the thread frames, the stacks are the merged ones.
+#[test]
+fn per_thread_folded_stacks_are_the_report_threads() {
+    let trace = traced("per-thread", "threads");
+    let merged_path = trace.with_extension("folded");
+    flamegraph(&trace, &["--folded"], &merged_path);
+    let per_thread_path = trace.with_extension("per-thread.folded");
+    flamegraph(&trace, &["--folded", "--per-thread"], &per_thread_path);
+    let per_thread = std::fs::read_to_string(&per_thread_path).expect("read folded");
+    let report = report_json(&trace);
+    let threads = report["threads"].as_array().expect("threads");
+    assert_eq!(threads.len(), 5, "threads.c: main and four workers");
+
+    let mut by_root: BTreeMap<String, u64> = BTreeMap::new();
+    let mut without_root: BTreeMap<String, u64> = BTreeMap::new();
+    let mut compute: BTreeMap<String, u64> = BTreeMap::new();
+    for line in per_thread.lines() {
+        let (stack, n) = line.rsplit_once(' ').expect("folded line");
+        let n: u64 = n.parse().expect("count");
+        let (root, rest) = stack.split_once(';').unwrap_or((stack, ""));
+        *by_root.entry(root.to_string()).or_default() += n;
+        if rest.split(';').any(|f| f == "thr_compute") {
+            *compute.entry(root.to_string()).or_default() += n;
+        }
+        if !rest.is_empty() {
+            *without_root.entry(rest.to_string()).or_default() += n;
+        }
+    }
+    let want: BTreeMap<String, u64> = threads
+        .iter()
+        .map(|t| {
+            let n = |k: &str| t[k].as_u64().unwrap_or_else(|| panic!("{k} of {t}"));
+            (format!("{}-{}/{}", t["name"].as_str().unwrap(), n("pid"), n("tid")), n("instructions"))
+        })
+        .collect();
+    assert_eq!(by_root, want, "per-thread folded totals vs the report's threads");
+
+    // Each worker's thr_compute, as `report --tid` (that thread's records alone) counts it.
+    for t in threads.iter().filter(|t| t["name"].as_str().unwrap().starts_with("worker")) {
+        let tid = t["tid"].as_u64().unwrap().to_string();
+        let o = itrace([
+            OsStr::new("report"),
+            trace.as_os_str(),
+            OsStr::new("--json"),
+            OsStr::new("--tid"),
+            OsStr::new(&tid),
+        ]);
+        o.assert_success();
+        let alone: serde_json::Value = serde_json::from_str(&o.stdout).expect("JSON");
+        let row =
+            alone["functions"].as_array().unwrap().iter().find(|f| f["name"] == "thr_compute").expect("thr_compute");
+        let root = format!("{}-{}/{}", t["name"].as_str().unwrap(), t["pid"], tid);
+        assert_eq!(compute.get(&root).copied(), row["inclusive"].as_u64(), "{root}: thr_compute");
+    }
+
+    // The thread frames taken off, the stacks add up to the merged graph's.
+    let mut merged: BTreeMap<String, u64> = BTreeMap::new();
+    for line in std::fs::read_to_string(&merged_path).expect("read folded").lines() {
+        let (stack, n) = line.rsplit_once(' ').expect("folded line");
+        *merged.entry(stack.to_string()).or_default() += n.parse::<u64>().expect("count");
+    }
+    assert_eq!(without_root, merged, "per-thread stacks without their thread frame vs the merged stacks");
+}
+
+/// `--colors module`: every frame of a module has the module's one colour, different modules
+/// have different colours, and a module's colour is the same in the graph of another program.
+#[test]
+fn module_colours_are_one_per_module_and_stable() {
+    let mut colour_of: HashMap<String, String> = HashMap::new();
+    for name in ["fib", "threads"] {
+        let trace = traced("colours", name);
+        let svg_path = trace.with_extension("svg");
+        flamegraph(&trace, &["--min-width", "0", "--colors", "module"], &svg_path);
+        let frames = svg_frames(&std::fs::read_to_string(&svg_path).expect("read svg"));
+        let report = report_json(&trace);
+        let module_of: HashMap<String, String> = unique_functions(&report)
+            .into_iter()
+            .map(|(f, row)| (f, row["module"].as_str().unwrap().rsplit('/').next().unwrap().to_string()))
+            .collect();
+        let mut fills: BTreeMap<String, HashSet<String>> = BTreeMap::new();
+        for f in &frames {
+            if let Some(m) = module_of.get(&f.name) {
+                fills.entry(m.clone()).or_default().insert(f.fill.clone());
+            }
+        }
+        assert!(fills.len() >= 3, "{name}: the program, libc and the loader: {fills:?}");
+        for (m, f) in &fills {
+            assert_eq!(f.len(), 1, "{name}: the frames of {m} have colours {f:?}");
+            let fill = f.iter().next().unwrap().clone();
+            if let Some(before) = colour_of.insert(m.clone(), fill.clone()) {
+                assert_eq!(before, fill, "{m}: one colour in both graphs");
+            }
+        }
+        let distinct: HashSet<&String> = fills.values().flatten().collect();
+        assert_eq!(distinct.len(), fills.len(), "{name}: one colour per module: {fills:?}");
     }
 }
 

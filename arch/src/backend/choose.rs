@@ -67,6 +67,14 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
         Target::Remote { .. } => unreachable!("handled above"),
     };
     let arch = native_arch(program.as_deref(), &s.target)?;
+    // The environment's default is a preference: where it cannot record, auto chooses.
+    let env_gives_way;
+    let s = if s.backend == Backend::Translate && s.backend_from_env && (!TRANSLATE_HERE || arch != Arch::X86_64) {
+        env_gives_way = RecordSettings { backend: Backend::Auto, ..s.clone() };
+        &env_gives_way
+    } else {
+        s
+    };
     if s.backend == Backend::Translate && (!TRANSLATE_HERE || arch != Arch::X86_64) {
         return refuse(&format!(
             "--backend translate runs x86_64 programs on x86_64 (this is {arch}); use --backend ptrace"

@@ -220,10 +220,42 @@ fn unfinished_trace(output: &Path) -> String {
     format!("{} holds the trace without its last second and summary", output.display())
 }
 
+/// Scripts run through scripts at most this deep (the kernel's BINPRM_MAX_RECURSION).
+const MAX_SCRIPT_DEPTH: usize = 4;
+
+/// The `#!` line of a script at `path`, as the kernel's binfmt_script reads it: the
+/// interpreter (the first word after `#!`) and the rest of the line, trimmed, as one optional
+/// argument. None for a file that does not start with `#!`.
+fn shebang(path: &Path) -> Option<(PathBuf, Option<OsString>)> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStringExt;
+    // The kernel reads this much of the file (BINPRM_BUF_SIZE).
+    let mut head = [0u8; 256];
+    let mut f = std::fs::File::open(path).ok()?;
+    let n = f.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let line = &line[line.iter().position(|b| !blank(b))?..];
+    let end = line.iter().position(blank).unwrap_or(line.len());
+    let rest = &line[end..];
+    let arg = match (rest.iter().position(|b| !blank(b)), rest.iter().rposition(|b| !blank(b))) {
+        (Some(a), Some(z)) => Some(OsString::from_vec(rest[a..=z].to_vec())),
+        _ => None,
+    };
+    Some((PathBuf::from(OsString::from_vec(line[..end].to_vec())), arg))
+}
+
 /// `itrace record --backend qemu`: the launched program under qemu-user with itrace's plugin.
 pub struct QemuRecorder {
     settings: RecordSettings,
+    /// The ELF program qemu runs: the command's, or its script's interpreter.
     program: PathBuf,
+    /// For a script: what comes before the command's arguments, as the kernel runs it (the
+    /// interpreter's argument from the `#!` line, the script).
+    script_args: Vec<OsString>,
+    /// The process's name: the command's file name (a script's, not its interpreter's).
+    name: String,
     arch: Arch,
 }
 
@@ -245,17 +277,47 @@ impl QemuRecorder {
             );
         }
         let Some(cmd) = command.first() else { return refuse("nothing to trace: give a command to run") };
-        let program = find_program(cmd)?;
+        let mut program = find_program(cmd)?;
+        let name: String = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // A script runs as the kernel runs it: its interpreter, with the `#!` line's argument
+        // and the script before the command's arguments (and so on for an interpreter that is
+        // a script itself).
+        let mut script_args: Vec<OsString> = Vec::new();
+        let mut scripts = Vec::new();
+        while crate::elf::arch_of(&program).is_none() && scripts.len() < MAX_SCRIPT_DEPTH {
+            let Some((interpreter, arg)) = shebang(&program) else { break };
+            if let Err(e) = std::fs::metadata(&interpreter) {
+                fail!("{} is a script for {}, which cannot be run: {e}", program.display(), interpreter.display());
+            }
+            let mut before: Vec<OsString> = arg.into_iter().collect();
+            before.push(program.clone().into_os_string());
+            before.append(&mut script_args);
+            script_args = before;
+            scripts.push(format!("{} is a script for {}", program.display(), interpreter.display()));
+            program = interpreter;
+        }
         let elf_arch = crate::elf::arch_of(&program);
+        let what = scripts.join(", ");
+        let what_then = if what.is_empty() { String::new() } else { format!("{what}: ") };
         let arch = match (s.arch, elf_arch) {
-            (Some(a), Some(e)) if a != e => fail!("{} is a {e} program, not {a}", program.display()),
+            (Some(a), Some(e)) if a != e => fail!("{what_then}{} is a {e} program, not {a}", program.display()),
             (Some(a), _) => a,
             (None, Some(e)) => e,
             (None, None) => {
-                fail!("{} is not an ELF program itrace can trace: give its architecture with --arch", program.display())
+                fail!(
+                    "{what_then}{} is not an ELF program itrace can trace: give its architecture with --arch",
+                    program.display()
+                )
             }
         };
-        Ok(QemuRecorder { settings: s.clone(), program, arch })
+        if !scripts.is_empty() {
+            let mut argv = vec![program.clone().into_os_string()];
+            argv.extend(script_args.iter().cloned());
+            argv.extend(command.iter().skip(1).cloned());
+            let argv: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+            eprintln!("itrace: {what}: tracing `{}`, as the kernel runs it", argv.join(" "));
+        }
+        Ok(QemuRecorder { settings: s.clone(), program, script_args, name, arch })
     }
 }
 
@@ -282,7 +344,7 @@ impl Recorder for QemuRecorder {
         if record.encode(&mut encoded).is_ok() {
             let _ = std::fs::write(&origin.0, &encoded);
         }
-        let name: String = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = &self.name;
         let sysroot = cross_sysroot(arch);
         let mut spec = format!(
             "{},out={},status={},ctl={},live={},origin={},arch={arch},mode={},bufsize={},segsize={},mtesize={},streams={STREAMS},name={}",
@@ -296,7 +358,7 @@ impl Recorder for QemuRecorder {
             s.buffer_size,
             s.segment_size,
             s.mte_size,
-            opt_value(&name),
+            opt_value(name),
         );
         if let Some(level) = s.compress {
             spec.push_str(&format!(",compress={level}"));
@@ -326,7 +388,7 @@ impl Recorder for QemuRecorder {
             }),
             None => qcmd.arg("-U").arg("LD_PRELOAD"),
         };
-        qcmd.arg("-plugin").arg(spec).arg(program).args(command.iter().skip(1));
+        qcmd.arg("-plugin").arg(spec).arg(program).args(&self.script_args).args(command.iter().skip(1));
         let qemu_env = crate::inherit::Environment::from_vars(qemu_env)
             .map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), std::io::Error::other(e)))?;
         use std::os::unix::process::CommandExt;

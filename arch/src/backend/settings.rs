@@ -76,6 +76,9 @@ pub struct RecordSettings {
     pub step: StepChoice,
     /// `step` is a default from the environment, not asked for: other backends ignore it.
     pub step_from_env: bool,
+    /// `backend` is the environment's default (ITRACE_BACKEND), not the command line's: a
+    /// program it cannot record (`translate` and an i386 program) gets `auto`'s instead.
+    pub backend_from_env: bool,
 }
 
 /// `--step`: how the ptrace backend stops a traced thread.
@@ -115,6 +118,7 @@ impl RecordSettings {
             emulate_block_step: false,
             step: StepChoice::Auto,
             step_from_env: false,
+            backend_from_env: false,
         }
     }
 

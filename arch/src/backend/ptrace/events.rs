@@ -246,6 +246,9 @@ impl Session<'_> {
             return;
         }
         self.pin_thread(tid);
+        if attach {
+            self.undo_stop_eintr(tid);
+        }
         if self.region_start(tid, pid) {
             return;
         }

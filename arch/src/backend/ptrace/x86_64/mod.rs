@@ -542,6 +542,32 @@ impl PtraceArch for Session<'_> {
         self.cache_periodic();
     }
 
+    fn undo_stop_eintr(&mut self, tid: i32) {
+        const EINTR: i64 = -(libc::EINTR as i64);
+        let Ok(mut regs) = getregs(tid) else { return };
+        // orig_rax holds the number of the system call the thread entered last; after a
+        // signal handler's return it is -1, so an EINTR a handler already saw is left alone.
+        if (regs.orig_rax as i64) < 0 || regs.rax as i64 != EINTR {
+            return;
+        }
+        // A signal on its way (to a handler) is why it failed: untraced it would fail too.
+        if procfs::unblocked_pending_signals(tid) != 0 {
+            return;
+        }
+        // `syscall` (0f 05) or `int 0x80` (cd 80) just before the pc: it stopped at the
+        // system call's return, not after an interrupt or a fault.
+        let pid = self.threads.get(&tid).map(|t| t.pid).unwrap_or(tid);
+        let mut insn = [0u8; 2];
+        if tables::read_mem(pid, regs.rip.wrapping_sub(2), &mut insn) != 2
+            || !matches!(insn, [0x0f, 0x05] | [0xcd, 0x80])
+        {
+            return;
+        }
+        regs.rip -= 2;
+        regs.rax = regs.orig_rax;
+        let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+    }
+
     fn warn_at_end(&self) {
         if self.opts.step.translate && std::env::var_os("ITRACE_STATS").is_some() {
             eprintln!("itrace: translate: {}", self.arch.xl_stats);
@@ -605,6 +631,9 @@ impl Recorder for PtraceRecorder {
             hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
             translate,
         };
+        if translate {
+            translate::raise_tracer_priority();
+        }
         self.record_with(live, stop, step, options)
     }
 }

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""itrace benchmark of attaching (`itrace record -p PID`, issue 29), baselines in the same run.
+
+On bench/attach_busy.c (THREADS threads computing, no system call in their loop):
+  - rate: instructions recorded per second of attach (`--duration D`), with --backend translate
+    and with --step block (block stepping), 1 thread and 8 threads; the ratios translate/block
+    and 8 threads/1 thread (2 cores: at most 2x);
+  - attach: from the command (the moment before itrace is started) to the first recorded block
+    and to the last thread's trace start (TraceOn), 8 threads, from `itrace dump`'s time stamps
+    (CLOCK_MONOTONIC, as this script's time.monotonic_ns);
+  - detach: from SIGTERM to itrace's exit, with every thread let go (8 threads).
+Each configuration runs REPS times; the best is compared, the median printed too. The target
+must run on after every detach and end with exit status 0. A benchmark, not a test: exit status
+non-zero only when something failed to run. Results go in bench/README.md.
+
+Environment: ITRACE (default target/release/itrace, built with cargo unless BENCH_NO_CARGO=1),
+BENCH_REPS (3), BENCH_SECONDS (2: attach length for rates), BENCH_OUT (bench/build).
+"""
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ITRACE = os.environ.get("ITRACE", os.path.join(ROOT, "target/release/itrace"))
+REPS = int(os.environ.get("BENCH_REPS", "3"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "2"))
+OUT = os.environ.get("BENCH_OUT", os.path.join(HERE, "build"))
+FAILS = []
+
+
+def say(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def build():
+    if not os.environ.get("BENCH_NO_CARGO") and "ITRACE" not in os.environ:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "itrace"], cwd=ROOT, check=True)
+    os.makedirs(OUT, exist_ok=True)
+    exe = os.path.join(OUT, "attach_busy")
+    subprocess.run(["gcc", "-O1", "-g", "-pthread", "-o", exe, os.path.join(HERE, "attach_busy.c")], check=True)
+    return exe
+
+
+class Target:
+    def __init__(self, exe, threads):
+        self.p = subprocess.Popen([exe, str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if "started pid=" not in line:
+            raise RuntimeError(f"attach_busy did not start: {line!r}")
+        self.pid = self.p.pid
+
+    def threads_free(self):
+        for tid in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                status = open(f"/proc/{self.pid}/task/{tid}/status").read()
+            except OSError:
+                continue
+            tracer = int(status.split("TracerPid:")[1].split()[0])
+            state = status.split("State:")[1].split()[0]
+            if tracer != 0 or state not in ("R", "S"):
+                return False
+        return True
+
+    def finish(self):
+        self.p.stdin.close()
+        out = self.p.stdout.read()
+        rc = self.p.wait(timeout=60)
+        if rc != 0 or "done" not in out:
+            FAILS.append(f"attach_busy ended with {rc}: {out!r}")
+
+
+def record(pid, args, trace, duration=None):
+    cmd = [ITRACE, "record", *args, "-p", str(pid), "-o", trace]
+    if duration is not None:
+        cmd += ["--duration", str(duration)]
+    t0 = time.monotonic_ns()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    t1 = time.monotonic_ns()
+    if r.returncode != 0:
+        FAILS.append(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return t0, t1
+
+
+def instructions(trace):
+    r = subprocess.run([ITRACE, "report", "--json", "-q", trace], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        FAILS.append(f"report {trace}: {r.stderr.strip()}")
+        return 0
+    return json.loads(r.stdout)["total_instructions"]
+
+
+def first_times(trace):
+    """(first branch record's time stamp, last TraceOn's time stamp) of a trace, in ns."""
+    p = subprocess.Popen([ITRACE, "dump", "-q", trace], stdout=subprocess.PIPE, text=True)
+    first_branch, trace_ons, lines = None, [], 0
+    for line in p.stdout:
+        lines += 1
+        if "TraceOn(" in line:
+            trace_ons.append(int(line.split("ts: ")[1].split(",")[0]))
+        elif first_branch is None and " U " in line:
+            first_branch = int(line.split()[2])
+        if first_branch is not None and lines > 20000:
+            break
+    p.kill()
+    p.wait()
+    return first_branch, max(trace_ons) if trace_ons else None
+
+
+def best_med(xs, best=max):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None
+    return best(xs), statistics.median(xs)
+
+
+def main():
+    exe = build()
+    tmp = tempfile.mkdtemp(prefix="itrace-bench-attach-")
+    rates = {}
+    for threads in (1, 8):
+        target = Target(exe, threads)
+        for name, args, secs in (("translate", ["--backend", "translate"], SECONDS), ("block", ["--step", "block"], SECONDS)):
+            got = []
+            for rep in range(REPS):
+                trace = os.path.join(tmp, f"r{threads}-{name}-{rep}.itr")
+                record(target.pid, args, trace, secs)
+                if not target.threads_free():
+                    FAILS.append(f"{name} {threads} threads: a thread still traced or stopped after the detach")
+                got.append(instructions(trace) / secs)
+                os.unlink(trace)
+            rates[(threads, name)] = best_med(got)
+            say(f"{threads} thread(s), {name}: best {rates[(threads, name)][0] / 1e6:.2f} M instructions/s")
+        target.finish()
+
+    # attach and detach latencies, 8 threads
+    target = Target(exe, 8)
+    first, all_on, detach = [], [], []
+    for rep in range(REPS):
+        trace = os.path.join(tmp, f"lat-{rep}.itr")
+        t0, _ = record(target.pid, ["--backend", "translate"], trace, 0.2)
+        fb, on = first_times(trace)
+        first.append(None if fb is None else (fb - t0) / 1e6)
+        all_on.append(None if on is None else (on - t0) / 1e6)
+        os.unlink(trace)
+        trace = os.path.join(tmp, f"det-{rep}.itr")
+        p = subprocess.Popen([ITRACE, "record", "--backend", "translate", "-p", str(target.pid), "-o", trace],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        t_sig = time.monotonic_ns()
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=120)
+        detach.append((time.monotonic_ns() - t_sig) / 1e6)
+        if p.returncode != 0:
+            FAILS.append(f"detach by SIGTERM: itrace exited with {p.returncode}")
+        if not target.threads_free():
+            FAILS.append("after SIGTERM: a thread still traced or stopped")
+        os.unlink(trace)
+    target.finish()
+
+    def m(x):
+        return "n/a" if x is None else f"{x / 1e6:.2f} M"
+
+    print()
+    print("| attached to bench/attach_busy.c | instructions/s, best (median) |")
+    print("|---|---|")
+    for (threads, name), (b, med) in sorted(rates.items()):
+        print(f"| {threads} thread(s), {'--backend translate' if name == 'translate' else '--step block'} | {m(b)} ({m(med)}) |")
+    tr1, bl1, tr8 = rates[(1, "translate")][0], rates[(1, "block")][0], rates[(8, "translate")][0]
+    print()
+    print(f"translate / block stepping, 1 thread: {tr1 / bl1:.0f}x (target 50x, stretch 100x)")
+    print(f"translate / block stepping, 8 threads: {tr8 / rates[(8, 'block')][0]:.0f}x")
+    print(f"8 threads / 1 thread, translate: {tr8 / tr1:.2f}x (target 1.6x on 2 cores)")
+    for label, xs, target_ms in (("command to first recorded block", first, 50),
+                                 ("command to every thread traced", all_on, None),
+                                 ("SIGTERM to itrace's exit (detach)", detach, 50)):
+        b, med = best_med(xs, min)
+        tail = f" (target {target_ms} ms)" if target_ms else ""
+        print(f"{label}, 8 threads: best {b:.1f} ms, median {med:.1f} ms{tail}" if b is not None else f"{label}: n/a")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    if FAILS:
+        for f in FAILS:
+            print(f"bench: FAILED: {f}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+//! Repeated attach and detach with `--backend translate` (issue 29): over a hundred runs at
+//! random moments and for random lengths, on self-checking programs of several kinds (busy
+//! threads; threads created and joined all the time; timer signals and SIGUSR1 sent from
+//! outside; threads blocked in nanosleep, a futex, read and epoll_wait; a static program; C++
+//! threads throwing exceptions). After every detach the target must run on untraced; at the
+//! end it must print its own check with no error and exit 0. The truth is the program's own
+//! checks (closed forms, sequence numbers, the value each exception carries) and "no EINTR
+//! it would not have seen": see tests/programs/attach_mix.c and attach_cpp.cpp.
+//!
+//! The seed of the random timings is printed; `ITRACE_STRESS_SEED=N` repeats a run.
+
+use itrace_tests::{itrace_bin, program, report_json, run, test_dir, wait_with_guard, KillOnDrop};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Attach/detach rounds per program kind (six kinds: 102 runs).
+const ROUNDS: u64 = 17;
+
+/// xorshift64*: timings that a seed repeats.
+struct Rng(u64);
+
+impl Rng {
+    fn from_env_or_clock() -> Rng {
+        let seed = std::env::var("ITRACE_STRESS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        });
+        eprintln!("attach_stress: ITRACE_STRESS_SEED={seed}");
+        Rng(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The state letter and tracer of a process (None: it is gone).
+fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
+    Some((state, tracer))
+}
+
+/// Every thread of `pid` untraced and running or asleep (not stopped, not dead).
+fn all_threads_free(pid: u32) -> Result<(), String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| format!("process gone: {e}"))?;
+    for t in tasks.flatten() {
+        let tid: u32 = t.file_name().to_string_lossy().parse().unwrap_or(0);
+        match state_and_tracer(tid) {
+            Some((s, 0)) if s == 'R' || s == 'S' || s == 'D' => {}
+            None => {} // exited meanwhile (the churn program's threads)
+            other => return Err(format!("thread {tid}: (state, tracer) {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// Runs `ROUNDS` attach/detach rounds on the program `name` started with `args`, then ends its
+/// input and checks its last line (`want_prefix ... errors=0`) and exit status.
+fn stress(name: &str, args: &[&str], rng: &mut Rng, send_usr1: bool) {
+    let dir = test_dir(&format!("attach-stress-{name}-{}", args.join("-")));
+    let mut child = Command::new(program(name))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {name}: {e}"));
+    let stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id();
+    let mut first = String::new();
+    out.read_line(&mut first).expect("read the start line");
+    assert!(first.contains(&format!("started pid={pid}")), "{name}: start line {first:?}");
+
+    let stop_signals = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = send_usr1.then(|| {
+        let stop = stop_signals.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: kill(2) of our child's pid, which KillOnDrop keeps from being reaped.
+                if unsafe { libc::kill(pid as i32, libc::SIGUSR1) } == 0 {
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_millis(15));
+            }
+            sent
+        })
+    });
+
+    for round in 0..ROUNDS {
+        // Attach at a random moment of the program's life, for 20 to 250 ms.
+        std::thread::sleep(Duration::from_millis(rng.below(80)));
+        let duration = format!("{:.3}", (20 + rng.below(230)) as f64 / 1000.0);
+        let trace = dir.join(format!("t{round}.itr"));
+        let rec = run(Command::new(itrace_bin())
+            .args(["record", "--backend", "translate", "-p", &pid.to_string(), "--duration", &duration, "-o"])
+            .arg(&trace));
+        assert!(
+            rec.success(),
+            "{name} {args:?} round {round} (--duration {duration}): itrace failed: {}",
+            rec.stderr.trim()
+        );
+        if let Err(e) = all_threads_free(pid) {
+            panic!("{name} {args:?} round {round} (--duration {duration}): after the detach: {e}");
+        }
+        if round % 6 == 0 {
+            // The trace of a round reads, and holds only the target's threads.
+            let report = report_json(&trace);
+            let threads = report["threads"].as_array().cloned().unwrap_or_default();
+            assert!(
+                threads.iter().all(|t| t["pid"].as_u64() == Some(pid as u64)),
+                "{name} round {round}: threads of another process in the trace: {threads:?}"
+            );
+        }
+    }
+
+    stop_signals.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = sender.map(|s| s.join().expect("signal sender"));
+    drop(stdin); // end of input: the program stops its threads and checks itself
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("read the program's output");
+    let status = wait_with_guard(&mut child.0, name);
+    let last = rest.lines().last().unwrap_or("").to_string();
+    assert!(status.success(), "{name} {args:?} exited with {status} after {ROUNDS} attaches; its output:\n{rest}");
+    assert!(last.contains(" errors=0"), "{name} {args:?}: its own check failed: {last}");
+    if let Some(sent) = sent {
+        // Standard signals merge while pending, so not every one is counted; none may kill it,
+        // and some must arrive.
+        let got: u64 = last.split("usr1=").nth(1).and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        assert!(sent > 0 && got > 0 && got <= sent, "{name}: {got} SIGUSR1 counted of {sent} sent: {last}");
+    }
+    let _ = std::io::stdout().flush();
+}
+
+#[test]
+fn attach_detach_at_random_moments_leaves_every_kind_of_program_correct() {
+    let mut rng = Rng::from_env_or_clock();
+    stress("attach_mix", &["busy"], &mut rng, false);
+    stress("attach_mix", &["churn"], &mut rng, false);
+    stress("attach_mix", &["signals"], &mut rng, true);
+    stress("attach_mix", &["blocked"], &mut rng, false);
+    stress("attach_mix_static", &["busy"], &mut rng, false);
+    stress("attach_cpp", &[], &mut rng, false);
+}
