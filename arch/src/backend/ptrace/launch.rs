@@ -222,7 +222,7 @@ pub(super) fn ptrace_options(o: &RecordOptions) -> Options {
     if o.follow_threads {
         opts |= Options::PTRACE_O_TRACECLONE;
     }
-    if super::arch::SYSCALL_STOPS {
+    if o.step.syscall_stops() {
         // Syscall stops say so; threads and children inherit the options.
         opts |= Options::PTRACE_O_TRACESYSGOOD;
     }

@@ -56,6 +56,13 @@ pub(super) const INSN_READ_LEN: usize = 4;
 /// Syscall stops are asked for (PTRACE_O_TRACESYSGOOD from the start): `sc` runs between syscall stops.
 pub(super) const SYSCALL_STOPS: bool = true;
 
+impl StepOptions {
+    /// Syscall stops are told from step stops (PTRACE_O_TRACESYSGOOD).
+    pub(super) fn syscall_stops(&self) -> bool {
+        SYSCALL_STOPS
+    }
+}
+
 /// Region tracing: the breakpoint instruction (`trap`, little-endian).
 pub(super) const BREAKPOINT: &[u8] = &TRAP.to_le_bytes();
 

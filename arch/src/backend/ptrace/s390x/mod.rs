@@ -56,6 +56,13 @@ pub(super) const INSN_READ_LEN: usize = itrace_decoders::s390x::MAX_INSN_LEN;
 /// Syscall stops are asked for (PTRACE_O_TRACESYSGOOD from the start): `svc` runs between syscall stops.
 pub(super) const SYSCALL_STOPS: bool = true;
 
+impl StepOptions {
+    /// Syscall stops are told from step stops (PTRACE_O_TRACESYSGOOD).
+    pub(super) fn syscall_stops(&self) -> bool {
+        SYSCALL_STOPS
+    }
+}
+
 /// Region tracing: the breakpoint instruction (`0x0001`, which Linux turns into SIGTRAP for a
 /// traced process).
 pub(super) const BREAKPOINT: &[u8] = &[0x00, 0x01];

@@ -43,6 +43,14 @@ pub(super) const INSN_READ_LEN: usize = itrace_decoders::x86::MAX_INSN_LEN;
 /// Syscall stops are asked for (PTRACE_O_TRACESYSGOOD from the start): system calls are stepped over like other instructions.
 pub(super) const SYSCALL_STOPS: bool = false;
 
+impl StepOptions {
+    /// Syscall stops are told from step stops (PTRACE_O_TRACESYSGOOD): the translating
+    /// recorder's traps are syscall stops (`translate/`).
+    pub(super) fn syscall_stops(&self) -> bool {
+        SYSCALL_STOPS || self.translate
+    }
+}
+
 /// How threads are stepped.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct StepOptions {
@@ -177,6 +185,15 @@ pub(super) struct SessionArch {
     xl_buffers: translate::Buffers,
 }
 
+/// Whether a thread's syscall stop is the call's exit (PTRACE_GET_SYSCALL_INFO, Linux 5.3).
+pub(super) fn syscall_stop_is_exit(tid: i32) -> bool {
+    let mut info = [0u8; 128];
+    // SAFETY: the kernel writes at most `info.len()` bytes (the size argument) into our buffer.
+    let r =
+        unsafe { libc::ptrace(libc::PTRACE_GET_SYSCALL_INFO, tid, info.len(), info.as_mut_ptr() as *mut libc::c_void) };
+    r > 0 && info[0] == libc::PTRACE_SYSCALL_INFO_EXIT
+}
+
 pub(super) fn getregs(tid: i32) -> Result<libc::user_regs_struct, Errno> {
     ptrace::getregs(Pid::from_raw(tid))
 }
@@ -290,6 +307,11 @@ impl PtraceArch for Session<'_> {
             } else {
                 Err(Errno::last())
             }
+        } else if self.opts.step.translate && sig == 0 && t.pending.is_some_and(|p| p.insn.flow == Flow::Syscall) {
+            // A system call may block for long: stepped, its thread keeps the trap flag, and
+            // if itrace dies meanwhile it dies of the SIGTRAP when the call returns. Between
+            // syscall stops nothing is left set (the exit stop is the step's stop).
+            ptrace::syscall(pid, None)
         } else {
             ptrace::step(pid, sig_opt)
         };
@@ -297,8 +319,30 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_syscall_stop(&mut self, tid: i32) {
-        // Not asked for (no PTRACE_O_TRACESYSGOOD): go on.
-        self.resume(tid, 0);
+        if !self.threads.contains_key(&tid) {
+            self.adopt(tid);
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.stopped = true;
+        }
+        if self.threads[&tid].arch.xl.in_cache {
+            // One of the code cache's traps (a thread in the cache runs under PTRACE_SYSEMU).
+            return self.cache_syscall_stop(tid);
+        }
+        if syscall_stop_is_exit(tid) {
+            // A system call run under PTRACE_SYSCALL instead of a step (translating recorder):
+            // its exit stop is the step's stop, with the same registers.
+            return self.on_signal_stop(tid, libc::SIGTRAP);
+        }
+        if self.detaching.is_some() {
+            return self.resume(tid, 0);
+        }
+        // Its entry: on to the exit stop.
+        let r = ptrace::syscall(Pid::from_raw(tid), None);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.stopped = false;
+        }
+        self.after_resume(tid, r);
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {

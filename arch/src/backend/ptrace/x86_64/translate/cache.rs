@@ -57,6 +57,9 @@ pub(in super::super) struct Cache {
     pub(super) free_states: Vec<u64>,
     /// A `syscall` instruction in the process (in its vDSO), for the calls itrace makes there.
     pub(super) gadget: Option<u64>,
+    /// The cache's own `syscall` for those calls, with its save area and a way back should
+    /// itrace die during a call (`unit::remote_call_gadget`): (save area, `syscall`).
+    pub(super) remote_gadget: Option<(u64, u64)>,
     mem: Option<(i32, File)>,
     /// Why this process's code is no longer translated (said once).
     pub(in super::super) disabled: Option<String>,
@@ -76,6 +79,7 @@ impl Cache {
             states: self.states.clone(),
             free_states: self.states.clone(),
             gadget: self.gadget,
+            remote_gadget: self.remote_gadget,
             mem: None,
             disabled: self.disabled.clone(),
         }

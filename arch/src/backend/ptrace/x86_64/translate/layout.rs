@@ -14,6 +14,15 @@ pub(super) const JUMP: i64 = 0x18;
 /// The ring's fill: minus the bytes still free (0 when full). Counting up to zero lets the
 /// stubs test "full" with `jrcxz`, which leaves the application's flags alone.
 pub(super) const RING_OFF: i64 = 0x20;
+/// What a trap's `syscall` clobbers (rax: the call number; rcx and r11: the return address and
+/// the flags), spilled before it. itrace puts them back at the stop; with no tracer, the way
+/// out of the cache after the `syscall` does.
+pub(super) const TRAP_RAX: i64 = 0x28;
+pub(super) const TRAP_RCX: i64 = 0x30;
+pub(super) const TRAP_R11: i64 = 0x38;
+/// The application's own gs base (written by itrace when the thread enters the cache): the way
+/// out puts it back when itrace is gone.
+pub(super) const APP_GS: i64 = 0x40;
 
 /// The ring of records: `[exit id: u64][target: u64]` each (the target only for indirect exits).
 pub(super) const RING: i64 = 0x1000;

@@ -5,13 +5,19 @@
 //! (`unit.rs`), keeps the cache's tables (`cache.rs`), and writes the code into the process
 //! (`/proc/PID/mem`). The translated code records every taken branch itself into a ring in
 //! the thread's state block (`layout.rs`, reached through the gs base), and stops for itrace
-//! (an `int3`) only to translate a unit it has not got, to have its ring drained, or to leave
+//! (a trap) only to translate a unit it has not got, to have its ring drained, or to leave
 //! the cache before an instruction the cache does not run (a system call, an interrupt, code
 //! using gs): the shared engine single-steps that one exactly as `--step instruction` does,
 //! then the thread goes back into the cache. Signals stop the thread as for any tracee; the
 //! thread leaves the cache first, at the application instruction its state is at, so the
 //! engine delivers the signal with the application's pc in its frame and records it as the
 //! stepping recorder does. The trace is therefore the one `--step instruction` records.
+//!
+//! A trap is a system call (`unit.rs`): a thread in the cache runs under `PTRACE_SYSEMU`, so
+//! each trap is a syscall-entry stop whose call never runs. Should itrace die, by any signal,
+//! the kernel lets the thread go from such a stop without a signal, the call runs, and the
+//! code after it takes the thread out of the cache to the application's code, where it runs on
+//! natively: no thread of the program is ever left stopped at a trap it would die of.
 //!
 //! Design notes, costs and limits: docs/translate.md.
 
@@ -34,12 +40,13 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use unit::{TranslateError, Trap};
 
+/// The length of `syscall` (0f 05): a syscall stop's pc is this far past it.
+const SYSCALL_LEN: u64 = 2;
+
 /// A thread in the cache keeps its records until its ring fills; older than this, itrace
 /// interrupts it to collect them (continuous mode writes them, a kill loses no more).
 const DRAIN_EVERY_NS: u64 = 250_000_000;
 
-/// `si_code` of a SIGTRAP raised by `int3`.
-const SI_KERNEL: i32 = 0x80;
 /// At most this many single steps to bring a thread stopped inside a stub to an application
 /// instruction (the longest stub is about thirty instructions).
 const MAX_SETTLE_STEPS: u32 = 256;
@@ -76,7 +83,7 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped), {} signals, {} periodic drains",
+            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains",
             self.units, self.links, self.indirect_misses, self.ring_full, self.leaves, self.signals, self.drains_by_interrupt
         )
     }
@@ -131,9 +138,20 @@ impl Session<'_> {
             return false;
         }
         let pid = t.pid;
-        let Some(state) = self.thread_state(tid, pid) else { return false };
+        // The unit first: the process's first region brings the cache's own gadget for the
+        // system calls itrace makes there (the state block's mmap is one), so that only that
+        // first mmap runs at the vDSO's `syscall` (see `remote_syscall`).
         let Some(entry) = self.unit_entry(tid, pid, p.pc) else { return false };
+        let Some(state) = self.thread_state(tid, pid) else { return false };
         let Ok(mut regs) = getregs(tid) else { return false };
+        // The way out of the cache puts the application's gs base back if itrace is gone.
+        if self
+            .cache_of(pid)
+            .and_then(|c| c.write(pid, state + APP_GS as u64, &regs.gs_base.to_le_bytes()).ok())
+            .is_none()
+        {
+            return false;
+        }
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.arch.xl.app_gs = regs.gs_base;
         regs.gs_base = state;
@@ -157,38 +175,124 @@ impl Session<'_> {
         if let Some(t) = self.threads.get_mut(&tid) {
             t.stopped = false;
         }
-        let r = ptrace::cont(Pid::from_raw(tid), None);
+        // Each trap is a syscall-entry stop, its call skipped (no exit stop).
+        let r = ptrace::sysemu(Pid::from_raw(tid), None);
         self.after_resume(tid, r);
     }
 
-    /// A signal-delivery stop of a thread in the cache: one of the cache's traps, or a signal
-    /// for the program.
-    pub(in super::super) fn cache_stop(&mut self, tid: i32, sig: i32) {
-        self.restore_trap_mask(tid);
-        let Ok(regs) = getregs(tid) else {
-            self.resume(tid, sig);
-            return;
-        };
+    /// A syscall stop of a thread in the cache: one of the cache's traps (under
+    /// `PTRACE_SYSEMU`, the call is not run).
+    pub(in super::super) fn cache_syscall_stop(&mut self, tid: i32) {
         let pid = self.threads[&tid].pid;
-        let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
-        if sig == libc::SIGTRAP && si.is_some_and(|si| si.si_code == SI_KERNEL) {
-            let trap = self.cache_of(pid).and_then(|c| c.trap_at(regs.rip.wrapping_sub(1)));
-            if let Some(trap) = trap {
-                // At an int3 the stub before it is done with the ring.
-                self.drain(tid);
-                match self.on_trap(tid, pid, trap) {
-                    Next::Run(at) => {
-                        self.set_rip(tid, at);
-                        self.run_in_cache(tid);
-                    }
-                    Next::Leave { pc, count } => {
-                        self.leave_cache(tid, pc, count);
-                        self.step_on(tid, 0);
-                    }
+        let trap =
+            getregs(tid).ok().and_then(|r| self.cache_of(pid).and_then(|c| c.trap_at(r.rip.wrapping_sub(SYSCALL_LEN))));
+        let Some(trap) = trap else {
+            // Not a trap of the cache (it cannot be): out of the cache where it is.
+            eprintln!("itrace: warning: thread {tid} made a system call in the code cache; it leaves the cache");
+            self.settle(tid, false, true);
+            self.leave_syscall_stop(tid);
+            return self.step_on(tid, 0);
+        };
+        // What the trap spilled; its registers stay as they are until the thread goes on (a
+        // released thread then takes the way out after the `syscall`).
+        let Some(spilled) = self.trap_spills(tid, pid) else {
+            return self.resume(tid, 0);
+        };
+        // At a trap the stub before it is done with the ring.
+        self.drain(tid);
+        match self.on_trap(tid, pid, trap) {
+            Next::Run(at) => {
+                self.out_of_trap(tid, spilled, at);
+                self.run_in_cache(tid);
+            }
+            Next::Leave { pc, count } => {
+                self.leave_cache(tid, pc, count, Some(spilled));
+                if self.leave_syscall_stop(tid) {
+                    self.step_on(tid, 0);
                 }
-                return;
             }
         }
+    }
+
+    /// What a trap spilled: the application's rax, rcx and r11 before it.
+    fn trap_spills(&mut self, tid: i32, pid: i32) -> Option<[u64; 3]> {
+        let state = self.threads.get(&tid).map(|t| t.arch.xl.state)?;
+        let c = self.cache_of(pid)?;
+        let mut raw = [0u8; 24];
+        c.read(pid, state + TRAP_RAX as u64, &mut raw).ok()?;
+        let word = |n: usize| u64::from_le_bytes(raw[n * 8..n * 8 + 8].try_into().expect("8 bytes"));
+        Some([word(0), word(1), word(2)])
+    }
+
+    /// The thread goes on at `rip` with what its trap spilled put back, in one write of its
+    /// registers: every state it is left in between is one it survives should itrace die (a
+    /// trap's `syscall` with the application's rax would make whatever call rax names). No
+    /// system call is in progress for the kernel (a stop's `-ENOSYS` and number are not a call
+    /// to restart).
+    fn out_of_trap(&mut self, tid: i32, spilled: [u64; 3], rip: u64) {
+        if let Ok(mut regs) = getregs(tid) {
+            (regs.rax, regs.rcx, regs.r11) = (spilled[0], spilled[1], spilled[2]);
+            regs.orig_rax = u64::MAX;
+            regs.rip = rip;
+            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+        }
+    }
+
+    /// A thread at a trap's syscall-entry stop is to be stepped (or run to its next system
+    /// call) from its pc: the first resume from such a stop ends at the skipped call's exit,
+    /// before any instruction (a step is reported there). Take that stop first, as a syscall
+    /// stop: a SIGTRAP stop there would kill the program if itrace died in it. False: the
+    /// thread is gone.
+    fn leave_syscall_stop(&mut self, tid: i32) -> bool {
+        let mut requeue = Vec::new();
+        let ok = self.run_to_syscall_stop(tid, &mut requeue);
+        let pid = self.threads.get(&tid).map(|t| t.pid).unwrap_or(tid);
+        for sig in requeue {
+            // SAFETY: tgkill with plain integers.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig as i32) };
+        }
+        ok
+    }
+
+    /// Run the thread to its next syscall stop (PTRACE_SYSCALL); signals that arrive meanwhile
+    /// are kept in `requeue` for the kernel to send again. False: the thread is gone.
+    fn run_to_syscall_stop(&mut self, tid: i32, requeue: &mut Vec<Signal>) -> bool {
+        let p = Pid::from_raw(tid);
+        if ptrace::syscall(p, None).is_err() {
+            return false;
+        }
+        loop {
+            match waitpid(p, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::PtraceSyscall(_)) => return true,
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    requeue.push(sig);
+                    if ptrace::syscall(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Ok(WaitStatus::Exited(_, code)) => {
+                    self.gone(tid, itrace_format::StopReason::Exited, code);
+                    return false;
+                }
+                Ok(WaitStatus::Signaled(_, sig, _)) => {
+                    self.gone(tid, itrace_format::StopReason::Signaled, sig as i32);
+                    return false;
+                }
+                Ok(_) => {
+                    if ptrace::syscall(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// A signal-delivery stop of a thread in the cache: a signal for the program.
+    pub(in super::super) fn cache_stop(&mut self, tid: i32, sig: i32) {
+        self.restore_trap_mask(tid);
+        let si = ptrace::getsiginfo(Pid::from_raw(tid)).ok();
         self.arch.xl_stats.signals += 1;
         // A signal for the program: from the application instruction its state is at, the
         // engine delivers it with a step (the stop after shows the handler).
@@ -234,9 +338,15 @@ impl Session<'_> {
                 self.drain(tid);
                 self.settle(tid, false, false);
             } else if drain_only && event == libc::PTRACE_EVENT_STOP && self.detaching.is_none() {
-                // Only for its records: drained at a safe point, it goes on in the cache.
-                self.arch.xl_stats.drains_by_interrupt += 1;
-                if self.safe_point(tid, false, true).is_some() {
+                // Only for its records: drained where the ring is not being written, it goes on
+                // in the cache. Not stepped out of a stub to get there: a thread stepped is
+                // stopped with a SIGTRAP it dies of if itrace is killed meanwhile. One
+                // interrupted inside a stub is drained at its next trap or interrupt.
+                let rip = getregs(tid).map(|r| r.rip).unwrap_or(0);
+                let pid = self.threads[&tid].pid;
+                let loc = self.cache_of(pid).map(|c| c.locate(rip)).unwrap_or(Loc::Outside);
+                if matches!(loc, Loc::Boundary { .. } | Loc::Trap(_)) {
+                    self.arch.xl_stats.drains_by_interrupt += 1;
                     self.drain(tid);
                 }
                 return;
@@ -281,13 +391,6 @@ impl Session<'_> {
             if let Some(c) = self.cache_of(pid) {
                 c.free_states.push(state);
             }
-        }
-    }
-
-    fn set_rip(&mut self, tid: i32, rip: u64) {
-        if let Ok(mut regs) = getregs(tid) {
-            regs.rip = rip;
-            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
         }
     }
 
@@ -343,7 +446,7 @@ impl Session<'_> {
     fn settle(&mut self, tid: i32, fault: bool, can_step: bool) {
         if let Some((pc, count)) = self.safe_point(tid, fault, can_step) {
             self.drain(tid);
-            self.leave_cache(tid, pc, count);
+            self.leave_cache(tid, pc, count, None);
         }
     }
 
@@ -371,12 +474,13 @@ impl Session<'_> {
                     break;
                 }
                 Loc::Trap(trap) => {
-                    // At an int3 the stub before it is done with the ring.
+                    // On a trap's `syscall` the stub before it is done with the ring.
+                    let Some(spilled) = self.trap_spills(tid, pid) else { break };
                     self.drain(tid);
                     match self.on_trap(tid, pid, trap) {
-                        Next::Run(at) => self.set_rip(tid, at),
+                        Next::Run(at) => self.out_of_trap(tid, spilled, at),
                         Next::Leave { pc, count } => {
-                            self.leave_cache(tid, pc, count);
+                            self.leave_cache(tid, pc, count, Some(spilled));
                             break;
                         }
                     }
@@ -449,12 +553,17 @@ impl Session<'_> {
 
     /// The thread leaves the cache before application instruction `pc`, `count` instructions
     /// into its unit: its pc and gs base are the application's again, and the engine's pending
-    /// instruction is `pc`.
-    fn leave_cache(&mut self, tid: i32, pc: u64, count: u32) {
+    /// instruction is `pc`. At a trap, what it spilled goes back in the same write of the
+    /// registers (`out_of_trap`).
+    fn leave_cache(&mut self, tid: i32, pc: u64, count: u32, spilled: Option<[u64; 3]>) {
         let Ok(mut regs) = getregs(tid) else { return };
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.icount += count;
         t.arch.xl.in_cache = false;
+        if let Some([rax, rcx, r11]) = spilled {
+            (regs.rax, regs.rcx, regs.r11) = (rax, rcx, r11);
+            regs.orig_rax = u64::MAX;
+        }
         regs.rip = pc;
         regs.gs_base = t.arch.xl.app_gs;
         let _ = ptrace::setregs(Pid::from_raw(tid), regs);
@@ -591,7 +700,18 @@ impl Session<'_> {
             ) {
                 Ok(got) if got == base => {
                     let c = self.cache_of(pid)?;
-                    c.regions.push(cache::Region { base, used: 0 });
+                    let mut used = 0;
+                    if c.remote_gadget.is_none() {
+                        // From now on itrace's system calls in the process use the cache's own
+                        // `syscall` (the vDSO's is followed by code that expects its caller).
+                        if let Ok((bytes, syscall)) = unit::remote_call_gadget(base) {
+                            if c.write(pid, base, &bytes).is_ok() {
+                                c.remote_gadget = Some((base, syscall));
+                                used = bytes.len() as u64;
+                            }
+                        }
+                    }
+                    c.regions.push(cache::Region { base, used });
                     return Some(c.regions.len() - 1);
                 }
                 Ok(_) | Err(Errno::EEXIST) | Err(Errno::ENOMEM) => continue,
@@ -661,7 +781,10 @@ impl Session<'_> {
     }
 
     /// Run system call `nr` in the stopped thread (at a `syscall` instruction of its vDSO) and
-    /// put its registers back. Signals that arrive meanwhile are sent again after.
+    /// put its registers back. Signals that arrive meanwhile are sent again after. The thread
+    /// goes from syscall stop to syscall stop (from a trap's entry stop: the skipped call's
+    /// exit, then this call's entry and exit), never a step: no stop it could die of should
+    /// itrace be killed meanwhile.
     fn remote_syscall(&mut self, tid: i32, pid: i32, nr: u64, args: [u64; 6]) -> Result<u64, Errno> {
         let gadget = match self.cache_of(pid).and_then(|c| c.gadget) {
             Some(g) => g,
@@ -673,6 +796,25 @@ impl Session<'_> {
         };
         let p = Pid::from_raw(tid);
         let saved = getregs(tid)?;
+        // With the cache's own gadget, a thread let go during the call (itrace killed) comes
+        // back to its own registers and pc from the save area.
+        let own = self.cache_of(pid).and_then(|c| c.remote_gadget);
+        let gadget = match own {
+            Some((save, syscall)) => {
+                let s = &saved;
+                let mut area = Vec::with_capacity(unit::REMOTE_SAVE_BYTES as usize);
+                for v in [s.rax, s.rdi, s.rsi, s.rdx, s.r10, s.r8, s.r9, s.rcx, s.r11, s.rip] {
+                    area.extend_from_slice(&v.to_le_bytes());
+                }
+                let c = self.cache_of(pid).ok_or(Errno::ESRCH)?;
+                if c.write(pid, save, &area).is_ok() {
+                    syscall
+                } else {
+                    gadget
+                }
+            }
+            None => gadget,
+        };
         let mut r = saved;
         r.rip = gadget;
         r.rax = nr;
@@ -681,16 +823,16 @@ impl Session<'_> {
         ptrace::setregs(p, r)?;
         let mut requeue = Vec::new();
         let mut result = Err(Errno::EIO);
-        for _ in 0..16 {
-            if !self.step_in_stub(tid, &mut requeue) {
+        for _ in 0..8 {
+            if !self.run_to_syscall_stop(tid, &mut requeue) {
                 return Err(Errno::ESRCH);
             }
             let now = getregs(tid)?;
-            if now.rip == gadget + 2 {
+            if now.rip == gadget + SYSCALL_LEN && super::syscall_stop_is_exit(tid) {
                 result = Ok(now.rax);
                 break;
             }
-            if now.rip != gadget {
+            if now.rip != gadget && now.rip != gadget + SYSCALL_LEN {
                 break;
             }
         }

@@ -10,8 +10,14 @@
 //!   stack holds application addresses only;
 //! - at each taken exit a record stub appends `[exit id][target]` to the thread's ring
 //!   (`layout.rs`) without touching the flags (`lea`, `jrcxz`, `not`, `movzx`), then goes on:
-//!   direct exits through their link slot (a miss `int3` until the target is translated),
-//!   indirect ones through the thread's lookup table (a miss `int3` when the target is not in it).
+//!   direct exits through their link slot (a miss trap until the target is translated),
+//!   indirect ones through the thread's lookup table (a miss trap when the target is not in it);
+//! - a trap (a stop for itrace) is a system call: what `syscall` clobbers is spilled, then a
+//!   `getpid` that itrace, tracing the thread under `PTRACE_SYSEMU`, sees as a syscall-entry
+//!   stop and never lets run. The code after it is the way out of the cache when itrace is gone
+//!   (the call then really runs): registers, flags and gs base back, on to the application
+//!   address the trap stands for. A tracer that dies leaves no thread stopped at a signal it
+//!   would then take (an `int3`'s SIGTRAP killed the program).
 //!
 //! Every instruction that can fault runs when the application's state is the one before the
 //! application instruction it stands for (the `Span`'s `start..commit`), so a fault maps back
@@ -52,7 +58,7 @@ pub(super) struct Exit {
     pub(super) indirect: bool,
 }
 
-/// What an `int3` of the cache asks of itrace.
+/// What a trap of the cache asks of itrace.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Trap {
     /// A direct exit whose target has no unit yet: translate it, link the slot.
@@ -85,11 +91,11 @@ pub(super) struct Unit {
     pub(super) code: Vec<u8>,
     /// One per application instruction, in order (the first one's `start` is the entry).
     pub(super) spans: Vec<Span>,
-    /// `int3` addresses and what they mean.
+    /// The traps' `syscall` addresses and what they mean.
     pub(super) traps: Vec<(u64, Trap)>,
     /// The unit's exits, numbered from the `first_exit` it was built with.
     pub(super) exits: Vec<Exit>,
-    /// Direct exits: (link slot address, its miss `int3`, target).
+    /// Direct exits: (link slot address, the start of its miss trap, target).
     pub(super) links: Vec<(u64, u64, u64)>,
 }
 
@@ -219,7 +225,28 @@ struct Builder {
     /// Slots first (they are moved to the front), kept apart.
     slots: Vec<Instruction>,
     error: Option<String>,
+    /// The label of the unit's way out (`emit_way_out`), once a trap needs it.
+    way_out: Option<u64>,
 }
+
+/// Where a trap goes when its `syscall` really runs (itrace is gone): out of the cache, to
+/// the application address it stands for.
+enum WayOut {
+    /// To this address.
+    To(u64),
+    /// To the indirect branch's target (`TARGET`).
+    Target,
+    /// A full ring's, after the record of a direct exit to this address: the record stub has
+    /// the application's rcx spilled.
+    FullTo(u64),
+    /// A full ring's, after an indirect exit's record (rcx and rdx spilled).
+    FullTarget,
+}
+
+/// How far below the application's rsp the way out puts what it pushes: past the red zone.
+const WAY_OUT_STACK: i64 = 256;
+/// `arch_prctl`'s code to set the gs base.
+const ARCH_SET_GS: u32 = 0x1001;
 
 impl Builder {
     fn label(&mut self) -> u64 {
@@ -250,8 +277,69 @@ impl Builder {
         self.insns.len() - 1
     }
 
-    fn int3(&mut self) -> usize {
-        self.push(Ok(Instruction::with(Code::Int3)))
+    /// A stop for itrace: spill what `syscall` clobbers, then `getpid`, which the thread's
+    /// tracer sees as a syscall-entry stop and skips (`PTRACE_SYSEMU`). After it, the way out
+    /// of the cache for when the call really ran: itrace is gone. Returns the index of the
+    /// trap's first instruction (where a jump to the trap goes) and of its `syscall`.
+    fn trap(&mut self, out: WayOut) -> (usize, usize) {
+        use Register::*;
+        let first = self.push(Instruction::with2(Code::Mov_rm64_r64, gs(TRAP_RAX), RAX));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(TRAP_RCX), RCX));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(TRAP_R11), R11));
+        self.push(Instruction::with2(Code::Mov_r32_imm32, EAX, libc::SYS_getpid as u32));
+        let syscall = self.push(Ok(Instruction::with(Code::Syscall)));
+        if let WayOut::FullTo(_) | WayOut::FullTarget = out {
+            // A record stub's: the application's rcx (and an indirect one's rdx) is spilled.
+            self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs(SPILL_RCX)));
+            self.push(Instruction::with2(Code::Mov_rm64_r64, gs(TRAP_RCX), RCX));
+            if let WayOut::FullTarget = out {
+                self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(SPILL_RDX)));
+            }
+        }
+        // Below the red zone: the application's data there stays as it is.
+        let below = mem(RSP, None, 1, -WAY_OUT_STACK);
+        self.push(Instruction::with2(Code::Lea_r64_m, RSP, below));
+        match out {
+            WayOut::To(pc) | WayOut::FullTo(pc) => self.push_address(pc),
+            WayOut::Target | WayOut::FullTarget => {
+                self.push(Instruction::with1(Code::Push_rm64, gs(TARGET)));
+            }
+        }
+        let way_out = match self.way_out {
+            Some(l) => l,
+            Option::None => {
+                let l = self.label();
+                self.way_out = Some(l);
+                l
+            }
+        };
+        self.push(Instruction::with_branch(Code::Jmp_rel32_64, way_out));
+        (first, syscall)
+    }
+
+    /// The unit's way out of the cache (if a trap jumps to it): the application's target is on
+    /// the stack, `WAY_OUT_STACK` bytes below its rsp. Put back the registers a trap spilled
+    /// and the application's gs base (`arch_prctl`: `syscall` keeps the flags), and return to
+    /// the target, the stack as it was.
+    fn emit_way_out(&mut self) {
+        use Register::*;
+        let Some(label) = self.way_out else { return };
+        self.bind(label);
+        self.push(Instruction::with1(Code::Push_rm64, gs(TRAP_RCX)));
+        self.push(Instruction::with1(Code::Push_rm64, gs(TRAP_R11)));
+        self.push(Instruction::with1(Code::Push_rm64, gs(TRAP_RAX)));
+        self.push(Instruction::with1(Code::Push_r64, RDI));
+        self.push(Instruction::with1(Code::Push_r64, RSI));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RSI, gs(APP_GS)));
+        self.push(Instruction::with2(Code::Mov_r32_imm32, EDI, ARCH_SET_GS));
+        self.push(Instruction::with2(Code::Mov_r32_imm32, EAX, libc::SYS_arch_prctl as u32));
+        self.push(Ok(Instruction::with(Code::Syscall)));
+        self.push(Instruction::with1(Code::Pop_r64, RSI));
+        self.push(Instruction::with1(Code::Pop_r64, RDI));
+        self.push(Instruction::with1(Code::Pop_r64, RAX));
+        self.push(Instruction::with1(Code::Pop_r64, R11));
+        self.push(Instruction::with1(Code::Pop_r64, RCX));
+        self.push(Instruction::with1(Code::Retnq_imm16, WAY_OUT_STACK as u32));
     }
 
     /// A link slot (8-byte data at the unit's start); returns its label.
@@ -283,22 +371,23 @@ impl Builder {
     }
 
     /// Go to the unit of application address `target` through a link slot. Returns (slot label,
-    /// miss `int3` index).
-    fn direct_jump(&mut self) -> (u64, usize) {
+    /// the miss trap's first instruction and `syscall` indexes).
+    fn direct_jump(&mut self, target: u64) -> (u64, usize, usize) {
         let slot = self.slot();
         self.push(Instruction::with1(Code::Jmp_rm64, MemoryOperand::with_base_displ(Register::RIP, slot as i64)));
-        let miss = self.int3();
-        (slot, miss)
+        let (miss, syscall) = self.trap(WayOut::To(target));
+        (slot, miss, syscall)
     }
 
-    /// The full-ring `int3` of a record stub, bound to `full`.
-    fn full_trap(&mut self, full: u64) -> usize {
+    /// The full-ring trap of a record stub, bound to `full`; its `syscall` index. `out` is
+    /// `FullTo` the exit's target or `FullTarget`.
+    fn full_trap(&mut self, full: u64, out: WayOut) -> usize {
         self.bind(full);
-        self.int3()
+        self.trap(out).1
     }
 
     /// Append `[exit][gs:TARGET]` to the ring and go to the target's unit through the thread's
-    /// table. Returns (resume label, full label, miss `int3` index).
+    /// table. Returns (resume label, full label, the miss trap's `syscall` index).
     fn record_indirect_and_lookup(&mut self, exit: u32) -> (u64, u64, usize) {
         use Register::*;
         self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RCX), RCX));
@@ -321,7 +410,7 @@ impl Builder {
         self.push(Instruction::with_branch(Code::Jrcxz_rel8_64, hit));
         self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs(SPILL_RCX)));
         self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(SPILL_RDX)));
-        let miss = self.int3();
+        let miss = self.trap(WayOut::Target).1;
         self.bind(hit);
         self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(TARGET)));
         self.push(Instruction::with2(Code::Movzx_r32_rm16, ECX, DX));
@@ -359,8 +448,8 @@ impl Builder {
         }
     }
 
-    /// Push the application return address `ret` (faults, if at all, on its first instruction).
-    fn push_return_address(&mut self, ret: u64) {
+    /// Push the application address `ret` (faults, if at all, on its first instruction).
+    fn push_address(&mut self, ret: u64) {
         self.push(Instruction::with1(Code::Pushq_imm32, ret as u32 as i32));
         if (ret as i64) != (ret as u32 as i32 as i64) {
             let hi = MemoryOperand::with_base_displ(Register::RSP, 4);
@@ -380,9 +469,9 @@ struct TakenStub {
 struct Pending {
     /// (app pc, start index, commit index)
     spans: Vec<(u64, usize, usize)>,
-    /// (int3 index, what it means; labels for RingFull's resume)
+    /// (trap's `syscall` index, what it means; labels for RingFull's resume)
     traps: Vec<(usize, PendingTrap)>,
-    /// (slot label, miss int3 index, target)
+    /// (slot label, miss trap's first instruction index, target)
     links: Vec<(u64, usize, u64)>,
 }
 
@@ -404,7 +493,7 @@ pub(super) fn translate(
     fetch: &mut dyn FnMut(u64, &mut [u8]) -> usize,
     stop_before: &dyn Fn(u64) -> bool,
 ) -> Result<Unit, TranslateError> {
-    let mut b = Builder { insns: Vec::new(), next_fake: 0, bound: None, slots: Vec::new(), error: None };
+    let mut b = Builder { insns: Vec::new(), next_fake: 0, bound: None, slots: Vec::new(), error: None, way_out: None };
     let mut p = Pending { spans: Vec::new(), traps: Vec::new(), links: Vec::new() };
     let mut exits: Vec<Exit> = Vec::new();
     let mut taken: Vec<TakenStub> = Vec::new();
@@ -418,17 +507,17 @@ pub(super) fn translate(
     };
     loop {
         if count > 0 && stop_before(pc) {
-            let i = b.int3();
+            let (_, i) = b.trap(WayOut::To(pc));
             p.traps.push((i, PendingTrap::Leave { pc, count }));
             break;
         }
         if count >= MAX_UNIT_INSNS {
             let exit = new_exit(&mut exits, Exit { from: pc, to: pc, kind: None, count, indirect: false });
             let (back, full) = b.record_direct(exit);
-            let (slot, miss) = b.direct_jump();
+            let (slot, miss, sc) = b.direct_jump(pc);
             p.links.push((slot, miss, pc));
-            p.traps.push((miss, PendingTrap::Link { exit, slot }));
-            let f = b.full_trap(full);
+            p.traps.push((sc, PendingTrap::Link { exit, slot }));
+            let f = b.full_trap(full, WayOut::FullTo(pc));
             p.traps.push((f, PendingTrap::RingFull { resume: back }));
             break;
         }
@@ -448,7 +537,7 @@ pub(super) fn translate(
                 if count == 0 {
                     return Err(TranslateError::NotTranslatable);
                 }
-                let i = b.int3();
+                let (_, i) = b.trap(WayOut::To(pc));
                 p.traps.push((i, PendingTrap::Leave { pc, count }));
                 break;
             }
@@ -486,7 +575,7 @@ pub(super) fn translate(
             Kind::DirectJump { target } | Kind::DirectCall { target } => {
                 let call = matches!(kind, Kind::DirectCall { .. });
                 if call {
-                    b.push_return_address(next);
+                    b.push_address(next);
                 }
                 count += 1;
                 let bk = if call { BranchKind::Call } else { BranchKind::Jump };
@@ -494,10 +583,10 @@ pub(super) fn translate(
                 let commit = b.insns.len();
                 p.spans.push((pc, span_start, if call { span_start + 1 } else { commit.max(span_start) }));
                 let (back, full) = b.record_direct(exit);
-                let (slot, miss) = b.direct_jump();
+                let (slot, miss, sc) = b.direct_jump(target);
                 p.links.push((slot, miss, target));
-                p.traps.push((miss, PendingTrap::Link { exit, slot }));
-                let f = b.full_trap(full);
+                p.traps.push((sc, PendingTrap::Link { exit, slot }));
+                let f = b.full_trap(full, WayOut::FullTo(target));
                 p.traps.push((f, PendingTrap::RingFull { resume: back }));
                 break;
             }
@@ -509,7 +598,7 @@ pub(super) fn translate(
                     }
                     Kind::IndirectCall => {
                         b.fetch_target(&insn);
-                        b.push_return_address(next);
+                        b.push_address(next);
                         BranchKind::Call
                     }
                     Kind::Return { pop } => {
@@ -534,7 +623,7 @@ pub(super) fn translate(
                 let exit = new_exit(&mut exits, Exit { from: pc, to: 0, kind: Some(bk), count, indirect: true });
                 let (back, full, miss) = b.record_indirect_and_lookup(exit);
                 p.traps.push((miss, PendingTrap::IndirectMiss));
-                let f = b.full_trap(full);
+                let f = b.full_trap(full, WayOut::FullTarget);
                 p.traps.push((f, PendingTrap::RingFull { resume: back }));
                 break;
             }
@@ -543,12 +632,13 @@ pub(super) fn translate(
     for s in taken {
         b.bind(s.label);
         let (back, full) = b.record_direct(s.exit);
-        let (slot, miss) = b.direct_jump();
+        let (slot, miss, sc) = b.direct_jump(s.target);
         p.links.push((slot, miss, s.target));
-        p.traps.push((miss, PendingTrap::Link { exit: s.exit, slot }));
-        let f = b.full_trap(full);
+        p.traps.push((sc, PendingTrap::Link { exit: s.exit, slot }));
+        let f = b.full_trap(full, WayOut::FullTo(s.target));
         p.traps.push((f, PendingTrap::RingFull { resume: back }));
     }
+    b.emit_way_out();
     if let Some(e) = b.error.take() {
         return Err(TranslateError::Encode(e));
     }
@@ -602,6 +692,44 @@ pub(super) fn translate(
         return Err(TranslateError::NotTranslatable);
     }
     Ok(Unit { app_start: start, app_end: end, cache_start: cache_at, code, spans, traps, exits, links })
+}
+
+/// The registers a system call itrace makes in a thread changes, in the order of the remote
+/// gadget's save area (then the pc to go back to).
+pub(super) const REMOTE_SAVED: [Register; 9] = [
+    Register::RAX,
+    Register::RDI,
+    Register::RSI,
+    Register::RDX,
+    Register::R10,
+    Register::R8,
+    Register::R9,
+    Register::RCX,
+    Register::R11,
+];
+/// The save area's size: the registers and the pc.
+pub(super) const REMOTE_SAVE_BYTES: u64 = (REMOTE_SAVED.len() as u64 + 1) * 8;
+
+/// The `syscall` itrace makes its own system calls with in a thread (mmap of the cache and of
+/// state blocks), for `at` in the cache: a save area of the thread's registers and pc (written
+/// by itrace before each call), then `syscall`, then the way back should itrace die during the
+/// call: the registers from the save area, a jump to the saved pc. Returns the bytes and the
+/// address of the `syscall`.
+pub(super) fn remote_call_gadget(at: u64) -> Result<(Vec<u8>, u64), TranslateError> {
+    let encode = |e: iced_x86::IcedError| TranslateError::Encode(e.to_string());
+    let code_at = at + REMOTE_SAVE_BYTES;
+    let mut insns = vec![Instruction::with(Code::Syscall)];
+    for (n, &r) in REMOTE_SAVED.iter().enumerate() {
+        let slot = MemoryOperand::with_base_displ(Register::RIP, (at + 8 * n as u64) as i64);
+        insns.push(Instruction::with2(Code::Mov_r64_rm64, r, slot).map_err(encode)?);
+    }
+    let pc = MemoryOperand::with_base_displ(Register::RIP, (at + 8 * REMOTE_SAVED.len() as u64) as i64);
+    insns.push(Instruction::with1(Code::Jmp_rm64, pc).map_err(encode)?);
+    let out = BlockEncoder::encode(64, InstructionBlock::new(&insns, code_at), BlockEncoderOptions::NONE)
+        .map_err(|e| TranslateError::Encode(e.to_string()))?;
+    let mut bytes = vec![0u8; REMOTE_SAVE_BYTES as usize];
+    bytes.extend_from_slice(&out.code_buffer);
+    Ok((bytes, code_at))
 }
 
 #[cfg(test)]
@@ -666,6 +794,61 @@ mod tests {
             translate(0x2001, 0x10_0000, 0, &mut fetch, &|_| false),
             Err(TranslateError::NotTranslatable)
         ));
+    }
+
+    #[test]
+    fn traps_are_system_calls_with_a_way_out() {
+        // 0x1000: dec eax ; jnz 0x1000 ; call [rip+0x10] ; (next unit) -- every kind of trap:
+        // link misses, a full ring, an indirect miss.
+        static CODE: [u8; 10] = [0xff, 0xc8, 0x75, 0xfc, 0xff, 0x15, 0x10, 0, 0, 0];
+        let mut fetch = fetch_from(&CODE, 0x1000);
+        let u = translate(0x1000, 0x10_0000, 0, &mut fetch, &|_| false).expect("translates");
+        let entry = u.entry();
+        let code = &u.code[(entry - u.cache_start) as usize..];
+        let insns: Vec<Instruction> = Decoder::with_ip(64, code, entry, DecoderOptions::NONE).into_iter().collect();
+        let text = disasm(code, entry);
+        assert!(insns.iter().all(|i| i.code() != Code::Int3), "an int3 in the unit: {text:#?}");
+        assert!(u.traps.iter().any(|t| matches!(t.1, Trap::IndirectMiss)), "{:?}", u.traps);
+        assert!(u.traps.iter().any(|t| matches!(t.1, Trap::RingFull { .. })), "{:?}", u.traps);
+        for &(at, trap) in &u.traps {
+            // A trap is `mov eax, getpid ; syscall`; the way out follows.
+            let n = insns.iter().position(|i| i.ip() == at).unwrap_or_else(|| panic!("{trap:?} at {at:#x}: {text:#?}"));
+            assert_eq!(insns[n].code(), Code::Syscall, "{trap:?}: {text:#?}");
+            assert_eq!(
+                (insns[n - 1].code(), insns[n - 1].immediate32()),
+                (Code::Mov_r32_imm32, libc::SYS_getpid as u32)
+            );
+            // It leaves below the red zone and jumps to the way out.
+            assert!(insns[n + 1..n + 6]
+                .iter()
+                .any(|i| i.code() == Code::Lea_r64_m && i.memory_displacement64() as i64 == -WAY_OUT_STACK));
+        }
+        // The way out: the gs base back with arch_prctl(ARCH_SET_GS), then `ret 256`.
+        let ret = insns.iter().position(|i| i.code() == Code::Retnq_imm16).expect("a way out");
+        assert_eq!(insns[ret].immediate16() as i64, WAY_OUT_STACK);
+        assert!(insns[..ret]
+            .iter()
+            .any(|i| i.code() == Code::Mov_r32_imm32 && i.immediate32() == libc::SYS_arch_prctl as u32));
+        assert!(insns[..ret].iter().any(|i| i.code() == Code::Mov_r32_imm32 && i.immediate32() == ARCH_SET_GS));
+    }
+
+    #[test]
+    fn remote_call_gadget_goes_back_to_the_saved_registers_and_pc() {
+        let at = 0x7000_0000u64;
+        let (bytes, syscall) = remote_call_gadget(at).expect("encodes");
+        assert_eq!(syscall, at + REMOTE_SAVE_BYTES);
+        let code = &bytes[REMOTE_SAVE_BYTES as usize..];
+        let insns: Vec<Instruction> = Decoder::with_ip(64, code, syscall, DecoderOptions::NONE).into_iter().collect();
+        assert_eq!(insns[0].code(), Code::Syscall);
+        // Each register from its slot, in order, then a jump through the saved pc.
+        for (n, r) in REMOTE_SAVED.iter().enumerate() {
+            let i = &insns[1 + n];
+            assert_eq!((i.code(), i.op0_register()), (Code::Mov_r64_rm64, *r), "{i}");
+            assert_eq!(i.ip_rel_memory_address(), at + 8 * n as u64, "{i}");
+        }
+        let jmp = &insns[1 + REMOTE_SAVED.len()];
+        assert_eq!(jmp.code(), Code::Jmp_rm64);
+        assert_eq!(jmp.ip_rel_memory_address(), at + 8 * REMOTE_SAVED.len() as u64);
     }
 
     #[test]

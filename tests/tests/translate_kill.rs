@@ -1,0 +1,172 @@
+//! kill -9 of an itrace attached with `--backend translate` never harms the program (issues 28
+//! and 29): the recorder, the whole process group, or both, at random moments from the
+//! takeover on. The target (tests/programs/xl_kill.c) has busy threads calling through
+//! function pointers (the code cache's indirect lookups), sleeping between rounds (system
+//! calls, stepped by the engine), and a thread blocked in `read` the whole time. After each
+//! kill it must be let go (no tracer) and finish with the output and exit status of its run
+//! without itrace, which is the truth.
+//!
+//! Before the fix a thread stopped for itrace at one of the cache's `int3`s, or stepped through
+//! a system call (trap flag set), died of SIGTRAP when the recorder was killed.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use itrace_tests::{itrace_bin, program, run, test_dir, wait_with_guard, KillOnDrop};
+
+const THREADS: &str = "3";
+const ROUNDS: &str = "20000";
+/// Between rounds while stdin is open: the busy threads spend much of their time in nanosleep.
+const SLEEP_US: &str = "500";
+const RUNS: u64 = 30;
+
+/// Which processes get the SIGKILL.
+#[derive(Clone, Copy, Debug)]
+enum Kill {
+    /// The recording process alone (the supervisor reports it and exits).
+    Recorder,
+    /// `kill -9 -- -PGID` of itrace's group: the supervisor (the recorder has its own group and
+    /// detaches when its parent dies).
+    Group,
+    /// Both at once: nothing of itrace is left.
+    Everything,
+}
+
+/// The recording process: the supervisor's child (None while it is not forked yet).
+fn recorder_of(supervisor: u32) -> Option<i32> {
+    let kids = std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children")).ok()?;
+    kids.split_whitespace().next()?.parse().ok()
+}
+
+/// Every thread of `pid` has no tracer (None: the process is gone).
+fn untraced(pid: u32) -> Option<bool> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut all = true;
+    for t in tasks.flatten() {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).map(str::trim);
+        all &= tracer == Some("0");
+    }
+    Some(all)
+}
+
+/// Whether the translator has moved a thread of `pid` into its code cache: a thread-state
+/// block is mapped (anonymous, `rw-p`, from 64 GB up: docs/translate.md, Limits).
+fn taken_over(pid: u32) -> bool {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines().any(|l| {
+        let fields: Vec<&str> = l.split_whitespace().collect();
+        let start = fields.first().and_then(|r| r.split('-').next()).and_then(|s| u64::from_str_radix(s, 16).ok());
+        let anonymous = fields.len() == 5;
+        start.is_some_and(|s| (0x10_0000_0000..0x20_0000_0000).contains(&s))
+            && fields.get(1) == Some(&"rw-p")
+            && anonymous
+    })
+}
+
+/// A small xorshift generator: the moments of the kills, reproducible from the seed printed.
+struct Moments(u64);
+
+impl Moments {
+    fn next_below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn kill_9_of_an_attached_translating_itrace_never_harms_the_program() {
+    use std::os::unix::process::CommandExt;
+    let target = program("xl_kill");
+    let dir = test_dir("translate-kill9");
+    // The truth: the program untraced, stdin at its end (no sleeps).
+    let reference = run(Command::new(&target).args([THREADS, ROUNDS, "0"]).stdin(Stdio::null()));
+    assert!(reference.success(), "xl_kill untraced failed: {}", reference.stderr);
+    let want: Vec<&str> = reference.stdout.lines().skip(1).collect();
+    assert_eq!(want.len(), 3, "untraced output:\n{}", reference.stdout);
+
+    let seed = std::env::var("ITRACE_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    }) | 1;
+    let mut moments = Moments(seed);
+    for round in 0..RUNS {
+        let kill = [Kill::Recorder, Kill::Group, Kill::Everything][(round % 3) as usize];
+        // Even runs: 0 to 400 ms after the recorder exists (the attach, the takeover, running in
+        // the cache). Odd runs: 0 to 300 ms after the first thread is in the cache.
+        let after_takeover = round % 2 == 1;
+        let delay_ms = moments.next_below(if after_takeover { 300 } else { 400 });
+        let since = if after_takeover { "a thread entered the cache" } else { "the recorder started" };
+        let what = format!("run {round} ({kill:?} killed {delay_ms} ms after {since}; ITRACE_KILL_SEED={seed})");
+
+        let mut child = KillOnDrop(
+            Command::new(&target)
+                .args([THREADS, ROUNDS, SLEEP_US])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start xl_kill"),
+        );
+        let pid = child.0.id();
+        let stdin = child.0.stdin.take().expect("stdin");
+        let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
+        let mut first = String::new();
+        out.read_line(&mut first).expect("read the start line");
+        assert_eq!(first.trim_end(), format!("xl_kill: started pid={pid}"));
+
+        let trace = dir.join(format!("t{round}.itr"));
+        let mut rec = Command::new(itrace_bin())
+            .args(["record", "--backend", "translate", "-p", &pid.to_string(), "-o"])
+            .arg(&trace)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0) // its own group, as `setsid itrace ...`
+            .spawn()
+            .expect("start itrace");
+        let supervisor = rec.id();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let recorder = loop {
+            if let Some(r) = recorder_of(supervisor) {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "{what}: no recording process after 60 s");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        while after_takeover && !taken_over(pid) {
+            assert!(Instant::now() < deadline, "{what}: no thread in the code cache 60 s after the start");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // SAFETY: plain kill(2) of processes we started (the group our child leads, its child).
+        unsafe {
+            if matches!(kill, Kill::Group | Kill::Everything) {
+                assert_eq!(libc::kill(-(supervisor as i32), libc::SIGKILL), 0, "{what}: kill -9 of the group");
+            }
+            if matches!(kill, Kill::Recorder | Kill::Everything) {
+                libc::kill(recorder, libc::SIGKILL);
+            }
+        }
+        wait_with_guard(&mut rec, "itrace");
+        // Bounded (the hang guard), not timed: after a kill of the group the recorder detaches
+        // when it sees its parent gone; after a kill of the recorder the kernel lets go at once.
+        loop {
+            match untraced(pid) {
+                None => break, // gone: the wait below says how
+                Some(true) => break,
+                Some(false) => assert!(Instant::now() < deadline, "{what}: xl_kill still traced 60 s after the kill"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The reader returns at the end of its input; the busy threads stop sleeping and finish.
+        drop(stdin);
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).expect("read xl_kill's output");
+        let status = wait_with_guard(&mut child.0, "xl_kill");
+        assert!(status.success(), "{what}: xl_kill ended with {status}; output:\n{rest}");
+        assert_eq!(rest.lines().collect::<Vec<_>>(), want, "{what}: xl_kill's output");
+        let _ = std::fs::remove_file(&trace);
+    }
+}
