@@ -16,6 +16,11 @@ impl Session<'_> {
             if t.original_affinity.is_none() {
                 t.original_affinity = get_affinity(tid);
             }
+            if let Some(p) = self.procs.get_mut(&t.pid) {
+                if p.affinity.is_none() {
+                    p.affinity = t.original_affinity;
+                }
+            }
             if !pin(tid, t.cpu) {
                 // Cannot pin (cpuset rules): report the CPU the tracer sees; mostly right for a ping-pong.
                 // SAFETY: sched_getcpu has no preconditions.

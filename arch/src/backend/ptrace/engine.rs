@@ -177,11 +177,14 @@ pub(super) struct Process {
     pub(super) region: RegionProcess,
     /// The architecture's own state of the process.
     pub(super) arch: ProcessArch,
+    /// The CPU affinity of its first thread we pinned, as it was: what a thread we never saw
+    /// pinned gets back at a detach (it may have inherited a pin from its creator).
+    pub(super) affinity: Option<libc::cpu_set_t>,
 }
 
 impl Process {
     pub(super) fn new(maps: Vec<Mapping>, code: IntMap<u64, Insn>, name: String) -> Self {
-        Process { maps, code, name, region: RegionProcess::default(), arch: ProcessArch::default() }
+        Process { maps, code, name, region: RegionProcess::default(), arch: ProcessArch::default(), affinity: None }
     }
 }
 
@@ -386,7 +389,9 @@ impl Session<'_> {
         self.take_out_traps(tid);
         self.undo_stop_eintr(tid);
         let Some(t) = self.threads.get(&tid) else { return };
-        if let Some(set) = t.original_affinity {
+        // A thread let go before we pinned it (made just before a detach) inherited its
+        // creator's pin: it gets the process's own affinity.
+        if let Some(set) = t.original_affinity.or_else(|| self.procs.get(&t.pid).and_then(|p| p.affinity)) {
             set_affinity(tid, &set);
         }
         let _ = ptrace::detach(Pid::from_raw(tid), Signal::try_from(sig).ok());
