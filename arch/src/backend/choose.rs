@@ -106,16 +106,22 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     }
     // auto: the translating recorder for an x86_64 program, unless something else was picked
     // or a way of stepping was asked for (even by the environment: ITRACE_STEP).
+    let attach = matches!(s.target, Target::Attach { .. });
     let translate = s.backend == Backend::Translate
         || (s.backend == Backend::Auto
-            && AUTO_TRANSLATES
+            && (AUTO_TRANSLATES || (attach && AUTO_TRANSLATES_ATTACH))
             && TRANSLATE_HERE
             && arch == Arch::X86_64
             && s.step == StepChoice::Auto
             && !s.emulate_block_step
             && !use_kmod
             && !inproc);
-    let native = Native { settings: s.clone(), program, arch };
+    let mut settings = s.clone();
+    if translate {
+        // The recorder reads its way of recording from the settings: auto's choice too.
+        settings.backend = Backend::Translate;
+    }
+    let native = Native { settings, program, arch };
     let (recorder, backend, why): (Box<dyn Recorder>, _, _) = if use_kmod {
         let why = if s.backend == Backend::Kmod { "asked for" } else { "the kernel module is loaded" };
         (Box::new(kmod::KmodRecorder(native)), Backend::Kmod, why)
@@ -123,7 +129,11 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
         let why = if s.backend == Backend::Inproc { "asked for" } else { "regions of a launched program" };
         (Box::new(inproc::InprocRecorder(native)), Backend::Inproc, why)
     } else if translate {
-        let why = if s.backend == Backend::Translate { "asked for" } else { "an x86_64 program" };
+        let why = match (s.backend == Backend::Translate, attach) {
+            (true, _) => "asked for",
+            (false, true) => "a running x86_64 program",
+            (false, false) => "an x86_64 program",
+        };
         (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Translate, why)
     } else {
         let why = if s.backend == Backend::Ptrace { "asked for" } else { "the default" };
@@ -156,8 +166,13 @@ const NATIVE_ARCHES: &[Arch] = if cfg!(target_arch = "x86_64") {
 /// Whether the translating recorder (`--backend translate`) runs here.
 const TRANSLATE_HERE: bool = cfg!(target_arch = "x86_64");
 
-/// Whether `auto` picks the translating recorder for x86_64 programs.
+/// Whether `auto` picks the translating recorder for x86_64 programs it launches.
 const AUTO_TRANSLATES: bool = false;
+
+/// Whether `auto` picks it to attach (`-p`) to a running x86_64 program: there its threads
+/// leave the cache and run on untouched if itrace is killed, even by SIGKILL, where a stepped
+/// thread keeps its trap flag and debug registers and dies of SIGTRAP (issue 29).
+const AUTO_TRANSLATES_ATTACH: bool = true;
 
 /// Whether the in-process recorder (libitrace stepping itself with the trap flag) works here.
 const INPROC_HERE: bool = cfg!(target_arch = "x86_64");
