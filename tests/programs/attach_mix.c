@@ -46,6 +46,9 @@ static const char *const failed_names[E_KINDS] = { "nanosleep", "cond", "epoll_w
 
 static void failure(int kind)
 {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    fprintf(stderr, "attach_mix: %s failed (errno %d) at %ld.%09ld\n", failed_names[kind], errno, (long)now.tv_sec, now.tv_nsec);
     pthread_mutex_lock(&count_lock);
     failed[kind]++;
     errors++;

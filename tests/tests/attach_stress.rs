@@ -122,7 +122,9 @@ fn stress(name: &str, args: &[&str], rng: &mut Rng, send_usr1: bool) {
     for round in 0..ROUNDS {
         // Attach at a random moment of the program's life, for 20 to 250 ms.
         std::thread::sleep(Duration::from_millis(rng.below(80)));
-        let duration = format!("{:.3}", (20 + rng.below(230)) as f64 / 1000.0);
+        // (the first attach long enough that the threads surely enter the cache)
+        let duration =
+            if round == 0 { "0.300".to_string() } else { format!("{:.3}", (20 + rng.below(230)) as f64 / 1000.0) };
         let trace = dir.join(format!("t{round}.itr"));
         let rec = run(Command::new(itrace_bin())
             .args(["record", "--backend", "translate", "-p", &pid.to_string(), "--duration", &duration, "-o"])
@@ -132,6 +134,14 @@ fn stress(name: &str, args: &[&str], rng: &mut Rng, send_usr1: bool) {
             "{name} {args:?} round {round} (--duration {duration}): itrace failed: {}",
             rec.stderr.trim()
         );
+        if round == 0 {
+            // The cache stays mapped, idle: itrace says what it costs.
+            assert!(
+                rec.stderr.contains("keeps the code cache mapped, idle:"),
+                "{name}: no word of the cache left mapped: {}",
+                rec.stderr.trim()
+            );
+        }
         if let Err(e) = all_threads_free(pid, &before) {
             panic!("{name} {args:?} round {round} (--duration {duration}): after the detach: {e}");
         }

@@ -185,6 +185,34 @@ pub(super) struct SessionArch {
     xl_buffers: translate::Buffers,
 }
 
+/// At a system call's exit stop: if it failed with EINTR and no signal of the program's is
+/// on its way (so the EINTR is our interrupt's), say ERESTARTNOHAND instead: on the way back to
+/// user mode the kernel, which has our interrupt pending, restarts the call as it does for a
+/// stop signal without handler.
+fn restart_instead_of_eintr(tid: i32) {
+    const EINTR: i64 = -(libc::EINTR as i64);
+    const ERESTARTNOHAND: i64 = -514;
+    let Ok(mut regs) = getregs(tid) else { return };
+    if (regs.orig_rax as i64) < 0 || regs.rax as i64 != EINTR || procfs::unblocked_pending_signals(tid) != 0 {
+        return;
+    }
+    regs.rax = ERESTARTNOHAND as u64;
+    let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+}
+
+/// At a system call's entry stop: skip the call (orig_rax -1) and put the thread back on its
+/// `syscall` instruction with the call's number in rax, to run it again later.
+fn undo_syscall_entry(tid: i32) {
+    let Ok(mut regs) = getregs(tid) else { return };
+    if (regs.orig_rax as i64) < 0 {
+        return;
+    }
+    regs.rax = regs.orig_rax;
+    regs.orig_rax = u64::MAX;
+    regs.rip -= 2;
+    let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+}
+
 /// Whether a thread's syscall stop is the call's exit (PTRACE_GET_SYSCALL_INFO, Linux 5.3).
 pub(super) fn syscall_stop_is_exit(tid: i32) -> bool {
     let mut info = [0u8; 128];
@@ -330,11 +358,24 @@ impl PtraceArch for Session<'_> {
             return self.cache_syscall_stop(tid);
         }
         if syscall_stop_is_exit(tid) {
+            // An interrupt of ours (a periodic drain sent while the thread was still in the
+            // cache, or the detach) made the call fail with EINTR rather than restart
+            // (epoll_wait...): make it restart as the others do, so that the program, which
+            // would not have seen that EINTR untraced, does not.
+            let ours = self.detaching.is_some() || self.threads[&tid].arch.xl.drain_only;
+            if ours {
+                restart_instead_of_eintr(tid);
+            }
             // A system call run under PTRACE_SYSCALL instead of a step (translating recorder):
             // its exit stop is the step's stop, with the same registers.
             return self.on_signal_stop(tid, libc::SIGTRAP);
         }
         if self.detaching.is_some() {
+            // Let go at a call's entry, the thread would run the call with the wake-up of the
+            // detach still pending: epoll_wait (and the others that do not restart) would fail
+            // with EINTR at once. The call is skipped and the thread put back on its `syscall`
+            // instruction, which it runs afresh once untraced.
+            undo_syscall_entry(tid);
             return self.resume(tid, 0);
         }
         // Its entry: on to the exit stop.
@@ -569,6 +610,7 @@ impl PtraceArch for Session<'_> {
     }
 
     fn warn_at_end(&self) {
+        self.say_what_the_cache_leaves();
         if self.opts.step.translate && std::env::var_os("ITRACE_STATS").is_some() {
             eprintln!("itrace: translate: {}", self.arch.xl_stats);
         }

@@ -849,6 +849,56 @@ impl Session<'_> {
     }
 }
 
+impl Session<'_> {
+    /// After a detach: what the cache that stays mapped, idle, costs each process that runs on
+    /// (one line each; its pages are the program's until it exits).
+    pub(in super::super) fn say_what_the_cache_leaves(&self) {
+        if !self.opts.step.translate || !matches!(self.opts.target, Target::Attach { .. }) {
+            return;
+        }
+        for (pid, p) in &self.procs {
+            let c = &p.arch.cache;
+            if c.regions.is_empty() && c.states.is_empty() {
+                continue;
+            }
+            let ours = |start: u64| c.regions.iter().any(|r| r.base == start) || c.states.contains(&start);
+            let Some((size_kb, rss_kb)) = mapped_kb(*pid, ours) else { continue };
+            let n = |k: usize, what: &str| format!("{k} {what}{}", if k == 1 { "" } else { "s" });
+            eprintln!(
+                "itrace: process {pid} keeps the code cache mapped, idle: {} MiB of address space ({}, {}), {} KiB of it resident",
+                size_kb / 1024,
+                n(c.regions.len(), "region"),
+                n(c.states.len(), "thread state"),
+                rss_kb
+            );
+        }
+    }
+}
+
+/// The sizes (Size, Rss, in KiB) of the mappings of `pid` whose start `ours` accepts, from
+/// /proc/PID/smaps; `None` when the process is gone.
+fn mapped_kb(pid: i32, ours: impl Fn(u64) -> bool) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let (mut size, mut rss, mut counting) = (0u64, 0u64, false);
+    for line in text.lines() {
+        let first = line.split(' ').next().unwrap_or("");
+        if let Some((start, _)) = first.split_once('-').filter(|(a, _)| a.bytes().all(|b| b.is_ascii_hexdigit())) {
+            counting = u64::from_str_radix(start, 16).is_ok_and(&ours);
+            continue;
+        }
+        if !counting {
+            continue;
+        }
+        let kb = || line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        if line.starts_with("Size:") {
+            size += kb();
+        } else if line.starts_with("Rss:") {
+            rss += kb();
+        }
+    }
+    Some((size, rss))
+}
+
 /// A `syscall` instruction (bytes 0f 05) in the process's vDSO.
 fn find_syscall_instruction(pid: i32) -> Option<u64> {
     let maps = crate::procfs::exec_mappings(pid).ok()?;
