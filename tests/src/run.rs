@@ -344,3 +344,13 @@ pub fn listening(port: u16) -> bool {
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
+
+/// The state letter (R, S, t, Z...) and tracer pid of a process or thread, from /proc (None:
+/// it is gone).
+pub fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
+    Some((state, tracer))
+}

@@ -2,8 +2,8 @@
 //! the trace has records, and the process carries on undisturbed.
 
 use itrace_tests::{
-    arc_text, checked_arc, itrace_bin, program, record_pid, report_json, report_self_counts, run, test_dir,
-    wait_with_guard, KillOnDrop,
+    arc_text, checked_arc, itrace_bin, program, record_pid, report_json, report_self_counts, run, state_and_tracer,
+    test_dir, wait_with_guard, KillOnDrop,
 };
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -134,15 +134,6 @@ fn detach_from_a_blocked_system_call() {
     finishes_undisturbed(child, out, &want);
     let text = arc_text(&trace);
     assert!(text.contains("detached"), "no detach comment in:\n{text}");
-}
-
-/// The state letter and tracer of a process (None: it is gone).
-fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
-    Some((state, tracer))
 }
 
 /// `kill -9 -- -PGID` of an attached itrace (issue 27, part 6): the kill reaches every

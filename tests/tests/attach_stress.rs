@@ -9,7 +9,7 @@
 //!
 //! The seed of the random timings is printed; `ITRACE_STRESS_SEED=N` repeats a run.
 
-use itrace_tests::{itrace_bin, program, report_json, run, test_dir, wait_with_guard, KillOnDrop};
+use itrace_tests::{itrace_bin, program, report_json, run, state_and_tracer, test_dir, wait_with_guard, KillOnDrop};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -37,15 +37,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-/// The state letter and tracer of a process (None: it is gone).
-fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
-    Some((state, tracer))
 }
 
 /// What a thread's /proc status says of what it must keep across an attach: the CPUs it may
