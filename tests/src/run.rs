@@ -354,3 +354,14 @@ pub fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
     let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
     Some((state, tracer))
 }
+
+/// Write an executable script at `path`. The file is written by `install` (a child process),
+/// never opened for writing here: a test binary runs its tests on threads, and another test's
+/// fork between our open and close would hold a writer of the file until its exec, so that
+/// running it failed with "Text file busy" (ETXTBSY).
+pub fn write_executable(path: &Path, contents: &str) {
+    let source = path.with_extension("source");
+    std::fs::write(&source, contents).unwrap_or_else(|e| panic!("write {}: {e}", source.display()));
+    let o = run(Command::new("install").arg("-m").arg("755").arg(&source).arg(path));
+    assert!(o.success(), "install {}: {}", path.display(), o.stderr);
+}

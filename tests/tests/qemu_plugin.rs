@@ -6,9 +6,9 @@
 
 use itrace_tests::{
     arc_lines, arc_text, checked_arc, compare_lines, itrace, itrace_bin, program, record, report_calls, report_json,
-    report_self_counts, report_thread_ids, require_tool, run, target_dir, test_dir, without_exit_kernel_line, ArcLine,
-    Oracle, COUNT_LOOP_BLOCKS, COUNT_LOOP_INSTRUCTIONS, FIB_ASM_SELF, FIB_CALLS, LONG_LOOP_BLOCKS,
-    LONG_LOOP_INSTRUCTIONS,
+    report_self_counts, report_thread_ids, require_tool, run, target_dir, test_dir, without_exit_kernel_line,
+    write_executable, ArcLine, Oracle, COUNT_LOOP_BLOCKS, COUNT_LOOP_INSTRUCTIONS, FIB_ASM_SELF, FIB_CALLS,
+    LONG_LOOP_BLOCKS, LONG_LOOP_INSTRUCTIONS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -262,12 +262,7 @@ fn arch_mismatch_is_one_line() {
 fn a_script_is_traced_through_its_interpreter() {
     let dir = test_dir("qemu_plugin-script");
     let shim = dir.join("shim");
-    std::fs::write(&shim, "#!/bin/sh -e\necho \"args: $0 $*\"\nexit 3\n").unwrap();
-    let exec = |p: &Path| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    };
-    exec(&shim);
+    write_executable(&shim, "#!/bin/sh -e\necho \"args: $0 $*\"\nexit 3\n");
     let direct = run(Command::new(&shim).args(["a", "b c"]));
     assert_eq!(direct.status.code(), Some(3), "the shim run directly: {}", direct.stderr);
     let trace = dir.join("shim.itr");
@@ -281,8 +276,7 @@ fn a_script_is_traced_through_its_interpreter() {
 
     // A script whose interpreter is count_loop: the trace is count_loop's, exactly.
     let counted = dir.join("counted");
-    std::fs::write(&counted, format!("#!{}\n", program("count_loop").display())).unwrap();
-    exec(&counted);
+    write_executable(&counted, &format!("#!{}\n", program("count_loop").display()));
     let trace = dir.join("counted.itr");
     let out = record(&trace, QEMU, &counted, &[]);
     assert!(out.stderr.contains(&format!("is a script for {}", program("count_loop").display())), "{}", out.stderr);
@@ -293,8 +287,7 @@ fn a_script_is_traced_through_its_interpreter() {
     // runs natively: the trace is env's, itrace says it ended at the exec, and the script
     // still runs whole.
     let env_shim = dir.join("env_shim");
-    std::fs::write(&env_shim, "#!/usr/bin/env sh\necho \"args: $0 $*\"\nexit 3\n").unwrap();
-    exec(&env_shim);
+    write_executable(&env_shim, "#!/usr/bin/env sh\necho \"args: $0 $*\"\nexit 3\n");
     let direct = run(Command::new(&env_shim).args(["a", "b c"]));
     let traced = record(&dir.join("env.itr"), QEMU, &env_shim, &["a", "b c"]);
     assert_eq!(traced.status.code(), Some(3), "the program's exit status: {}", traced.stderr);
@@ -303,8 +296,7 @@ fn a_script_is_traced_through_its_interpreter() {
     assert!(traced.stderr.contains("tracing ended: the program called exec"), "{}", traced.stderr);
 
     let missing = dir.join("missing");
-    std::fs::write(&missing, "#!/nonexistent/interpreter -x\n").unwrap();
-    exec(&missing);
+    write_executable(&missing, "#!/nonexistent/interpreter -x\n");
     let o = itrace([
         "record".as_ref(),
         "--backend".as_ref(),
@@ -434,12 +426,10 @@ fn duration_ends_the_trace_and_the_program_runs_on() {
 
 /// A directory holding a stand-in `qemu-x86_64` running `script` (sh), for PATH.
 fn fake_qemu(dir: &Path, script: &str) -> std::ffi::OsString {
-    use std::os::unix::fs::PermissionsExt;
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let qemu = bin.join("qemu-x86_64");
-    std::fs::write(&qemu, format!("#!/bin/sh\n{script}\n")).unwrap();
-    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(&qemu, &format!("#!/bin/sh\n{script}\n"));
     let mut path = bin.into_os_string();
     path.push(":");
     path.push(std::env::var_os("PATH").unwrap_or_default());
