@@ -8,13 +8,19 @@ On bench/attach_busy.c (THREADS threads computing, no system call in their loop)
   - attach: from the command (the moment before itrace is started) to the first recorded block
     and to the last thread's trace start (TraceOn), 8 threads, from `itrace dump`'s time stamps
     (CLOCK_MONOTONIC, as this script's time.monotonic_ns);
-  - detach: from SIGTERM to itrace's exit, with every thread let go (8 threads).
+  - detach: from SIGTERM to itrace's exit, with every thread let go (8 threads);
+  - side by side: Frida's Stalker attached to the same program (`frida.attach`, every thread
+    followed, every block event delivered; bench/frida_attach.py), 1 and 8 threads: its rate,
+    its attach time, and whether the threads run free after its detach. A Frida run that does
+    not finish within BENCH_FRIDA_TIMEOUT (120 s) counts as a hang (it is killed).
 Each configuration runs REPS times; the best is compared, the median printed too. The target
 must run on after every detach and end with exit status 0. A benchmark, not a test: exit status
 non-zero only when something failed to run. Results go in bench/README.md.
 
 Environment: ITRACE (default target/release/itrace, built with cargo unless BENCH_NO_CARGO=1),
-BENCH_REPS (3), BENCH_SECONDS (2: attach length for rates), BENCH_OUT (bench/build).
+BENCH_REPS (3), BENCH_SECONDS (2: attach length for rates), BENCH_OUT (bench/build),
+BENCH_NO_FRIDA=1 (skip Frida; otherwise it is pip-installed into target/frida-venv if
+`import frida` fails, and the script says so), BENCH_FRIDA_TIMEOUT (120).
 """
 import json
 import os
@@ -31,6 +37,7 @@ ITRACE = os.environ.get("ITRACE", os.path.join(ROOT, "target/release/itrace"))
 REPS = int(os.environ.get("BENCH_REPS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "2"))
 OUT = os.environ.get("BENCH_OUT", os.path.join(HERE, "build"))
+FRIDA_TIMEOUT = float(os.environ.get("BENCH_FRIDA_TIMEOUT", "120"))
 FAILS = []
 
 
@@ -112,6 +119,40 @@ def first_times(trace):
     return first_branch, max(trace_ons) if trace_ons else None
 
 
+def frida_python():
+    """A python that imports frida (installed into target/frida-venv if needed), or None."""
+    if os.environ.get("BENCH_NO_FRIDA") == "1":
+        return None
+    venv = os.path.join(ROOT, "target/frida-venv")
+    for py in (sys.executable, os.path.join(venv, "bin/python")):
+        if os.path.exists(py) and subprocess.run([py, "-c", "import frida"], capture_output=True).returncode == 0:
+            return py
+    say(f"frida is not installed: installing it (pip install frida) into {venv}")
+    r = subprocess.run([sys.executable, "-m", "venv", venv])
+    if r.returncode == 0:
+        r = subprocess.run([os.path.join(venv, "bin/pip"), "install", "-q", "frida"])
+    if r.returncode != 0:
+        FAILS.append(f"pip install frida (into {venv})")
+        return None
+    return os.path.join(venv, "bin/python")
+
+
+def frida_attach(py, pid, secs):
+    """Frida's run on `pid`: its JSON result, or "hang" when it did not finish in time."""
+    cmd = [py, os.path.join(HERE, "frida_attach.py"), str(pid), str(secs)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=FRIDA_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        return "hang"
+    if p.returncode != 0:
+        FAILS.append(f"{' '.join(cmd)}: {err.strip()[-300:]}")
+        return None
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def best_med(xs, best=max):
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -121,6 +162,8 @@ def best_med(xs, best=max):
 
 def main():
     exe = build()
+    py = frida_python()
+    frida = {}
     tmp = tempfile.mkdtemp(prefix="itrace-bench-attach-")
     rates = {}
     for threads in (1, 8):
@@ -136,6 +179,20 @@ def main():
                 os.unlink(trace)
             rates[(threads, name)] = best_med(got)
             say(f"{threads} thread(s), {name}: best {rates[(threads, name)][0] / 1e6:.2f} M instructions/s")
+        if py:
+            got, attach_s, hangs, unfree = [], [], 0, 0
+            for rep in range(REPS):
+                r = frida_attach(py, target.pid, SECONDS)
+                if r == "hang":
+                    hangs += 1
+                elif r:
+                    got.append(r["instructions"] / r["seconds"])
+                    attach_s.append(r["attach_seconds"] * 1e3)
+                time.sleep(0.5)
+                if not target.threads_free():
+                    unfree += 1
+            frida[threads] = (best_med(got), best_med(attach_s, min), hangs, unfree)
+            say(f"{threads} thread(s), Frida: best {(frida[threads][0][0] or 0) / 1e6:.2f} M instructions/s, {hangs} hang(s)")
         target.finish()
 
     # attach and detach latencies, 8 threads
@@ -176,6 +233,13 @@ def main():
     print(f"translate / block stepping, 1 thread: {tr1 / bl1:.0f}x (target 50x, stretch 100x)")
     print(f"translate / block stepping, 8 threads: {tr8 / rates[(8, 'block')][0]:.0f}x")
     print(f"8 threads / 1 thread, translate: {tr8 / tr1:.2f}x (target 1.6x on 2 cores)")
+    for threads, ((fb, fmed), (ab, amed), hangs, unfree) in sorted(frida.items()):
+        if fb is None:
+            print(f"Frida's Stalker, {threads} thread(s): no complete run ({hangs} hang(s) in {REPS})")
+            continue
+        print(f"Frida's Stalker, {threads} thread(s): best {m(fb)} ({m(fmed)}) instructions/s, attach "
+              f"{ab:.0f} ms ({amed:.0f}); translate / Frida: {rates[(threads, 'translate')][0] / fb:.1f}x; "
+              f"{hangs} hang(s) in {REPS}; {unfree} run(s) leaving a thread not free")
     for label, xs, target_ms in (("command to first recorded block", first, 50),
                                  ("command to every thread traced", all_on, None),
                                  ("SIGTERM to itrace's exit (detach)", detach, 50)):
