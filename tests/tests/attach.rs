@@ -107,11 +107,19 @@ fn sigterm_detaches() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start itrace");
-    // Let it attach and step a while (the file appears before the attach; records after).
-    while std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0) < 64 {
+    // Let it attach and record a while: the file appears before the attach, and grows when the
+    // first records are written (at most half a second after they are taken). Waiting a fixed
+    // 500 ms instead caught an attach still under way at a load of 10: no instruction recorded.
+    let size = || std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
+    let started = std::time::Instant::now();
+    while size() < 64 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let first = size();
+    while size() == first {
+        assert!(started.elapsed().as_secs() < 120, "itrace wrote no record in 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // SAFETY: plain kill(2) on our child.
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
     let status = wait_with_guard(&mut rec, "itrace");

@@ -460,6 +460,19 @@ fn proc_self_maps_shows_the_program_mappings() {
     }
 }
 
+/// The recorder raises its own priority (it serves every thread): the program it launches must
+/// not inherit that. `nice` prints the nice value it runs at.
+#[test]
+fn a_launched_program_keeps_its_priority() {
+    require_tool("nice");
+    let bin = PathBuf::from("/usr/bin/nice");
+    let dir = test_dir("translate-nice");
+    let nat = native(&bin, &[]);
+    assert!(nat.success(), "nice natively: {}", nat.status);
+    let rec = recording(&dir, "translate", TRANSLATE, &bin, &[]);
+    assert_same_behaviour("nice", &nat, &rec);
+}
+
 /// Bad input: a program of another architecture, and --step with --backend translate: one line.
 #[test]
 fn refuses_what_it_cannot_translate() {

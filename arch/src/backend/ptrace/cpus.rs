@@ -57,6 +57,31 @@ pub(super) fn allowed_cpus(pid: i32) -> Vec<usize> {
     }
 }
 
+/// Raise a thread that must stop soon (a detach's interrupt is pending) to the highest
+/// priority of its scheduling policy, if the policy is one with nice values (SCHED_OTHER,
+/// SCHED_BATCH): its nice value before, to give back with [`set_nice`]. Real-time and idle
+/// threads are left as they are.
+pub(super) fn boost_to_stop(tid: i32) -> Option<i32> {
+    // SAFETY: plain integer system calls on a thread id.
+    let policy = unsafe { libc::sched_getscheduler(tid) };
+    if policy < 0 || !matches!(policy & !libc::SCHED_RESET_ON_FORK, libc::SCHED_OTHER | libc::SCHED_BATCH) {
+        return None;
+    }
+    nix::errno::Errno::clear();
+    // SAFETY: as above; -1 is also a valid nice value, hence errno.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
+    if nice == -1 && nix::errno::Errno::last_raw() != 0 {
+        return None;
+    }
+    (nice > -20 && set_nice(tid, -20)).then_some(nice)
+}
+
+/// Set a thread's nice value (Linux keeps one per thread).
+pub(super) fn set_nice(tid: i32, nice: i32) -> bool {
+    // SAFETY: plain integer system call on a thread id.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0 }
+}
+
 pub(super) fn get_affinity(tid: i32) -> Option<libc::cpu_set_t> {
     // SAFETY: cpu_set_t is a plain bit array: all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };

@@ -151,6 +151,8 @@ pub(super) struct Thread {
     /// Skip counting at the next stop if it is at this pc (the report at the end of exec).
     pub(super) skip_report_at: Option<u64>,
     pub(super) original_affinity: Option<libc::cpu_set_t>,
+    /// The nice value the thread had before a detach raised its priority (`boost_to_stop`).
+    pub(super) nice_before_detach: Option<i32>,
     pub(super) name: String,
     /// Stopped and not yet resumed: detach it directly.
     pub(super) stopped: bool,
@@ -226,8 +228,15 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         arch: SessionArch::default(),
     };
     match &opts.target {
-        Target::Launch { program, args, aslr, env } => s.launch(program, args, *aslr, env)?,
-        Target::Attach { pid } => s.attach(*pid)?,
+        Target::Launch { program, args, aslr, env } => {
+            s.launch(program, args, *aslr, env)?;
+            // (after the fork: the program would inherit what the tracer sets for itself)
+            opts.step.tracer_settings();
+        }
+        Target::Attach { pid } => {
+            opts.step.tracer_settings();
+            s.attach(*pid)?;
+        }
     }
     s.run();
     s.warn_at_end();
@@ -254,6 +263,7 @@ impl Session<'_> {
             syscall_ts: 0,
             skip_report_at: None,
             original_affinity: None,
+            nice_before_detach: None,
             name: String::new(),
             stopped: false,
             attached: false,
@@ -304,9 +314,14 @@ impl Session<'_> {
         }
         self.detaching = Some(reason);
         self.out.stop_reason = Some(reason);
-        for t in self.threads.values() {
+        for t in self.threads.values_mut() {
             if !t.stopped && t.state != ThreadState::Finished {
                 let _ = ptrace::interrupt(Pid::from_raw(t.tid));
+                // A busy thread stops for the interrupt only when the scheduler gives it a CPU:
+                // 8 busy threads on 2 CPUs (and the ones already let go) made a detach wait
+                // 75 ms or more for the last of them. Raised now, each is picked at once; it
+                // gets its own priority back before it is let go (`detach_thread`).
+                t.nice_before_detach = boost_to_stop(t.tid);
             }
         }
     }
@@ -393,6 +408,9 @@ impl Session<'_> {
         // creator's pin: it gets the process's own affinity.
         if let Some(set) = t.original_affinity.or_else(|| self.procs.get(&t.pid).and_then(|p| p.affinity)) {
             set_affinity(tid, &set);
+        }
+        if let Some(nice) = t.nice_before_detach {
+            set_nice(tid, nice);
         }
         let _ = ptrace::detach(Pid::from_raw(tid), Signal::try_from(sig).ok());
         self.threads.remove(&tid);

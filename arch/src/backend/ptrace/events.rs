@@ -56,6 +56,7 @@ impl Session<'_> {
         let Some(p) = self.threads.get(&parent) else { return };
         let parent_pid = p.pid;
         let parent_affinity = p.original_affinity;
+        let parent_nice = p.nice_before_detach;
         let child_pid = procfs::tgid(child).unwrap_or(if ev == libc::PTRACE_EVENT_CLONE { parent_pid } else { child });
         let thread = child_pid == parent_pid;
         let ts = now_ns();
@@ -78,6 +79,11 @@ impl Session<'_> {
             // parent's own, which a detach gives back (before, it stayed on one CPU).
             if parent_affinity.is_some() {
                 t.original_affinity = parent_affinity;
+            }
+            // Made by a thread a detach raised (`boost_to_stop`), it may have inherited the
+            // raised priority: it gets its parent's own back too.
+            if parent_nice.is_some() {
+                t.nice_before_detach = parent_nice;
             }
         }
         if !thread && self.opts.follow_forks {

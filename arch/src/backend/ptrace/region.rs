@@ -157,6 +157,15 @@ impl Session<'_> {
         }
     }
 
+    /// Detach a thread of a process we do not follow, with the priority it had before a detach
+    /// raised its parent's.
+    fn let_go_unfollowed(&mut self, tid: i32) {
+        if let Some(nice) = self.threads.remove(&tid).and_then(|t| t.nice_before_detach) {
+            super::cpus::set_nice(tid, nice);
+        }
+        let _ = ptrace::detach(Pid::from_raw(tid), None);
+    }
+
     /// A child process we do not follow: take our breakpoints out of its memory copy and let it
     /// go; a vfork child shares its parent's memory, so it runs under us until it execs.
     pub(super) fn release_child(&mut self, tid: i32, pid: i32) {
@@ -173,13 +182,9 @@ impl Session<'_> {
             }
             Some(mut bps) => {
                 let _ = bps.remove_all(tid);
-                self.threads.remove(&tid);
-                let _ = ptrace::detach(Pid::from_raw(tid), None);
+                self.let_go_unfollowed(tid);
             }
-            None => {
-                self.threads.remove(&tid);
-                let _ = ptrace::detach(Pid::from_raw(tid), None);
-            }
+            None => self.let_go_unfollowed(tid),
         }
     }
 

@@ -127,6 +127,11 @@ pub(super) struct StepOptions {
     block: bool,
 }
 
+impl StepOptions {
+    /// The tracer's own settings for the session: none here.
+    pub(super) fn tracer_settings(&self) {}
+}
+
 /// A thread's PowerPC64 state.
 #[derive(Default)]
 pub(super) struct ThreadArch {

@@ -106,6 +106,11 @@ pub(super) struct StepOptions {
     block: bool,
 }
 
+impl StepOptions {
+    /// The tracer's own settings for the session: none here.
+    pub(super) fn tracer_settings(&self) {}
+}
+
 /// Conditional branches evaluated in a row by one resume before a block step is taken anyway
 /// (a tight counting loop before a system call would otherwise recurse without bound).
 const MAX_EMULATED_IN_ROW: u32 = 64;

@@ -74,6 +74,16 @@ pub(super) struct StepOptions {
     pub(super) translate: bool,
 }
 
+impl StepOptions {
+    /// The tracer's own settings for the session, once the program it launches is forked (it
+    /// would inherit them: its nice value), or before it attaches.
+    pub(super) fn tracer_settings(&self) {
+        if self.translate {
+            translate::raise_tracer_priority();
+        }
+    }
+}
+
 /// A thread's x86_64 state.
 #[derive(Debug)]
 pub(super) struct ThreadArch {
@@ -673,9 +683,6 @@ impl Recorder for PtraceRecorder {
             hw_emulate_stack: hw_step && !hwstep::cpu_has_user_shadow_stack(),
             translate,
         };
-        if translate {
-            translate::raise_tracer_priority();
-        }
         self.record_with(live, stop, step, options)
     }
 }
