@@ -500,8 +500,8 @@ elif grep -q "kernel module is not loaded" /tmp/x.log; then
 else
     fail "unloaded: $(cat /tmp/x.log)"
 fi
-if timeout 60 itrace record -o /tmp/y.itr -- /t/count_loop 2> /tmp/y.log && grep -q ptrace /tmp/y.log; then
-    pass "unloaded: --backend auto falls back to ptrace"
+if timeout 60 itrace record -o /tmp/y.itr -- /t/count_loop 2> /tmp/y.log && grep -q "translated (auto: an x86_64 program)" /tmp/y.log; then
+    pass "unloaded: --backend auto falls back to the translating recorder"
 else
     fail "unloaded: auto: $(cat /tmp/y.log)"
 fi

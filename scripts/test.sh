@@ -30,17 +30,18 @@ cargo build --workspace
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
 
-# The ptrace backend's default is block stepping where the probe finds debug registers working
-# (the run above); the fidelity tests again with every instruction stepped, against the same oracles.
+# On x86_64 auto records x86_64 programs with the translating recorder (the run above); the
+# fidelity tests again with every instruction stepped by ptrace, against the same oracles.
 step "fidelity tests with ITRACE_STEP=instruction (the ptrace backend single-stepping)"
 ITRACE_STEP=instruction cargo test -p itrace-tests --no-fail-fast \
     --test exact_counts --test oracles --test libc_counts --test examples --test crash --test jit \
     --test modes --test region --test attach --test symbols_lines
 
-# The translating recorder (--backend translate, x86_64) must record the same traces: the
-# fidelity tests a third time with it, against the same oracles.
-step "fidelity tests with ITRACE_BACKEND=translate (the code cache records)"
-ITRACE_BACKEND=translate cargo test -p itrace-tests --no-fail-fast \
+# Block stepping (the ptrace backend's own default, where the probe finds debug registers
+# working) must record the same traces: the fidelity tests a third time with it, against the
+# same oracles. (A test that passes --backend or --step keeps its own.)
+step "fidelity tests with ITRACE_BACKEND=ptrace (block stepping)"
+ITRACE_BACKEND=ptrace cargo test -p itrace-tests --no-fail-fast \
     --test exact_counts --test oracles --test libc_counts --test examples --test crash --test jit \
     --test modes --test region --test attach --test symbols_lines --test program_traps --test inherit
 

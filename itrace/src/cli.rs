@@ -173,10 +173,11 @@ pub struct RecordArgs {
     /// itself in a SIGTRAP handler; `--region` on a launched program only), the kernel module
     /// (kmod-shim, /dev/itrace), or qemu (the launched program under qemu-user with itrace's TCG
     /// plugin: fast, emulated CPU). auto: the kernel module when it is loaded (without --region,
-    /// --start, --stop), else in-process for `--region` on a launched program, else ptrace.
-    /// translate (x86_64): the program runs from a code cache of translated blocks that record
-    /// their own branches, the trace of --step instruction at a fraction of its cost.
-    /// Default: $ITRACE_BACKEND, else auto.
+    /// --start, --stop), else in-process for `--region` on a launched program, else translate
+    /// for an x86_64 program (unless --step or $ITRACE_STEP asks for stepping), else ptrace
+    /// (i386 programs; the summary says why auto chose). translate (x86_64): the program runs
+    /// from a code cache of translated blocks that record their own branches, the trace of
+    /// --step instruction at a fraction of its cost. Default: $ITRACE_BACKEND, else auto.
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
     /// Start tracing a thread when it enters this function (a symbol of the program or its
@@ -190,11 +191,12 @@ pub struct RecordArgs {
     /// branch trap worked, to check that both give the same trace.
     #[arg(long, hide = true)]
     pub emulate_block_step: bool,
-    /// How the ptrace backend stops the program: every instruction, block by block with
-    /// debug-register breakpoints (x86_64, i386), or auto: the fastest that works here (block,
-    /// else PTRACE_SINGLEBLOCK where the branch trap works, else every instruction). The trace
-    /// is the same with each (but s390x single steps under qemu's TCG miss stops after
-    /// branches: there only block steps are exact). Default: $ITRACE_STEP, else auto.
+    /// How the ptrace backend stops the program (so --backend auto records with it, not
+    /// translate): every instruction, block by block with debug-register breakpoints (x86_64,
+    /// i386), or auto: the fastest that works here (block, else PTRACE_SINGLEBLOCK where the
+    /// branch trap works, else every instruction). The trace is the same with each (but s390x
+    /// single steps under qemu's TCG miss stops after branches: there only block steps are
+    /// exact). Default: $ITRACE_STEP, else auto.
     #[arg(long, value_enum)]
     pub step: Option<StepArg>,
     /// Attach to this running process (all its threads).

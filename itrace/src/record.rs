@@ -167,12 +167,12 @@ pub struct Chosen {
 /// The summary of a recording; `output` is `None` for a file the user never sees.
 pub fn summary_of(r: &Recorded, s: &RecordSettings, chosen: &Chosen, output: Option<PathBuf>) -> RecordSummary {
     let emulated = matches!(chosen.backend, Backend::Gdb | Backend::Qemu);
-    // Say why auto chose a backend other than the default one.
-    let step = match (s.backend, chosen.backend) {
-        (Backend::Auto, Backend::Kmod | Backend::Inproc | Backend::Translate) => {
-            format!("{} (auto: {})", r.step, chosen.why)
-        }
-        _ => r.step.clone(),
+    // Say why auto chose what it did, unless it is the plain default (ptrace where nothing
+    // else applies).
+    let step = if s.backend == Backend::Auto && chosen.why != backend::WHY_DEFAULT {
+        format!("{} (auto: {})", r.step, chosen.why)
+    } else {
+        r.step.clone()
     };
     RecordSummary {
         records: r.records,

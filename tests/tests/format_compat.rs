@@ -15,10 +15,11 @@ use itrace_tests::{itrace, program, record, require_tool, test_dir};
 use std::path::{Path, PathBuf};
 
 const BACKENDS: [(&str, &[&str]); 3] =
-    [("ptrace", &[]), ("qemu", &["--backend", "qemu"]), ("gdb", &["--qemu", "x86_64"])];
+    [("ptrace", &["--backend", "ptrace"]), ("qemu", &["--backend", "qemu"]), ("gdb", &["--qemu", "x86_64"])];
 /// The same, compressed (`--compress`), for the backends that write in itrace's process and in
 /// the qemu plugin's.
-const COMPRESSED: [(&str, &[&str]); 2] = [("ptrace", &["--compress"]), ("qemu", &["--backend", "qemu", "--compress"])];
+const COMPRESSED: [(&str, &[&str]); 2] =
+    [("ptrace", &["--backend", "ptrace", "--compress"]), ("qemu", &["--backend", "qemu", "--compress"])];
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/format-2.0").join(name)

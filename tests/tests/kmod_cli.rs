@@ -15,11 +15,12 @@ fn kmod_backend_without_the_module_says_so() {
     let msg = out.assert_clean_error();
     assert!(msg.contains("kernel module is not loaded"), "{msg}");
     assert!(!trace.exists(), "no trace file is left behind");
-    // auto falls back to ptrace
+    // auto records without it: with the translating recorder on x86_64, else with ptrace
     let bin = program("count_loop");
     let out = itrace(["record", "-o", trace.to_str().unwrap(), "--", bin.to_str().unwrap()]);
     out.assert_success();
-    assert!(out.stderr.contains("ptrace"), "{}", out.stderr);
+    let expected = if cfg!(target_arch = "x86_64") { "translated (auto: an x86_64 program)" } else { "ptrace" };
+    assert!(out.stderr.contains(expected), "{}", out.stderr);
 }
 
 #[test]

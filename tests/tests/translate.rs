@@ -492,6 +492,46 @@ fn refuses_what_it_cannot_translate() {
     }
 }
 
+/// `auto` (issue 28): a launched x86_64 program is translated and the summary says why; an i386
+/// program is stepped by ptrace instead (the cache runs 64-bit code only), saying so, never an
+/// error; a `--step` or `ITRACE_BACKEND=ptrace` keeps stepping. The counts are the programs'
+/// hand counts (tests/programs/count_loop.c: 3N + 11 with N = 1000; tests/programs/cross/i386.S).
+#[test]
+fn auto_translates_x86_64_programs_and_says_why() {
+    let dir = test_dir("translate-auto");
+    let trace = dir.join("t.itr");
+    let count_loop = program("count_loop");
+    let i386 = cross_program("i386-asm");
+    let i386_count = format!("({} instructions,", itrace_tests::cross_hand_count("i386").0);
+    // the summary line of `itrace record OPTIONS -- BIN`, with ITRACE_BACKEND as given
+    let summary = |env_backend: Option<&str>, options: &[&str], bin: &Path| {
+        let mut cmd = Command::new(itrace_tests::itrace_bin());
+        cmd.env_remove("ITRACE_STEP").env_remove("ITRACE_BACKEND");
+        if let Some(b) = env_backend {
+            cmd.env("ITRACE_BACKEND", b);
+        }
+        cmd.arg("record").arg("-o").arg(&trace).args(options).arg("--").arg(bin);
+        let out = run(&mut cmd);
+        assert!(out.success(), "{options:?} {}: {}", bin.display(), out.stderr);
+        out.stderr
+            .lines()
+            .find(|l| l.contains(" records ("))
+            .unwrap_or_else(|| panic!("no summary: {}", out.stderr))
+            .to_string()
+    };
+    let line = summary(None, &[], &count_loop);
+    assert!(line.contains("(3011 instructions,") && line.contains("translated (auto: an x86_64 program)"), "{line}");
+    let line = summary(None, &[], &i386);
+    assert!(line.contains(&i386_count) && line.contains(" (auto: an i386 program), i386"), "{line}");
+    assert!(line.contains("ptrace-"), "{line}");
+    let line = summary(None, &["--step", "instruction"], &count_loop);
+    assert!(line.contains("(3011 instructions,") && line.contains("ptrace-singlestep,"), "{line}");
+    let line = summary(Some("ptrace"), &[], &count_loop);
+    assert!(line.contains("(3011 instructions,") && line.contains("ptrace-") && !line.contains("(auto:"), "{line}");
+    let line = summary(Some("ptrace"), &["--backend", "translate"], &count_loop);
+    assert!(line.contains("(3011 instructions,") && line.contains("translated,"), "{line}");
+}
+
 /// The per-thread split: two threads' records interleaved another way, on other CPUs, with the
 /// mte stream elsewhere, are the same; one count changed is not.
 #[test]

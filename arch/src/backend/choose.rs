@@ -9,6 +9,10 @@ use itrace_format::Arch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// [`Chosen::why`] when `auto` picked the backend it picks when nothing else applies: the
+/// summary does not repeat it.
+pub const WHY_DEFAULT: &str = "the default";
+
 /// The backend picked for some settings.
 pub struct Chosen {
     pub recorder: Box<dyn Recorder>,
@@ -124,22 +128,29 @@ pub fn choose(s: &RecordSettings, resolver: Arc<dyn TriggerResolver + Send + Syn
     let native = Native { settings, program, arch };
     let (recorder, backend, why): (Box<dyn Recorder>, _, _) = if use_kmod {
         let why = if s.backend == Backend::Kmod { "asked for" } else { "the kernel module is loaded" };
-        (Box::new(kmod::KmodRecorder(native)), Backend::Kmod, why)
+        (Box::new(kmod::KmodRecorder(native)), Backend::Kmod, why.to_string())
     } else if inproc {
         let why = if s.backend == Backend::Inproc { "asked for" } else { "regions of a launched program" };
-        (Box::new(inproc::InprocRecorder(native)), Backend::Inproc, why)
+        (Box::new(inproc::InprocRecorder(native)), Backend::Inproc, why.to_string())
     } else if translate {
         let why = match (s.backend == Backend::Translate, attach) {
             (true, _) => "asked for",
             (false, true) => "a running x86_64 program",
             (false, false) => "an x86_64 program",
         };
-        (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Translate, why)
+        (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Translate, why.to_string())
     } else {
-        let why = if s.backend == Backend::Ptrace { "asked for" } else { "the default" };
+        let why = if s.backend == Backend::Ptrace {
+            "asked for".to_string()
+        } else if AUTO_TRANSLATES && TRANSLATE_HERE && arch != Arch::X86_64 && !step_asked && !use_kmod && !inproc {
+            // where auto would have translated, the reason it could not
+            format!("an {arch} program")
+        } else {
+            WHY_DEFAULT.to_string()
+        };
         (Box::new(ptrace::PtraceRecorder::new(native, resolver)), Backend::Ptrace, why)
     };
-    Ok(Chosen { recorder, backend, why: why.into() })
+    Ok(Chosen { recorder, backend, why })
 }
 
 /// The error for regions asked of a program without libitrace.
@@ -167,7 +178,7 @@ const NATIVE_ARCHES: &[Arch] = if cfg!(target_arch = "x86_64") {
 const TRANSLATE_HERE: bool = cfg!(target_arch = "x86_64");
 
 /// Whether `auto` picks the translating recorder for x86_64 programs it launches.
-const AUTO_TRANSLATES: bool = false;
+const AUTO_TRANSLATES: bool = true;
 
 /// Whether `auto` picks it to attach (`-p`) to a running x86_64 program: there its threads
 /// leave the cache and run on untouched if itrace is killed, even by SIGKILL, where a stepped

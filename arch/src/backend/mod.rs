@@ -41,7 +41,7 @@ pub mod output;
 mod settings;
 pub mod sink;
 
-pub use choose::{choose, Chosen};
+pub use choose::{choose, Chosen, WHY_DEFAULT};
 pub use error::BackendError;
 pub use settings::{find_program, Backend, RecordSettings, StepChoice, Target, TriggerResolver};
 
