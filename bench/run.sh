@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# itrace benchmark: recording rate vs. a raw ptrace single-step loop (pinned
+# itrace benchmark: the ptrace recorder's rate (--backend ptrace) vs. a raw ptrace single-step loop (pinned
 # to one CPU as itrace pins itself, and unpinned), and post-processing
 # throughput of `itrace arc` / `itrace report`.
 # A benchmark, not a test: it exits non-zero only if something failed to run.
@@ -166,12 +166,12 @@ for ((r = 1; r <= REPS; r++)); do
     limit=$(calci "${RAW_WALLS[0]:-5} * 10 + 30")
     rm -f "$SMALL_TRACE"
     t0=$(now)
-    timeout "$limit" "$ITRACE" record -o "$SMALL_TRACE" -- ./workload "$N" \
+    timeout "$limit" "$ITRACE" record --backend ptrace -o "$SMALL_TRACE" -- ./workload "$N" \
         >"$SCRATCH/rec$r.out" 2>"$SCRATCH/rec$r.err"
     rc=$?
     t1=$(now)
     if [ $rc -ne 0 ]; then
-        fail "itrace record -o $SMALL_TRACE -- ./workload $N ($(exit_desc $rc "$limit")): $(tail -n3 "$SCRATCH/rec$r.err")"
+        fail "itrace record --backend ptrace -o $SMALL_TRACE -- ./workload $N ($(exit_desc $rc "$limit")): $(tail -n3 "$SCRATCH/rec$r.err")"
         it_ok=0; continue
     fi
     if [ ! -s "$SMALL_TRACE" ]; then
