@@ -393,19 +393,58 @@ fn rseq_keeps_working() {
 }
 
 /// Item 6b: A program's own rseq critical sections (xl_rseq cs: four threads add to per-cpu counters,
-/// the kernel aborting a preempted section, which starts again) give the native sum translated.
-/// docs/translate.md states as a limit that the kernel cannot abort a section running from the
-/// cache: this test fails until it can. Not run with --step instruction, where every step stop
-/// is a preemption and aborts the section.
+/// the kernel aborting a preempted section, which starts again) give the native sum translated:
+/// the sections run at their own addresses (docs/translate.md, "rseq critical sections"), where
+/// the kernel aborts them. From the cache it could not: the program lost updates (every run of
+/// 40,000 rounds before). Not run with --step instruction, where every step stop is a preemption
+/// and aborts the section.
 #[test]
-#[ignore = "known limit of --backend translate (docs/translate.md, issue 28): the kernel does not abort an rseq critical section running from the cache"]
 fn rseq_critical_sections_are_aborted() {
     let bin = program("xl_rseq");
     let dir = test_dir("translate-xl_rseq-cs");
-    let nat = native(&bin, &["cs"]);
-    assert_eq!(nat.stdout, "xl_rseq cs: 1200000 of 1200000\n", "natively: {}", nat.status);
-    let translated = recording(&dir, "translate", TRANSLATE, &bin, &["cs"]);
+    let nat = native(&bin, &["cs", "40000"]);
+    assert_eq!(nat.stdout, "xl_rseq cs: 160000 of 160000\n", "natively: {}", nat.status);
+    let translated = recording(&dir, "translate", TRANSLATE, &bin, &["cs", "40000"]);
     assert_same_behaviour("xl_rseq cs", &nat, &translated);
+    // Every section the program ran is in the trace: one call each (the program's own count),
+    // each of the instructions `--step block` counts per call (from a shorter run), and 3 more
+    // per abort (see the next test).
+    let report = report_json(&translated.trace);
+    let calls = report_calls(&report, &bin);
+    assert_eq!(calls.get("xl_percpu_inc"), Some(&160_000), "calls in the translated trace: {calls:?}");
+    let block = recording(&dir, "block", &["--step", "block"], &bin, &["cs", "100"]);
+    let per_call = report_self_counts(&report_json(&block.trace), &bin)["xl_percpu_inc"] / 400;
+    let aborts = translated.dump.lines().filter(|l| l.contains(" U Other ")).count() as u64;
+    assert_eq!(
+        report_self_counts(&report, &bin)["xl_percpu_inc"],
+        160_000 * per_call + 3 * aborts,
+        "xl_percpu_inc's instructions: {per_call} per call (--step block), {aborts} aborts"
+    );
+}
+
+/// Item 6b, the trace: xl_rseq's functions count as block stepping with debug registers counts
+/// them (`--step block`, a recorder that runs the sections natively too, from its breakpoint
+/// at the function's `ret`), except for aborted sections. Each abort is one `Other` record to
+/// the abort handler, after the descriptor's `lea` and its store to `rseq->rseq_cs` (counted
+/// again on the retry), and the handler's `jmp` back to the `lea`: 3 instructions more each in
+/// `xl_percpu_inc` (block stepping counts an aborted call as a straight one: its breakpoint at
+/// the `ret` sees only where the call ends).
+#[test]
+fn rseq_critical_sections_are_traced_exactly() {
+    let bin = program("xl_rseq");
+    let dir = test_dir("translate-xl_rseq-cs-counts");
+    let args = ["cs", "2000"];
+    let nat = native(&bin, &args);
+    let translated = recording(&dir, "translate", TRANSLATE, &bin, &args);
+    assert_same_behaviour("xl_rseq cs", &nat, &translated);
+    let block = recording(&dir, "block", &["--step", "block"], &bin, &args);
+    assert_same_behaviour("xl_rseq cs (--step block)", &nat, &block);
+    let aborts = translated.dump.lines().filter(|l| l.contains(" U Other ")).count() as u64;
+    let mut xl = report_self_counts(&report_json(&translated.trace), &bin);
+    let stepped = report_self_counts(&report_json(&block.trace), &bin);
+    let inc = xl.get_mut("xl_percpu_inc").expect("xl_percpu_inc in the translated trace");
+    *inc -= 3 * aborts;
+    assert_eq!(xl, stepped, "self counts (translated, {aborts} aborts taken out) != --step block's");
 }
 
 /// Item 7: AVX2 and AVX-512 (EVEX, mask registers, RIP-relative loads) run natively from the cache:

@@ -286,8 +286,12 @@ impl PtraceArch for Session<'_> {
                 // Stopped only to have its ring drained: it goes on in the cache.
                 return self.run_in_cache(tid);
             }
-            if self.enter_cache(tid) {
+            if self.enter_cache(tid) || self.start_native_run(tid) {
                 return;
+            }
+            // A thread stepped on from a native run's breakpoint address (rule 5 of `hwstep.rs`).
+            if self.threads.get(&tid).is_some_and(|t| t.arch.dr7 != 0) {
+                self.end_native_run(tid);
             }
         }
         if self.opts.step.hw_step {
@@ -391,7 +395,8 @@ impl PtraceArch for Session<'_> {
             return self.cache_stop(tid, sig);
         }
         self.restore_trap_mask(tid);
-        if self.opts.step.hw_step {
+        // (Translate mode: an rseq critical section's native run, `translate/rseq.rs`.)
+        if self.opts.step.hw_step || self.threads[&tid].arch.hw_run.is_some() {
             if self.threads[&tid].arch.hw_run.is_some() {
                 if self.hw_stopped(tid, sig) {
                     // The breakpoint: the thread is on the stop point. A SIGTRAP sent to it at
