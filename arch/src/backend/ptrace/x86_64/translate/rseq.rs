@@ -92,6 +92,9 @@ pub(super) fn may_be_lea_rip(bytes: &[u8]) -> bool {
 pub(super) fn find_at(pc: u64, fetch: &mut dyn FnMut(u64, &mut [u8]) -> usize) -> Found {
     let mut bytes = [0u8; itrace_decoders::x86::MAX_INSN_LEN];
     let n = fetch(pc, &mut bytes);
+    if !may_be_lea_rip(&bytes[..n]) {
+        return Found::Nothing;
+    }
     let insn = Decoder::with_ip(64, &bytes[..n], pc, DecoderOptions::NONE).decode();
     if insn.code() != Code::Lea_r64_m || !insn.is_ip_rel_memory_operand() {
         return Found::Nothing;
