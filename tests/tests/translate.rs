@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use itrace_tests::{
-    cross_program, itrace, normalized_dump, objdump_insns, program, record, report_calls, report_json,
-    report_self_counts, report_thread_ids, require_tool, run, test_dir, Output,
+    cross_program, itrace, itrace_bin, normalized_dump, objdump_insns, program, record, report_calls, report_json,
+    report_self_counts, report_thread_ids, require_tool, run, test_dir, wait_until, wait_with_guard, KillOnDrop,
+    Output,
 };
 
 const TRANSLATE: &[&str] = &["--backend", "translate"];
@@ -420,6 +421,62 @@ fn rseq_critical_sections_are_aborted() {
         160_000 * per_call + 3 * aborts,
         "xl_percpu_inc's instructions: {per_call} per call (--step block), {aborts} aborts"
     );
+}
+
+/// Item 6b, with stops from outside: SIGSTOP and SIGCONT sent to xl_rseq while its threads run
+/// their sections natively. A breakpoint hit at a section's end that came with the group stop
+/// was once delivered to the program as a SIGTRAP of its own, which killed it (this test failed
+/// in 3 runs of 3 then). The program must finish as natively.
+#[test]
+fn rseq_critical_sections_survive_stops_from_outside() {
+    let bin = program("xl_rseq");
+    let dir = test_dir("translate-xl_rseq-cs-stops");
+    // A round count no other test uses: the program is found by its command line.
+    let args = ["cs", "20001"];
+    let nat = native(&bin, &args);
+    assert_eq!(nat.stdout, "xl_rseq cs: 80004 of 80004\n", "natively: {}", nat.status);
+    let mut cmd = Command::new(itrace_bin());
+    cmd.arg("record").arg("-o").arg(dir.join("translate.itr")).args(TRANSLATE).arg("--").arg(&bin).args(args);
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("itrace");
+    let mut child = KillOnDrop(child);
+    let want: Vec<String> = [bin.to_string_lossy().into_owned(), args[0].into(), args[1].into()].into();
+    let find = || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let argv: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into())
+                .collect();
+            (argv == want).then_some(pid)
+        })
+    };
+    let mut pid = None;
+    wait_until("xl_rseq under itrace", || {
+        pid = find();
+        pid.is_some() || child.0.try_wait().ok().flatten().is_some()
+    });
+    let pid = pid.expect("xl_rseq started under itrace");
+    let mut stops = 0;
+    // SAFETY: kill with plain integers, to the program this test started (through itrace).
+    // Until it is gone (its pid is not reused while itrace, its tracer, has not reaped it).
+    while unsafe { libc::kill(pid, libc::SIGSTOP) } == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        stops += 1;
+    }
+    let status = wait_with_guard(&mut child.0, "itrace record of xl_rseq cs with stops");
+    let mut out = String::new();
+    let mut err = String::new();
+    use std::io::Read;
+    child.0.stdout.take().expect("stdout").read_to_string(&mut out).expect("stdout");
+    child.0.stderr.take().expect("stderr").read_to_string(&mut err).expect("stderr");
+    assert!(stops > 0, "the program ended before the first stop");
+    assert_eq!(out, nat.stdout, "xl_rseq cs under itrace after {stops} stops; itrace said:\n{err}");
+    assert_eq!(status.code(), Some(0), "itrace's exit status after {stops} stops; itrace said:\n{err}");
 }
 
 /// Item 6b, the trace: xl_rseq's functions count as block stepping with debug registers counts

@@ -114,7 +114,7 @@ fn dr_offset(n: usize) -> usize {
 }
 
 /// si_code of a SIGTRAP from a hardware breakpoint.
-const TRAP_HWBKPT: i32 = 4;
+pub(super) const TRAP_HWBKPT: i32 = 4;
 
 /// DR7 with DR0 enabled (local) as a one-byte execute breakpoint (R/W0 = 00, LEN0 = 00).
 pub const DR7_DR0_EXEC: u64 = 1;

@@ -391,6 +391,12 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        if sig == libc::SIGTRAP && self.stale_native_run_hit(tid) {
+            // The breakpoint at the end of an rseq section's native run, hit as a stop of ours
+            // (a group stop, our interrupt) ended the run: already counted there.
+            self.restore_trap_mask(tid);
+            return if self.threads[&tid].arch.xl.in_cache { self.run_in_cache(tid) } else { self.resume(tid, 0) };
+        }
         if self.threads[&tid].arch.xl.in_cache {
             return self.cache_stop(tid, sig);
         }

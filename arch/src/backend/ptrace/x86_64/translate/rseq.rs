@@ -33,7 +33,7 @@
 //! kernel cannot abort it; itrace warns once for a section it found but cannot run natively.
 
 use super::super::engine::*;
-use super::super::hwstep::{set_dr, Run, DR7_DR0_EXEC, DR7_DR1_EXEC};
+use super::super::hwstep::{set_dr, Run, DR7_DR0_EXEC, DR7_DR1_EXEC, TRAP_HWBKPT};
 use iced_x86::{Code, Decoder, DecoderOptions};
 use itrace_decoders::Flow;
 use nix::sys::ptrace;
@@ -198,6 +198,17 @@ impl Session<'_> {
         }
         self.arch.xl_stats.native_runs += 1;
         true
+    }
+
+    /// A SIGTRAP stop of a thread with no run in progress, from a debug-register breakpoint:
+    /// a native run's, hit while the thread was stopping for something else (a group stop, our
+    /// interrupt) that ended the run and counted it. Only itrace sets this thread's debug
+    /// registers, and only translate mode's native runs when it does not block step.
+    pub(in super::super) fn stale_native_run_hit(&self, tid: i32) -> bool {
+        self.opts.step.translate
+            && !self.opts.step.hw_step
+            && self.threads.get(&tid).is_some_and(|t| t.arch.hw_run.is_none())
+            && ptrace::getsiginfo(Pid::from_raw(tid)).is_ok_and(|si| si.si_code == TRAP_HWBKPT)
     }
 
     /// A native run ended (or was stopped): its breakpoints off, so that nothing of itrace is
