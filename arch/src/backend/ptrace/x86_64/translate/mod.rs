@@ -141,6 +141,11 @@ impl Session<'_> {
             return false;
         }
         let pid = t.pid;
+        // A thread's first entry (at the start, after an attach) may be from inside an rseq
+        // critical section not found yet: stepped on there, the kernel aborts it instead.
+        if t.arch.xl.state == 0 && rseq::in_critical_section(tid, pid, p.pc) {
+            return false;
+        }
         // The unit first: the process's first region brings the cache's own gadget for the
         // system calls itrace makes there (the state block's mmap is one), so that only that
         // first mmap runs at the vDSO's `syscall` (see `remote_syscall`).

@@ -150,6 +150,52 @@ pub(super) fn find_at(pc: u64, fetch: &mut dyn FnMut(u64, &mut [u8]) -> usize) -
     }
 }
 
+/// `PTRACE_GET_RSEQ_CONFIGURATION` (Linux 5.13).
+const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+
+/// `struct ptrace_rseq_configuration`.
+#[repr(C)]
+#[derive(Default)]
+struct RseqConfiguration {
+    rseq_abi_pointer: u64,
+    rseq_abi_size: u32,
+    signature: u32,
+    flags: u32,
+    pad: u32,
+}
+
+/// Whether stopped thread `tid` of `pid` is inside an rseq critical section at `pc`: its
+/// registered `struct rseq` names a descriptor whose section holds `pc`. Resumed there, the
+/// kernel aborts the section (the stop was a preemption); run from the cache, it would not.
+pub(super) fn in_critical_section(tid: i32, pid: i32, pc: u64) -> bool {
+    let mut conf = RseqConfiguration::default();
+    // SAFETY: the kernel writes at most `size_of::<RseqConfiguration>()` bytes (the size
+    // argument) into `conf`, a repr(C) struct of that size.
+    let r = unsafe {
+        libc::ptrace(
+            PTRACE_GET_RSEQ_CONFIGURATION,
+            tid,
+            std::mem::size_of::<RseqConfiguration>(),
+            &mut conf as *mut RseqConfiguration as *mut libc::c_void,
+        )
+    };
+    if r <= 0 || conf.rseq_abi_pointer == 0 {
+        return false;
+    }
+    let mut word = [0u8; 8];
+    if super::super::tables::read_mem(pid, conf.rseq_abi_pointer + 8, &mut word) != 8 {
+        return false;
+    }
+    let desc_at = u64::from_le_bytes(word);
+    let mut desc = [0u8; 32];
+    if desc_at == 0 || super::super::tables::read_mem(pid, desc_at, &mut desc) != desc.len() {
+        return false;
+    }
+    let start = u64::from_le_bytes(desc[8..16].try_into().expect("8 bytes"));
+    let len = u64::from_le_bytes(desc[16..24].try_into().expect("8 bytes"));
+    pc.wrapping_sub(start) < len
+}
+
 impl Session<'_> {
     /// The native run that starts at `tid`'s next instruction, begun: the thread leaves for it
     /// with breakpoints at the section's end and at its abort handler. False: none starts there.
