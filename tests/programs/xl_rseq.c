@@ -3,13 +3,15 @@
  *                is registered, that the kernel keeps its cpu_id (it equals the getcpu system
  *                call's answer, read again if the thread moved between), and that
  *                sched_getcpu() gives a cpu this process may run on. Prints yes/no for each.
- *   xl_rseq cs   four threads each add 1 to a per-cpu counter 300,000 times in an rseq critical
+ *   xl_rseq cs [ROUNDS]
+ *                four threads each add 1 to a per-cpu counter ROUNDS times (300,000) in an rseq critical
  *                section (read cpu_id, load, 300 instructions of delay, no branch, store: the commit). The
  *                kernel aborts a section that is preempted or migrated, and it starts again,
- *                so the counters add up to 1,200,000. Prints the sum. (Single-stepping cannot run
+ *                so the counters add up to 4 * ROUNDS. Prints the sum. (Single-stepping cannot run
  *                it: every step stop is a preemption, so every pass aborts.) */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdlib.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,8 +20,10 @@
 #include <unistd.h>
 
 #define XL_THREADS 4
-#define XL_ROUNDS 300000
 #define XL_CPUS 1024
+
+/* Each thread's sections (the second argument after `cs`). */
+static long xl_rounds = 300000;
 
 /* One counter per cpu, 64 bytes apart. */
 static long xl_counters[XL_CPUS * 8];
@@ -59,7 +63,7 @@ static void *xl_cs_thread(void *arg)
 {
     (void)arg;
     struct rseq *rs = (struct rseq *)((char *)__builtin_thread_pointer() + __rseq_offset);
-    for (int i = 0; i < XL_ROUNDS; i++)
+    for (long i = 0; i < xl_rounds; i++)
         xl_percpu_inc(rs);
     return NULL;
 }
@@ -77,14 +81,17 @@ static int xl_critical_sections(void)
     long sum = 0;
     for (int c = 0; c < XL_CPUS; c++)
         sum += xl_counters[c * 8];
-    printf("xl_rseq cs: %ld of %d\n", sum, XL_THREADS * XL_ROUNDS);
-    return sum == XL_THREADS * XL_ROUNDS ? 0 : 1;
+    printf("xl_rseq cs: %ld of %ld\n", sum, XL_THREADS * xl_rounds);
+    return sum == XL_THREADS * xl_rounds ? 0 : 1;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "cs") == 0)
+    if (argc > 1 && strcmp(argv[1], "cs") == 0) {
+        if (argc > 2)
+            xl_rounds = atol(argv[2]);
         return xl_critical_sections();
+    }
     int registered = __rseq_size > 0;
     int agree = 0, valid = 0;
     if (registered) {

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use itrace_tests::{
-    cross_program, itrace, normalized_dump, objdump_insns, program, record, report_calls, report_json,
-    report_self_counts, report_thread_ids, require_tool, run, test_dir, Output,
+    cross_program, itrace, itrace_bin, normalized_dump, objdump_insns, program, record, report_calls, report_json,
+    report_self_counts, report_thread_ids, require_tool, run, test_dir, wait_until, wait_with_guard, KillOnDrop,
+    Output,
 };
 
 const TRANSLATE: &[&str] = &["--backend", "translate"];
@@ -393,19 +394,154 @@ fn rseq_keeps_working() {
 }
 
 /// Item 6b: A program's own rseq critical sections (xl_rseq cs: four threads add to per-cpu counters,
-/// the kernel aborting a preempted section, which starts again) give the native sum translated.
-/// docs/translate.md states as a limit that the kernel cannot abort a section running from the
-/// cache: this test fails until it can. Not run with --step instruction, where every step stop
-/// is a preemption and aborts the section.
+/// the kernel aborting a preempted section, which starts again) give the native sum translated:
+/// the sections run at their own addresses (docs/translate.md, "rseq critical sections"), where
+/// the kernel aborts them. From the cache it could not: the program lost updates (every run of
+/// 40,000 rounds before). Not run with --step instruction, where every step stop is a preemption
+/// and aborts the section.
 #[test]
-#[ignore = "known limit of --backend translate (docs/translate.md, issue 28): the kernel does not abort an rseq critical section running from the cache"]
 fn rseq_critical_sections_are_aborted() {
     let bin = program("xl_rseq");
     let dir = test_dir("translate-xl_rseq-cs");
-    let nat = native(&bin, &["cs"]);
-    assert_eq!(nat.stdout, "xl_rseq cs: 1200000 of 1200000\n", "natively: {}", nat.status);
-    let translated = recording(&dir, "translate", TRANSLATE, &bin, &["cs"]);
+    let nat = native(&bin, &["cs", "40000"]);
+    assert_eq!(nat.stdout, "xl_rseq cs: 160000 of 160000\n", "natively: {}", nat.status);
+    let translated = recording(&dir, "translate", TRANSLATE, &bin, &["cs", "40000"]);
     assert_same_behaviour("xl_rseq cs", &nat, &translated);
+    // Every section the program ran is in the trace: one call each (the program's own count),
+    // each of the instructions `--step block` counts per call (from a shorter run), and 3 more
+    // per abort (see the next test).
+    let report = report_json(&translated.trace);
+    let calls = report_calls(&report, &bin);
+    assert_eq!(calls.get("xl_percpu_inc"), Some(&160_000), "calls in the translated trace: {calls:?}");
+    let block = recording(&dir, "block", &["--step", "block"], &bin, &["cs", "100"]);
+    let per_call = report_self_counts(&report_json(&block.trace), &bin)["xl_percpu_inc"] / 400;
+    let aborts = translated.dump.lines().filter(|l| l.contains(" U Other ")).count() as u64;
+    assert_eq!(
+        report_self_counts(&report, &bin)["xl_percpu_inc"],
+        160_000 * per_call + 3 * aborts,
+        "xl_percpu_inc's instructions: {per_call} per call (--step block), {aborts} aborts"
+    );
+}
+
+/// Item 6b, with stops from outside: SIGSTOP and SIGCONT sent to xl_rseq while its threads run
+/// their sections natively. A breakpoint hit at a section's end that came with the group stop
+/// was once delivered to the program as a SIGTRAP of its own, which killed it (this test failed
+/// in 3 runs of 3 then). The program must finish as natively.
+#[test]
+fn rseq_critical_sections_survive_stops_from_outside() {
+    let bin = program("xl_rseq");
+    let dir = test_dir("translate-xl_rseq-cs-stops");
+    // A round count no other test uses: the program is found by its command line.
+    let args = ["cs", "20001"];
+    let nat = native(&bin, &args);
+    assert_eq!(nat.stdout, "xl_rseq cs: 80004 of 80004\n", "natively: {}", nat.status);
+    let mut cmd = Command::new(itrace_bin());
+    cmd.arg("record").arg("-o").arg(dir.join("translate.itr")).args(TRANSLATE).arg("--").arg(&bin).args(args);
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("itrace");
+    let mut child = KillOnDrop(child);
+    let want: Vec<String> = [bin.to_string_lossy().into_owned(), args[0].into(), args[1].into()].into();
+    let find = || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let argv: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into())
+                .collect();
+            (argv == want).then_some(pid)
+        })
+    };
+    let mut pid = None;
+    wait_until("xl_rseq under itrace", || {
+        pid = find();
+        pid.is_some() || child.0.try_wait().ok().flatten().is_some()
+    });
+    let pid = pid.expect("xl_rseq started under itrace");
+    let mut stops = 0;
+    // SAFETY: kill with plain integers, to the program this test started (through itrace).
+    // Until it is gone (its pid is not reused while itrace, its tracer, has not reaped it).
+    while unsafe { libc::kill(pid, libc::SIGSTOP) } == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        stops += 1;
+    }
+    let status = wait_with_guard(&mut child.0, "itrace record of xl_rseq cs with stops");
+    let mut out = String::new();
+    let mut err = String::new();
+    use std::io::Read;
+    child.0.stdout.take().expect("stdout").read_to_string(&mut out).expect("stdout");
+    child.0.stderr.take().expect("stderr").read_to_string(&mut err).expect("stderr");
+    assert!(stops > 0, "the program ended before the first stop");
+    assert_eq!(out, nat.stdout, "xl_rseq cs under itrace after {stops} stops; itrace said:\n{err}");
+    assert_eq!(status.code(), Some(0), "itrace's exit status after {stops} stops; itrace said:\n{err}");
+}
+
+/// Item 6b, attached: `record -p` to xl_rseq cs while its four threads run their sections, for
+/// 2 s. A thread the attach stops inside a section (not found yet: its `lea` was before) is
+/// stepped on there, so the kernel aborts the section as it would untraced; taken into the
+/// cache there, it finished the section unprotected and committed stale sums (this test failed
+/// 2 runs of 3 then, 17,000 and 148,000 updates lost). The program prints the native sum after
+/// the detach.
+#[test]
+fn rseq_critical_sections_survive_an_attach() {
+    let bin = program("xl_rseq");
+    let dir = test_dir("translate-xl_rseq-cs-attach");
+    let mut child = KillOnDrop(
+        Command::new(&bin).args(["cs", "3000000"]).stdout(std::process::Stdio::piped()).spawn().expect("xl_rseq"),
+    );
+    let pid = child.0.id();
+    wait_until("xl_rseq's four threads", || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count() == 5).unwrap_or(true)
+    });
+    let trace = dir.join("attach.itr");
+    let pid_arg = pid.to_string();
+    let rec = itrace([
+        "record",
+        "--backend",
+        "translate",
+        "-p",
+        &pid_arg,
+        "--duration",
+        "2",
+        "-o",
+        trace.to_str().expect("utf-8 path"),
+    ]);
+    rec.assert_no_panic();
+    let status = wait_with_guard(&mut child.0, "xl_rseq cs after the detach");
+    let mut out = String::new();
+    use std::io::Read;
+    child.0.stdout.take().expect("stdout").read_to_string(&mut out).expect("stdout");
+    assert_eq!(out, "xl_rseq cs: 12000000 of 12000000\n", "after the detach; itrace said:\n{}", rec.stderr);
+    assert_eq!(status.code(), Some(0), "xl_rseq's exit after the detach; itrace said:\n{}", rec.stderr);
+    assert!(rec.stderr.contains("tracing ended: detached"), "itrace said:\n{}", rec.stderr);
+}
+
+/// Item 6b, the trace: xl_rseq's functions count as block stepping with debug registers counts
+/// them (`--step block`, a recorder that runs the sections natively too, from its breakpoint
+/// at the function's `ret`), except for aborted sections. Each abort is one `Other` record to
+/// the abort handler, after the descriptor's `lea` and its store to `rseq->rseq_cs` (counted
+/// again on the retry), and the handler's `jmp` back to the `lea`: 3 instructions more each in
+/// `xl_percpu_inc` (block stepping counts an aborted call as a straight one: its breakpoint at
+/// the `ret` sees only where the call ends).
+#[test]
+fn rseq_critical_sections_are_traced_exactly() {
+    let bin = program("xl_rseq");
+    let dir = test_dir("translate-xl_rseq-cs-counts");
+    let args = ["cs", "2000"];
+    let nat = native(&bin, &args);
+    let translated = recording(&dir, "translate", TRANSLATE, &bin, &args);
+    assert_same_behaviour("xl_rseq cs", &nat, &translated);
+    let block = recording(&dir, "block", &["--step", "block"], &bin, &args);
+    assert_same_behaviour("xl_rseq cs (--step block)", &nat, &block);
+    let aborts = translated.dump.lines().filter(|l| l.contains(" U Other ")).count() as u64;
+    let mut xl = report_self_counts(&report_json(&translated.trace), &bin);
+    let stepped = report_self_counts(&report_json(&block.trace), &bin);
+    let inc = xl.get_mut("xl_percpu_inc").expect("xl_percpu_inc in the translated trace");
+    *inc -= 3 * aborts;
+    assert_eq!(xl, stepped, "self counts (translated, {aborts} aborts taken out) != --step block's");
 }
 
 /// Item 7: AVX2 and AVX-512 (EVEX, mask registers, RIP-relative loads) run natively from the cache:

@@ -114,7 +114,7 @@ fn dr_offset(n: usize) -> usize {
 }
 
 /// si_code of a SIGTRAP from a hardware breakpoint.
-const TRAP_HWBKPT: i32 = 4;
+pub(super) const TRAP_HWBKPT: i32 = 4;
 
 /// DR7 with DR0 enabled (local) as a one-byte execute breakpoint (R/W0 = 00, LEN0 = 00).
 pub const DR7_DR0_EXEC: u64 = 1;
@@ -347,6 +347,9 @@ pub(super) struct Run {
     /// Rule 8: `stop` is a conditional jump that runs too; breakpoints wait at the stop points
     /// after it, (taken, not taken).
     pub(super) cond: Option<Cond>,
+    /// Translate mode: the run is an rseq critical section's, run at its own address
+    /// (`translate/rseq.rs`); DR1 waits at its abort handler.
+    pub(super) rseq: Option<super::translate::NativeRun>,
 }
 
 /// Rule 8: the conditional jump a run goes through, and its two ways on.
@@ -427,7 +430,7 @@ impl Session<'_> {
             self.threads.get_mut(&tid).expect("thread exists").arch.dr7 = want7;
         }
         let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.arch.hw_run = Some(Run { start: p.pc, stop, cond });
+        t.arch.hw_run = Some(Run { start: p.pc, stop, cond, rseq: None });
         t.injected = None;
         if let Err(e) = ptrace::cont(Pid::from_raw(tid), None) {
             t.arch.hw_run = None;
@@ -481,6 +484,17 @@ impl Session<'_> {
         let first = self.hw_path(tid, run.start, rip);
         match (first, run.cond) {
             (Some(path), _) => self.hw_account(tid, path),
+            (None, _) if run.rseq.is_some_and(|r| rip == r.abort_ip) => {
+                // The kernel aborted the section: the code up to its start ran, and the thread
+                // went on at its abort handler; where in the section it was is not told.
+                let r = run.rseq.expect("checked");
+                let t = self.threads.get_mut(&tid).expect("thread exists");
+                t.icount += r.before_start;
+                let cpu = t.cpu;
+                let b = branch(t, false, r.last_before_start, r.abort_ip, itrace_format::BranchKind::Other, 0, 0);
+                self.push_branch(cpu, b);
+                hit = sig == libc::SIGTRAP;
+            }
             (None, Some(c)) => {
                 // Past the conditional jump: the way it went is the path `rip` is on (the two
                 // are disjoint: a shared pc would lead both to one stop point).
@@ -505,6 +519,9 @@ impl Session<'_> {
                 }
             }
             (None, None) => self.arch.hw_lost += 1,
+        }
+        if run.rseq.is_some() {
+            self.end_native_run(tid);
         }
         self.update_pending_after(tid, rip, &regs, false);
         if hit {

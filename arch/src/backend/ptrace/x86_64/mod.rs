@@ -296,8 +296,12 @@ impl PtraceArch for Session<'_> {
                 // Stopped only to have its ring drained: it goes on in the cache.
                 return self.run_in_cache(tid);
             }
-            if self.enter_cache(tid) {
+            if self.enter_cache(tid) || self.start_native_run(tid) {
                 return;
+            }
+            // A thread stepped on from a native run's breakpoint address (rule 5 of `hwstep.rs`).
+            if self.threads.get(&tid).is_some_and(|t| t.arch.dr7 != 0) {
+                self.end_native_run(tid);
             }
         }
         if self.opts.step.hw_step {
@@ -397,11 +401,18 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        if sig == libc::SIGTRAP && self.stale_native_run_hit(tid) {
+            // The breakpoint at the end of an rseq section's native run, hit as a stop of ours
+            // (a group stop, our interrupt) ended the run: already counted there.
+            self.restore_trap_mask(tid);
+            return if self.threads[&tid].arch.xl.in_cache { self.run_in_cache(tid) } else { self.resume(tid, 0) };
+        }
         if self.threads[&tid].arch.xl.in_cache {
             return self.cache_stop(tid, sig);
         }
         self.restore_trap_mask(tid);
-        if self.opts.step.hw_step {
+        // (Translate mode: an rseq critical section's native run, `translate/rseq.rs`.)
+        if self.opts.step.hw_step || self.threads[&tid].arch.hw_run.is_some() {
             if self.threads[&tid].arch.hw_run.is_some() {
                 if self.hw_stopped(tid, sig) {
                     // The breakpoint: the thread is on the stop point. A SIGTRAP sent to it at

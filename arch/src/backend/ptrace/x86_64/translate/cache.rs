@@ -5,6 +5,7 @@
 //! cache's read-only protection as a debugger's breakpoints do.
 
 use super::layout::*;
+use super::rseq::NativeRun;
 use super::unit::{Exit, Trap, Unit};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -63,6 +64,11 @@ pub(in super::super) struct Cache {
     mem: Option<(i32, File)>,
     /// Why this process's code is no longer translated (said once).
     pub(in super::super) disabled: Option<String>,
+    /// rseq critical sections that run at their own addresses, by their descriptor's `lea`
+    /// (`rseq.rs`); no unit holds their code.
+    pub(in super::super) native_runs: BTreeMap<u64, NativeRun>,
+    /// Sections found that cannot run natively (their start), warned about once.
+    pub(super) branchy_sections: std::collections::BTreeSet<u64>,
 }
 
 impl Cache {
@@ -82,6 +88,8 @@ impl Cache {
             remote_gadget: self.remote_gadget,
             mem: None,
             disabled: self.disabled.clone(),
+            native_runs: self.native_runs.clone(),
+            branchy_sections: self.branchy_sections.clone(),
         }
     }
 
@@ -110,6 +118,12 @@ impl Cache {
     /// The live unit of application address `pc`: its entry.
     pub(super) fn entry(&self, pc: u64) -> Option<u64> {
         self.entries.get(&pc).and_then(|c| self.units.get(c)).map(Unit::entry)
+    }
+
+    /// The native run (rseq critical section) whose code holds `pc`.
+    pub(super) fn native_run_covering(&self, pc: u64) -> Option<&NativeRun> {
+        // Runs do not overlap: the one starting last at or before `pc` is the only candidate.
+        self.native_runs.range(..=pc).next_back().map(|(_, r)| r).filter(|r| r.covers(pc))
     }
 
     /// Whether `addr` is in one of the cache's regions.
@@ -186,6 +200,8 @@ impl Cache {
     /// Code in `start..end` changed: its units are dead (their code stays, a thread may be in
     /// it), links to them go back to their miss traps, the threads' tables forget them.
     pub(in super::super) fn invalidate(&mut self, start: u64, end: u64) {
+        // The code of a native run changed: it is looked for again.
+        self.native_runs.retain(|_, r| r.end <= start || r.lea >= end);
         // Nothing was written to a process whose memory was never opened.
         let Some(pid) = self.mem.as_ref().map(|(p, _)| *p) else { return };
         // A unit holds at most MAX_UNIT_INSNS instructions of at most 15 bytes.

@@ -23,9 +23,11 @@
 
 mod cache;
 mod layout;
+mod rseq;
 mod unit;
 
 pub(super) use cache::Cache;
+pub(super) use rseq::NativeRun;
 
 use super::engine::*;
 use super::getregs;
@@ -77,14 +79,15 @@ pub(super) struct Stats {
     leaves: u64,
     signals: u64,
     drains_by_interrupt: u64,
+    native_runs: u64,
 }
 
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains",
-            self.units, self.links, self.indirect_misses, self.ring_full, self.leaves, self.signals, self.drains_by_interrupt
+            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively",
+            self.units, self.links, self.indirect_misses, self.ring_full, self.leaves, self.signals, self.drains_by_interrupt, self.native_runs
         )
     }
 }
@@ -138,6 +141,11 @@ impl Session<'_> {
             return false;
         }
         let pid = t.pid;
+        // A thread's first entry (at the start, after an attach) may be from inside an rseq
+        // critical section not found yet: stepped on there, the kernel aborts it instead.
+        if t.arch.xl.state == 0 && rseq::in_critical_section(tid, pid, p.pc) {
+            return false;
+        }
         // The unit first: the process's first region brings the cache's own gadget for the
         // system calls itrace makes there (the state block's mmap is one), so that only that
         // first mmap runs at the vDSO's `syscall` (see `remote_syscall`).
@@ -207,6 +215,13 @@ impl Session<'_> {
             }
             Next::Leave { pc, count } => {
                 self.leave_cache(tid, pc, count, Some(spilled));
+                // A native run goes from this stop: PTRACE_CONT from a PTRACE_SYSEMU entry stop
+                // skips the call with no exit stop and no step report (that stop is taken first
+                // only for a step, below).
+                let trigger = self.procs.get(&pid).is_some_and(|p| p.region.bps.kind_at(pc).is_some());
+                if !trigger && self.start_native_run(tid) {
+                    return;
+                }
                 if self.leave_syscall_stop(tid) {
                     self.step_on(tid, 0);
                 }
@@ -639,7 +654,11 @@ impl Session<'_> {
         if c.disabled.is_some() {
             return None;
         }
-        let region = match c.region_for(pc) {
+        // An rseq critical section runs at its own address (`rseq.rs`): never a unit there.
+        if c.native_run_covering(pc).is_some() || self.find_native_run(pid, pc) {
+            return None;
+        }
+        let region = match self.cache_of(pid)?.region_for(pc) {
             Some(r) => r,
             None => self.new_region(tid, pid, pc)?,
         };
@@ -652,8 +671,42 @@ impl Session<'_> {
             bps.unpatch(addr, &mut buf[..n]);
             n
         };
-        let stop_before = |addr: u64| bps.kind_at(addr).is_some();
-        let unit = match unit::translate(pc, at, first_exit, &mut fetch, &stop_before) {
+        let runs = &p.arch.cache.native_runs;
+        let branchy = &p.arch.cache.branchy_sections;
+        // Sections found on the way (a unit ends before their `lea`).
+        let found = std::cell::RefCell::new(Vec::new());
+        let stop_before = |addr: u64, bytes: &[u8]| {
+            if bps.kind_at(addr).is_some() || runs.range(..=addr).next_back().is_some_and(|(_, r)| r.covers(addr)) {
+                return true;
+            }
+            if !rseq::may_be_lea_rip(bytes) {
+                return false;
+            }
+            let mut fetch = |a: u64, buf: &mut [u8]| {
+                let n = super::super::tables::read_mem(pid, a, buf);
+                bps.unpatch(a, &mut buf[..n]);
+                n
+            };
+            match rseq::find_at(addr, &mut fetch) {
+                rseq::Found::Nothing => false,
+                rseq::Found::Branchy(start) => {
+                    if !branchy.contains(&start) {
+                        found.borrow_mut().push(Err(start));
+                    }
+                    false
+                }
+                rseq::Found::Run(r) => {
+                    found.borrow_mut().push(Ok(r));
+                    true
+                }
+            }
+        };
+        let translated = unit::translate(pc, at, first_exit, &mut fetch, &stop_before);
+        for f in found.into_inner() {
+            self.add_native_run(pid, f);
+        }
+        let p = self.procs.get_mut(&pid)?;
+        let unit = match translated {
             Ok(u) => u,
             Err(TranslateError::NotTranslatable) => return None,
             Err(e) => {
@@ -671,6 +724,47 @@ impl Session<'_> {
                 eprintln!("itrace: warning: {why}; its code is stepped from here on");
                 p.arch.cache.disabled = Some(why);
                 None
+            }
+        }
+    }
+
+    /// Whether `pc` is the `lea` of an rseq critical section that runs natively (then it is
+    /// known from here on).
+    fn find_native_run(&mut self, pid: i32, pc: u64) -> bool {
+        let Some(p) = self.procs.get(&pid) else { return false };
+        let bps = &p.region.bps;
+        let mut fetch = |a: u64, buf: &mut [u8]| {
+            let n = super::super::tables::read_mem(pid, a, buf);
+            bps.unpatch(a, &mut buf[..n]);
+            n
+        };
+        let found = match rseq::find_at(pc, &mut fetch) {
+            rseq::Found::Nothing => return false,
+            rseq::Found::Branchy(start) => Err(start),
+            rseq::Found::Run(r) => Ok(r),
+        };
+        let run = found.is_ok();
+        self.add_native_run(pid, found);
+        run
+    }
+
+    /// Keep a section found by the translator: one that runs natively (its code already
+    /// translated, if any, is dropped), or one that cannot (said once).
+    fn add_native_run(&mut self, pid: i32, found: Result<NativeRun, u64>) {
+        let Some(c) = self.cache_of(pid) else { return };
+        match found {
+            Ok(r) => {
+                if c.native_runs.insert(r.lea, r).is_none() {
+                    c.invalidate(r.lea, r.end);
+                    c.native_runs.insert(r.lea, r);
+                }
+            }
+            Err(start) => {
+                if c.branchy_sections.insert(start) {
+                    eprintln!(
+                        "itrace: warning: the rseq critical section at {start:#x} does not run straight through; it runs from the code cache, where the kernel cannot abort it"
+                    );
+                }
             }
         }
     }

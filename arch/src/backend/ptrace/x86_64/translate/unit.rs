@@ -485,13 +485,14 @@ enum PendingTrap {
 /// Translate the unit at application address `start` for cache address `cache_at` (8-byte
 /// aligned). `fetch` reads application code (up to the buffer's length; fewer bytes where the
 /// mapping ends); `stop_before` says where a unit must end before an instruction (region
-/// triggers) unless it is the first. Exits are numbered from `first_exit`.
+/// triggers, an rseq critical section's way in), given its address and bytes, unless it is the
+/// first. Exits are numbered from `first_exit`.
 pub(super) fn translate(
     start: u64,
     cache_at: u64,
     first_exit: u32,
     fetch: &mut dyn FnMut(u64, &mut [u8]) -> usize,
-    stop_before: &dyn Fn(u64) -> bool,
+    stop_before: &dyn Fn(u64, &[u8]) -> bool,
 ) -> Result<Unit, TranslateError> {
     let mut b = Builder { insns: Vec::new(), next_fake: 0, bound: None, slots: Vec::new(), error: None, way_out: None };
     let mut p = Pending { spans: Vec::new(), traps: Vec::new(), links: Vec::new() };
@@ -506,7 +507,9 @@ pub(super) fn translate(
         first_exit + exits.len() as u32 - 1
     };
     loop {
-        if count > 0 && stop_before(pc) {
+        let mut bytes = [0u8; itrace_decoders::x86::MAX_INSN_LEN];
+        let n = fetch(pc, &mut bytes);
+        if count > 0 && stop_before(pc, &bytes[..n]) {
             let (_, i) = b.trap(WayOut::To(pc));
             p.traps.push((i, PendingTrap::Leave { pc, count }));
             break;
@@ -521,8 +524,6 @@ pub(super) fn translate(
             p.traps.push((f, PendingTrap::RingFull { resume: back }));
             break;
         }
-        let mut bytes = [0u8; itrace_decoders::x86::MAX_INSN_LEN];
-        let n = fetch(pc, &mut bytes);
         let flow = itrace_decoders::x86::decode(64, pc, &bytes[..n]).flow;
         let mut decoder = Decoder::with_ip(64, &bytes[..n], pc, DecoderOptions::NONE);
         let insn = decoder.decode();
@@ -764,7 +765,7 @@ mod tests {
         // 0x1000: mov eax, 3 ; 0x1005: dec eax ; 0x1007: jnz 0x1005 ; 0x1009: lea rbx,[rip+0x10]; 0x1010: ret
         static CODE: [u8; 17] = [0xb8, 3, 0, 0, 0, 0xff, 0xc8, 0x75, 0xfc, 0x48, 0x8d, 0x1d, 0x10, 0, 0, 0, 0xc3];
         let mut fetch = fetch_from(&CODE, 0x1000);
-        let u = translate(0x1000, 0x10_0000, 7, &mut fetch, &|_| false).expect("translates");
+        let u = translate(0x1000, 0x10_0000, 7, &mut fetch, &|_, _| false).expect("translates");
         assert_eq!(u.spans.len(), 5, "{:#?}", disasm(&u.code, u.cache_start));
         assert_eq!(u.app_end, 0x1011);
         // Exits: the jnz taken (7, count 3) and the return (8, count 5, indirect).
@@ -787,11 +788,11 @@ mod tests {
         // nop ; syscall
         static CODE: [u8; 3] = [0x90, 0x0f, 0x05];
         let mut fetch = fetch_from(&CODE, 0x2000);
-        let u = translate(0x2000, 0x10_0000, 0, &mut fetch, &|_| false).expect("translates");
+        let u = translate(0x2000, 0x10_0000, 0, &mut fetch, &|_, _| false).expect("translates");
         assert!(matches!(u.traps[0].1, Trap::Leave { pc: 0x2001, count: 1 }));
         let mut fetch = fetch_from(&CODE, 0x2000);
         assert!(matches!(
-            translate(0x2001, 0x10_0000, 0, &mut fetch, &|_| false),
+            translate(0x2001, 0x10_0000, 0, &mut fetch, &|_, _| false),
             Err(TranslateError::NotTranslatable)
         ));
     }
@@ -802,7 +803,7 @@ mod tests {
         // link misses, a full ring, an indirect miss.
         static CODE: [u8; 10] = [0xff, 0xc8, 0x75, 0xfc, 0xff, 0x15, 0x10, 0, 0, 0];
         let mut fetch = fetch_from(&CODE, 0x1000);
-        let u = translate(0x1000, 0x10_0000, 0, &mut fetch, &|_| false).expect("translates");
+        let u = translate(0x1000, 0x10_0000, 0, &mut fetch, &|_, _| false).expect("translates");
         let entry = u.entry();
         let code = &u.code[(entry - u.cache_start) as usize..];
         let insns: Vec<Instruction> = Decoder::with_ip(64, code, entry, DecoderOptions::NONE).into_iter().collect();
@@ -856,7 +857,7 @@ mod tests {
         // jno +0 ; ret: a copy would keep its absolute target (0x3002) and leave the cache.
         static CODE: [u8; 3] = [0x71, 0x00, 0xc3];
         let mut fetch = fetch_from(&CODE, 0x3000);
-        let u = translate(0x3000, 0x10_0000, 0, &mut fetch, &|_| false).expect("translates");
+        let u = translate(0x3000, 0x10_0000, 0, &mut fetch, &|_, _| false).expect("translates");
         assert_eq!(u.spans.len(), 2);
         assert_eq!(u.exits.len(), 1, "only the return exits");
         let mut d = Decoder::with_ip(64, &u.code, u.cache_start, DecoderOptions::NONE);
