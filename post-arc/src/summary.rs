@@ -180,10 +180,22 @@ pub struct NameSources {
 }
 
 impl NameSources {
-    /// The sources of `res`'s names.
-    pub fn of(res: &Resolver) -> Self {
-        let (files, may_download) = res.name_sources();
-        NameSources { files, may_download }
+    /// The sources of the names `res` gave in a replay of `trace`; with `--after`, also every
+    /// file the trace mapped (the function it names is looked for in all their symbol tables).
+    pub fn of(trace: &Trace, res: &Resolver) -> Result<Self, PostError> {
+        let (mut files, may_download) = res.name_sources();
+        if trace.range().after.is_some() {
+            for r in trace.stream(itrace_format::STREAM_MTE) {
+                if let (_, itrace_format::Record::Mte(itrace_format::Mte::Segment { path, .. })) = r? {
+                    if path.starts_with('/') {
+                        files.push(PathBuf::from(path));
+                    }
+                }
+            }
+            files.sort();
+            files.dedup();
+        }
+        Ok(NameSources { files, may_download })
     }
 }
 

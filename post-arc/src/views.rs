@@ -181,7 +181,7 @@ fn replay_aggregate(
         Some(tid) => stacks::build_thread(trace, collect, tid, progress)?,
         None => stacks::build(trace, collect, progress)?,
     };
-    Ok((Aggregate::from_stacks(&sink, &names, &res), NameSources::of(&res)))
+    Ok((Aggregate::from_stacks(&sink, &names, &res), NameSources::of(trace, &res)?))
 }
 
 /// The views `opts` asks for, from an aggregate of `trace` that holds what they need.
