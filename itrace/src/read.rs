@@ -70,7 +70,14 @@ fn read_trace<T>(
 pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
     let path = args.input.path();
     let trace = open_ranged(&path, &args.range)?;
-    let folded = read_trace(&trace, |trace, progress| itrace_post::flame::folded(trace, args.per_thread, progress))?;
+    let folded = read_trace(&trace, |trace, progress| {
+        // The index holds the stacks of all threads merged, not per thread.
+        if args.per_thread || NO_INDEX.load(std::sync::atomic::Ordering::Relaxed) {
+            itrace_post::flame::folded(trace, args.per_thread, progress)
+        } else {
+            itrace_post::flame::folded_summarized(trace, progress)
+        }
+    })?;
     print_notes(&trace, &folded.notes);
     if folded.stack_count() == 0 {
         eprintln!("itrace: note: {} holds no instructions: the flame graph is empty", path.display());

@@ -170,7 +170,7 @@ fn needs(opts: &ViewOptions) -> Collected {
 }
 
 /// Replay `trace` (thread `tid` alone when given), collecting `collect`.
-fn replay_aggregate(
+pub(crate) fn replay_aggregate(
     trace: &Trace,
     tid: Option<u32>,
     collect: Collected,

@@ -1,5 +1,5 @@
 //! The index beside a trace (`TRACE.itrace-idx`, post-arc/src/summary.rs): what a report of the
-//! trace added up, kept so that the next report does not replay the trace.
+//! trace added up, kept so that the next report (or flame graph) does not replay the trace.
 //!
 //! Truth: the replay, `itrace report --no-index` (checked against callgrind, qemu's logs and
 //! hand counts by views.rs, calltree.rs, exact_counts.rs). The report written from the index
@@ -19,8 +19,13 @@ fn report(trace: &Path, args: &[&str], no_index: bool) -> (String, String) {
 
 /// [`report`] with environment variables set.
 fn report_env(trace: &Path, args: &[&str], no_index: bool, env: &[(&str, &Path)]) -> (String, String) {
+    command("report", trace, args, no_index, env)
+}
+
+/// `itrace COMMAND TRACE ARGS` (with `--no-index`: a replay), with environment variables set.
+fn command(command: &str, trace: &Path, args: &[&str], no_index: bool, env: &[(&str, &Path)]) -> (String, String) {
     let mut cmd = Command::new(itrace_tests::itrace_bin());
-    cmd.arg("report").arg(trace).args(args);
+    cmd.arg(command).arg(trace).args(args);
     if no_index {
         cmd.arg("--no-index");
     }
@@ -79,6 +84,20 @@ fn reports_from_the_index_are_the_replays_byte_for_byte() {
     for (view, truth) in views.iter().zip(&truths) {
         assert_eq!(report(&trace, view, false).0, truth.0, "report {view:?}, again");
     }
+
+    // Flame graphs (all threads merged) are drawn from the index's call tree too.
+    for view in [vec!["--folded"], vec![], vec!["--colors", "module", "--title", "t"], vec!["--per-thread", "--folded"]]
+    {
+        let truth = command("flamegraph", &trace, &view, true, &[]).0;
+        assert_eq!(command("flamegraph", &trace, &view, false, &[]).0, truth, "flamegraph {view:?}");
+    }
+    std::fs::remove_file(&idx).unwrap();
+    let truth = command("flamegraph", &trace, &["--folded"], true, &[]).0;
+    assert_eq!(command("flamegraph", &trace, &["--folded"], false, &[]).0, truth, "flamegraph, replayed");
+    assert!(idx.is_file(), "flamegraph left no index");
+    assert_eq!(command("flamegraph", &trace, &["--folded"], false, &[]).0, truth, "flamegraph, from its index");
+    let tree = &views[2];
+    assert_eq!(report(&trace, tree, false).0, truths[2].0, "report {tree:?} from a flamegraph's index");
 
     // A damaged index, one cut short and one of garbage: the replay's answer, and a good index again.
     let good = std::fs::read(&idx).unwrap();
