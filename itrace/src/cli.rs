@@ -285,6 +285,10 @@ pub struct ReadOptions {
     /// Without it, each hint is printed once per trace.
     #[arg(short, long)]
     pub quiet: bool,
+    /// `report`, `diff` and `flamegraph`: replay the trace even when the index beside it
+    /// (TRACE.itrace-idx, what the last report of it added up) could answer, and write no index.
+    #[arg(long)]
+    pub no_index: bool,
 }
 
 impl Command {

@@ -44,6 +44,7 @@ fn main() -> ExitCode {
     };
     read::set_strict(cli.command.read_options().is_some_and(|r| r.strict));
     read::set_quiet(cli.command.read_options().is_some_and(|r| r.quiet));
+    read::set_no_index(cli.command.read_options().is_some_and(|r| r.no_index));
     // Debug files are fetched by build-id when a trace is read, never while recording.
     itrace_post::symbols::debuginfod::allow_downloads(cli.command.read_options().is_some());
     let result = match cli.command {

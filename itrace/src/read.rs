@@ -70,7 +70,14 @@ fn read_trace<T>(
 pub fn flamegraph(args: FlamegraphArgs) -> Result<ExitCode> {
     let path = args.input.path();
     let trace = open_ranged(&path, &args.range)?;
-    let folded = read_trace(&trace, |trace, progress| itrace_post::flame::folded(trace, args.per_thread, progress))?;
+    let folded = read_trace(&trace, |trace, progress| {
+        // The index holds the stacks of all threads merged, not per thread.
+        if args.per_thread || NO_INDEX.load(std::sync::atomic::Ordering::Relaxed) {
+            itrace_post::flame::folded(trace, args.per_thread, progress)
+        } else {
+            itrace_post::flame::folded_summarized(trace, progress)
+        }
+    })?;
     print_notes(&trace, &folded.notes);
     if folded.stack_count() == 0 {
         eprintln!("itrace: note: {} holds no instructions: the flame graph is empty", path.display());
@@ -247,13 +254,13 @@ pub fn archive(args: ArchiveArgs) -> Result<ExitCode> {
 }
 
 pub fn report(args: ReportArgs) -> Result<ExitCode> {
-    use itrace_post::views::{self, Filter, SortKey, TreeLimits, ViewOptions};
+    use itrace_post::views::{Filter, SortKey, TreeLimits, ViewOptions};
     let v = &args.views;
     let grep = grep_regex(v.grep.as_deref())?;
     let path = args.input.path();
     let trace = open_ranged(&path, &args.range)?;
     let opts = ViewOptions { tid: v.tid, tree: v.tree, callers: v.callers.clone(), callees: v.callees.clone() };
-    let mut report = read_trace(&trace, |trace, progress| views::build(trace, &opts, progress))?;
+    let mut report = read_trace(&trace, |trace, progress| build_views(trace, &opts, progress))?;
     print_notes(&trace, &report.report.notes);
     let matches = |name: &str| grep.as_ref().is_some_and(|re| re.is_match(name));
     let name_test: Option<&dyn Fn(&str) -> bool> = if grep.is_some() { Some(&matches) } else { None };
@@ -338,14 +345,34 @@ pub fn build_report(path: &Path, range: &RangeArgs, tid: Option<u32>) -> Result<
     let trace = open_ranged(path, range)?;
     let opts = itrace_post::views::ViewOptions { tid, ..Default::default() };
     let views =
-        read_trace(&trace, |trace, progress| itrace_post::views::build(trace, &opts, progress)).with_context(|| {
-            match tid {
-                Some(_) => format!("in {}", path.display()),
-                None => format!("cannot read {}", path.display()),
-            }
+        read_trace(&trace, |trace, progress| build_views(trace, &opts, progress)).with_context(|| match tid {
+            Some(_) => format!("in {}", path.display()),
+            None => format!("cannot read {}", path.display()),
         })?;
     print_notes(&trace, &views.report.notes);
     Ok(views)
+}
+
+/// The report's views of `trace`: from the index beside it when it answers (see
+/// `itrace_post::summary`), else replayed (and the index written); replayed alone with `--no-index`.
+fn build_views(
+    trace: &itrace_post::Trace,
+    opts: &itrace_post::views::ViewOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<itrace_post::views::Views, PostError> {
+    if NO_INDEX.load(std::sync::atomic::Ordering::Relaxed) {
+        itrace_post::views::build(trace, opts, progress)
+    } else {
+        itrace_post::views::build_summarized(trace, opts, progress)
+    }
+}
+
+/// `--no-index`: replay every time, write no index.
+static NO_INDEX: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set once from the command line, before any trace is read.
+pub fn set_no_index(no_index: bool) {
+    NO_INDEX.store(no_index, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `--strict`: readers refuse a damaged chunk instead of skipping it.

@@ -10,6 +10,7 @@
 
 use crate::names::printable;
 use crate::stacks::{self, Collect, StackTree};
+use crate::summary::{self, TreeEntry};
 use crate::{PostError, Trace};
 use rustc_hash::FxHashMap;
 use std::io::Write;
@@ -24,9 +25,36 @@ pub enum FrameColors {
     Module,
 }
 
+/// The tree of call stacks: replayed, or read from the trace's index (its nodes in the order
+/// [`StackTree::visit_nodes`] gives, with their depths).
+enum Stacks {
+    Tree(StackTree),
+    Entries(Vec<TreeEntry>),
+}
+
+impl Stacks {
+    /// As [`StackTree::walk`]: every stack that ran instructions, root first, depth first.
+    fn walk(&self, visit: &mut dyn FnMut(&[u32], u64) -> std::io::Result<()>) -> std::io::Result<()> {
+        match self {
+            Stacks::Tree(tree) => tree.walk(visit),
+            Stacks::Entries(nodes) => {
+                let mut path: Vec<u32> = Vec::new();
+                for n in nodes {
+                    path.truncate(n.depth as usize);
+                    path.push(n.func);
+                    if n.instructions > 0 {
+                        visit(&path, n.instructions)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The call stacks of a trace, ready to be written.
 pub struct Folded {
-    tree: StackTree,
+    tree: Stacks,
     /// Frame names by function id.
     names: Vec<String>,
     /// Module file names by function id.
@@ -69,12 +97,31 @@ pub fn folded(trace: &Trace, per_thread: bool, progress: &mut dyn FnMut(u64)) ->
         Ok(())
     })?;
     Ok(Folded {
-        tree,
+        tree: Stacks::Tree(tree),
         names: names_by_id,
         modules,
         thread_frames,
         total_instructions: stacks.threads.values().map(|t| t.instructions).sum(),
         notes: res.notes().to_vec(),
+    })
+}
+
+/// [`folded`] (all threads merged) from the trace's index when it has the call tree, else
+/// replayed and the index written ([`crate::summary`]).
+pub fn folded_summarized(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Folded, PostError> {
+    let need = summary::Collected { tree: true, edges: false };
+    let mut agg = summary::aggregate(trace, None, need, |collect| {
+        crate::views::replay_aggregate(trace, None, collect, progress)
+    })?;
+    let (modules, names): (Vec<String>, Vec<String>) =
+        agg.funcs.iter().map(|f| (crate::report::basename(&f.module).to_string(), frame_name(&f.name))).unzip();
+    Ok(Folded {
+        tree: Stacks::Entries(agg.tree.take().expect("the index's aggregate holds the tree asked for")),
+        names,
+        modules,
+        thread_frames: FxHashMap::default(),
+        total_instructions: agg.threads.iter().map(|t| t.instructions).sum(),
+        notes: std::mem::take(&mut agg.notes),
     })
 }
 

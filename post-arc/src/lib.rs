@@ -23,6 +23,7 @@ pub mod replay;
 pub mod report;
 pub mod resolve;
 pub mod stacks;
+pub mod summary;
 pub mod symbols;
 mod syscall_table;
 mod threads;

@@ -5,6 +5,7 @@
 
 use crate::names::printable;
 use crate::stacks::{self, Collect};
+use crate::summary::Aggregate;
 use crate::{PostError, Trace};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -30,7 +31,7 @@ pub struct ModuleRow {
 }
 
 /// One thread's totals.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ThreadRow {
     pub pid: u32,
     pub tid: u32,
@@ -69,30 +70,21 @@ fn is_zero(n: &u64) -> bool {
 /// Build the report of `trace`.
 pub fn build(trace: &Trace, progress: &mut dyn FnMut(u64)) -> Result<Report, PostError> {
     let (sink, names, res) = stacks::build(trace, Collect::default(), progress)?;
-    Ok(from_stacks(trace, &sink, &names, &res))
+    Ok(from_aggregate(trace, &Aggregate::from_stacks(&sink, &names, &res)))
 }
 
-/// The report of call stacks replayed from `trace`.
-pub(crate) fn from_stacks(
-    trace: &Trace,
-    sink: &stacks::CallStacks,
-    names: &crate::Names,
-    res: &crate::resolve::Resolver,
-) -> Report {
-    let mut functions: Vec<FunctionRow> = sink
+/// The report of an aggregate of `trace` (replayed, or read from its summary).
+pub(crate) fn from_aggregate(trace: &Trace, agg: &Aggregate) -> Report {
+    let mut functions: Vec<FunctionRow> = agg
         .funcs
         .iter()
-        .enumerate()
-        .filter(|(_, f)| f.self_instructions > 0 || f.calls > 0 || f.inclusive > 0)
-        .map(|(i, f)| {
-            let (module, name) = res.func(i as u32);
-            FunctionRow {
-                name: name.to_string(),
-                module: module.to_string(),
-                self_instructions: f.self_instructions,
-                inclusive: f.inclusive,
-                calls: f.calls,
-            }
+        .filter(|f| f.stats.self_instructions > 0 || f.stats.calls > 0 || f.stats.inclusive > 0)
+        .map(|f| FunctionRow {
+            name: f.name.clone(),
+            module: f.module.clone(),
+            self_instructions: f.stats.self_instructions,
+            inclusive: f.stats.inclusive,
+            calls: f.stats.calls,
         })
         .collect();
     functions.sort_by(|a, b| b.self_instructions.cmp(&a.self_instructions).then(a.name.cmp(&b.name)));
@@ -103,21 +95,11 @@ pub(crate) fn from_stacks(
     let mut modules: Vec<ModuleRow> =
         modules.into_iter().map(|(m, n)| ModuleRow { module: m.to_string(), self_instructions: n }).collect();
     modules.sort_by(|a, b| b.self_instructions.cmp(&a.self_instructions).then(a.module.cmp(&b.module)));
-    let threads: Vec<ThreadRow> = sink
-        .threads
-        .iter()
-        .map(|(tid, t)| ThreadRow {
-            pid: if t.pid != 0 { t.pid } else { names.pid_of(*tid) },
-            tid: *tid,
-            name: names.thread_name(*tid).to_string(),
-            instructions: t.instructions,
-            branches: t.branches,
-        })
-        .collect();
+    let threads = agg.threads.clone();
     let h = trace.header();
     let lost = match trace.summary() {
-        Some(s) => crate::summary_lost(s).max(sink.lost),
-        None => sink.lost,
+        Some(s) => crate::summary_lost(s).max(agg.lost),
+        None => agg.lost,
     };
     Report {
         recorded: crate::origin::origin(trace),
@@ -125,13 +107,13 @@ pub(crate) fn from_stacks(
         mode: h.mode.to_string(),
         step_method: h.step_method.to_string(),
         total_instructions: threads.iter().map(|t| t.instructions).sum(),
-        total_branches: sink.total_branches,
+        total_branches: agg.total_branches,
         lost_records: lost,
-        stacks_cut_at_gaps: sink.cut_at_gaps,
+        stacks_cut_at_gaps: agg.cut_at_gaps,
         functions,
         modules,
         threads,
-        notes: res.notes().to_vec(),
+        notes: agg.notes.clone(),
     }
 }
 

@@ -363,6 +363,43 @@ impl Resolver {
         self.intern(&Arc::from("[kernel]"), &Arc::from(name))
     }
 
+    /// Every file the names came from so far, for a summary's key ([`crate::summary`]): the
+    /// images read or tried (a missing one too), their debug files, and for an image without
+    /// one every place its debug file was looked for by build-id and not found (installing one
+    /// there later changes the names). The second value is true when such an image has a
+    /// build-id that `DEBUGINFOD_URLS` servers may be asked for: its names may change without
+    /// any file here changing.
+    pub(crate) fn name_sources(&self) -> (Vec<std::path::PathBuf>, bool) {
+        use std::path::PathBuf;
+        let mut files: Vec<PathBuf> = self.noted.iter().map(|p| PathBuf::from(&**p)).collect();
+        let mut may_download = false;
+        for (path, ms) in self.symbols.loaded() {
+            files.push(PathBuf::from(path));
+            let Some(ms) = ms else { continue };
+            if let Some(debug) = ms.debug_file() {
+                files.push(debug.to_path_buf());
+                continue;
+            }
+            // A debug file adds call-frame function starts even to an image with a symbol table.
+            if let Some(id) = ms.build_id() {
+                files.extend(crate::symbols::build_id_debug_files(id, self.symbols.debug_dirs()));
+                if !ms.has_full_symbols() {
+                    files.extend(crate::symbols::debuginfod::cache_entry(id));
+                    may_download |= crate::symbols::debuginfod::servers_set();
+                }
+            }
+        }
+        // Where `apply` looked for archive copies: one put there later is read instead.
+        if let Some(dir) = &self.archive {
+            files.extend(
+                self.recorded.iter().map(|(path, rec)| crate::archive::archived_path(dir, path, &rec.build_id)),
+            );
+        }
+        files.sort();
+        files.dedup();
+        (files, may_download)
+    }
+
     /// The (module, symbol) of an interned function id.
     pub fn func(&self, id: u32) -> (&str, &str) {
         let (m, s) = &self.func_names[id as usize];

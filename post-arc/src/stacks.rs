@@ -123,7 +123,7 @@ pub enum StackEvent {
 }
 
 /// One function's totals.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FuncStats {
     /// Instructions of blocks that start in the function.
     pub self_instructions: u64,

@@ -9,8 +9,8 @@
 use crate::funcname::{FunctionQuery, NameError};
 use crate::names::printable;
 use crate::report::{self, basename, fit, Report, TextOptions};
-use crate::resolve::Resolver;
-use crate::stacks::{self, Collect, StackTree};
+use crate::stacks::{self, Collect};
+use crate::summary::{self, Aggregate, Collected, NameSources, TreeEntry};
 use crate::{PostError, Trace};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -149,48 +149,73 @@ impl Filter<'_> {
     }
 }
 
-/// Build the report of `trace` with the views `opts` asks for.
+/// Build the report of `trace` with the views `opts` asks for, replaying it.
 pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -> Result<Views, PostError> {
-    let collect =
-        Collect { tree: opts.tree, edges: opts.callers.is_some() || opts.callees.is_some(), ..Collect::default() };
-    let (sink, names, res) = match opts.tid {
+    let agg = replay_aggregate(trace, opts.tid, needs(opts), progress)?.0;
+    from_aggregate(trace, opts, &agg)
+}
+
+/// [`build`] from the trace's summary ([`crate::summary`]) when it has one that answers, else
+/// replaying it and saving the summary for the next query.
+pub fn build_summarized(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -> Result<Views, PostError> {
+    let agg = summary::aggregate(trace, opts.tid, needs(opts), |collect| {
+        replay_aggregate(trace, opts.tid, collect, progress)
+    })?;
+    from_aggregate(trace, opts, &agg)
+}
+
+/// What the views of `opts` need beyond the totals.
+fn needs(opts: &ViewOptions) -> Collected {
+    Collected { tree: opts.tree, edges: opts.callers.is_some() || opts.callees.is_some() }
+}
+
+/// Replay `trace` (thread `tid` alone when given), collecting `collect`.
+pub(crate) fn replay_aggregate(
+    trace: &Trace,
+    tid: Option<u32>,
+    collect: Collected,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Aggregate, NameSources), PostError> {
+    let collect = Collect { tree: collect.tree, edges: collect.edges, ..Collect::default() };
+    let (sink, names, res) = match tid {
         Some(tid) => stacks::build_thread(trace, collect, tid, progress)?,
         None => stacks::build(trace, collect, progress)?,
     };
+    Ok((Aggregate::from_stacks(&sink, &names, &res), NameSources::of(trace, &res)?))
+}
+
+/// The views `opts` asks for, from an aggregate of `trace` that holds what they need.
+fn from_aggregate(trace: &Trace, opts: &ViewOptions, agg: &Aggregate) -> Result<Views, PostError> {
     if let Some(tid) = opts.tid {
-        if !sink.threads.contains_key(&tid) {
+        if !agg.threads.iter().any(|t| t.tid == tid) {
             return Err(PostError::NoSuchThread(tid));
         }
     }
-    let mut report = report::from_stacks(trace, &sink, &names, &res);
+    let mut report = report::from_aggregate(trace, agg);
     let mut report_notes = Vec::new();
-    let tree = sink.tree.as_ref().map(|t| call_tree(t, &res));
+    let tree = opts.tree.then(|| agg.tree.as_deref().map(|t| call_tree(t, agg))).flatten();
 
     let mut call_graph = Vec::new();
     let wanted: Vec<&String> = opts.callers.iter().chain(opts.callees.iter()).collect();
-    if let Some(edges) = &sink.edges {
+    if let (Some(edges), false) = (&agg.edges, wanted.is_empty()) {
         // (caller, callee) -> (calls, inclusive), over call sites.
-        let mut pairs: BTreeMap<(u32, u32), (u64, u64)> = BTreeMap::new();
-        for ((caller, _line, callee), e) in edges {
-            let p = pairs.entry((*caller, *callee)).or_default();
-            p.0 += e.calls;
-            p.1 += e.inclusive;
-        }
+        let pairs: BTreeMap<(u32, u32), (u64, u64)> =
+            edges.iter().map(|p| ((p.caller, p.callee), (p.calls, p.inclusive))).collect();
         let relative = |id: u32, calls: u64, inclusive: u64| {
-            let (module, name) = res.func(id);
+            let (module, name) = agg.func(id);
             Relative { name: name.to_string(), module: module.to_string(), calls, inclusive }
         };
         let by_inclusive = |v: &mut Vec<Relative>| {
             v.sort_by(|a, b| b.inclusive.cmp(&a.inclusive).then(a.name.cmp(&b.name)).then(a.module.cmp(&b.module)))
         };
         let mut done: Vec<u32> = Vec::new();
-        let ran: Vec<u32> = (0..res.func_count() as u32)
-            .filter(|&id| sink.funcs.get(id as usize).is_some_and(|f| f.calls > 0 || f.inclusive > 0))
+        let ran: Vec<u32> = (0..agg.funcs.len() as u32)
+            .filter(|&id| agg.funcs[id as usize].stats.calls > 0 || agg.funcs[id as usize].stats.inclusive > 0)
             .collect();
         let mut missing = Vec::new();
         for name in &wanted {
             let query = FunctionQuery::new(name);
-            let ids = match query.select(ran.iter().map(|&id| (id, res.func(id).1.to_string()))) {
+            let ids = match query.select(ran.iter().map(|&id| (id, agg.func(id).1.to_string()))) {
                 Ok(ids) => ids,
                 Err(NameError::NotFound(_)) => {
                     // As perf does with a symbol filter that matches nothing: the other name's
@@ -205,8 +230,8 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
                     continue;
                 }
                 done.push(id);
-                let f = &sink.funcs[id as usize];
-                let (module, fname) = res.func(id);
+                let f = &agg.funcs[id as usize].stats;
+                let (module, fname) = agg.func(id);
                 let callers = opts.callers.is_some().then(|| {
                     let mut v: Vec<Relative> = pairs
                         .iter()
@@ -237,7 +262,7 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
             }
         }
         if !missing.is_empty() && missing.len() == wanted.len() {
-            return Err(crate::no_such_function(missing[0], res.notes()));
+            return Err(crate::no_such_function(missing[0], &agg.notes));
         }
         for name in missing {
             report_notes
@@ -257,7 +282,7 @@ pub fn build(trace: &Trace, opts: &ViewOptions, progress: &mut dyn FnMut(u64)) -
 }
 
 /// The stack tree as nested nodes, each child list most inclusive first.
-fn call_tree(tree: &StackTree, res: &Resolver) -> Vec<TreeNode> {
+fn call_tree(tree: &[TreeEntry], agg: &Aggregate) -> Vec<TreeNode> {
     fn attach(done: TreeNode, open: &mut [TreeNode], roots: &mut Vec<TreeNode>) {
         // A stack that neither ran nor was called (a left-over of a merged PLT call) shows nothing.
         if done.inclusive == 0 && done.calls == 0 {
@@ -274,22 +299,23 @@ fn call_tree(tree: &StackTree, res: &Resolver) -> Vec<TreeNode> {
     let mut roots = Vec::new();
     // The path from a root to the node visited last.
     let mut open: Vec<TreeNode> = Vec::new();
-    let known = res.func_count();
-    tree.visit_nodes(&mut |depth, func, instructions, calls| {
+    let known = agg.funcs.len();
+    for node in tree {
+        let depth = node.depth as usize;
         while open.len() > depth {
             let done = open.pop().expect("deeper than depth");
             attach(done, &mut open, &mut roots);
         }
-        let (module, name) = if (func as usize) < known { res.func(func) } else { ("", "<pending>") };
+        let (module, name) = if (node.func as usize) < known { agg.func(node.func) } else { ("", "<pending>") };
         open.push(TreeNode {
             name: name.to_string(),
             module: module.to_string(),
-            self_instructions: instructions,
-            inclusive: instructions,
-            calls,
+            self_instructions: node.instructions,
+            inclusive: node.instructions,
+            calls: node.calls,
             children: Vec::new(),
         });
-    });
+    }
     while let Some(done) = open.pop() {
         attach(done, &mut open, &mut roots);
     }
@@ -325,10 +351,16 @@ fn prune_tree(nodes: &mut Vec<TreeNode>, min: u64, depth: usize) -> usize {
     fn count(nodes: &[TreeNode]) -> usize {
         nodes.iter().map(|n| 1 + count(&n.children)).sum()
     }
-    let before = count(nodes);
+    // Each subtree that goes is counted once: counting the whole list before and after at
+    // every level cost the tree's size times its depth (15 s of 19 for a Python trace).
     let mut gone = 0;
-    nodes.retain(|n| n.inclusive >= min);
-    gone += before - count(nodes);
+    nodes.retain(|n| {
+        let keep = n.inclusive >= min;
+        if !keep {
+            gone += 1 + count(&n.children);
+        }
+        keep
+    });
     for n in nodes.iter_mut() {
         if depth == 1 {
             gone += count(&n.children);

@@ -62,6 +62,17 @@ impl SymbolCache {
         self.modules.get(name)?.as_ref().ok()
     }
 
+    /// Every image asked for so far, by the path it was read from, with its symbols when it
+    /// loaded: the files the names came from (a summary's key, [`crate::summary`]).
+    pub fn loaded(&self) -> impl Iterator<Item = (&str, Option<&Arc<ModuleSymbols>>)> {
+        self.modules.iter().map(|(path, m)| (path.as_str(), m.as_ref().ok()))
+    }
+
+    /// Where separate debug files are looked for.
+    pub fn debug_dirs(&self) -> &[PathBuf] {
+        &self.debug_dirs
+    }
+
     /// Why `path` could not be loaded, if it was tried and failed.
     pub fn error(&self, path: &str) -> Option<&SymbolError> {
         self.modules.get(path)?.as_ref().err()

@@ -77,6 +77,16 @@ pub fn cached(build_id: &[u8]) -> Option<PathBuf> {
     std::fs::metadata(&p).ok().filter(|m| m.is_file() && m.len() > 0).map(|_| p)
 }
 
+/// Where the cache keeps the debug file of `build_id` (whether it is there or not).
+pub fn cache_entry(build_id: &[u8]) -> Option<PathBuf> {
+    Some(cache_dir()?.join(hex(build_id)).join("debuginfo"))
+}
+
+/// Whether `DEBUGINFOD_URLS` names a server.
+pub fn servers_set() -> bool {
+    !servers().is_empty()
+}
+
 /// The servers of `DEBUGINFOD_URLS` (separated by spaces), without trailing slashes.
 fn servers() -> Vec<String> {
     env("DEBUGINFOD_URLS")

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 pub use cache::SymbolCache;
 pub use jit::JitSymbols;
-pub use module::{ModuleSymbols, DEFAULT_DEBUG_DIR};
+pub use module::{build_id_debug_files, ModuleSymbols, DEFAULT_DEBUG_DIR};
 pub use plt::PltPart;
 
 /// Run third-party parsing of untrusted data (DWARF, mangled names) so that

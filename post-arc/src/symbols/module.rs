@@ -271,15 +271,17 @@ fn map_file(path: &Path) -> Result<Bytes, SymbolError> {
 
 /// `<dir>/.build-id/xx/yyyy.debug` for the first debug dir that has it.
 fn find_debug_file(build_id: &[u8], debug_dirs: &[PathBuf]) -> Option<PathBuf> {
-    let (first, rest) = build_id.split_first()?;
-    if rest.is_empty() {
-        return None;
-    }
+    build_id_debug_files(build_id, debug_dirs).into_iter().find(|p| p.is_file())
+}
+
+/// Where the debug file of `build_id` is looked for under `debug_dirs`, in order:
+/// `<dir>/.build-id/xx/yyyy.debug` (none for a build-id too short to split).
+pub fn build_id_debug_files(build_id: &[u8], debug_dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let Some((first, rest)) = build_id.split_first().filter(|(_, rest)| !rest.is_empty()) else {
+        return Vec::new();
+    };
     let rest: String = rest.iter().map(|b| format!("{b:02x}")).collect();
-    debug_dirs
-        .iter()
-        .map(|d| d.join(".build-id").join(format!("{first:02x}")).join(format!("{rest}.debug")))
-        .find(|p| p.is_file())
+    debug_dirs.iter().map(|d| d.join(".build-id").join(format!("{first:02x}")).join(format!("{rest}.debug"))).collect()
 }
 
 /// The debug file `.gnu_debuglink` names, where GDB looks for it: next to the image, in
