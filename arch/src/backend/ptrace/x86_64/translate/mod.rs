@@ -1070,7 +1070,64 @@ fn region_candidates(maps: &[MapRange], ours: &[u64], pc: u64, size: u64) -> Vec
     let steps = (512 * MB / size).max(64);
     out.extend((1..steps).filter_map(|k| home.checked_sub(k * size)).filter(|&b| b >= 1 << 24));
     out.extend((0..steps).map(|k| home + 512 * MB + k * size));
-    out.retain(|&b| free(b) && b.abs_diff(pc) < REACH);
+    // Not above the 47-bit user address space (the kernel maps nothing there unasked).
+    const USER_TOP: u64 = 0x7fff_ffff_f000;
+    out.retain(|&b| free(b) && b.abs_diff(pc) < REACH && b + size <= USER_TOP);
     out.truncate(4);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{region_candidates, MapRange};
+
+    const MB: u64 = 1 << 20;
+    const STACK: u64 = 0x7fff_fffd_e000;
+    const LDSO_END: u64 = 0x7fff_f7ff_f000;
+
+    fn map(start: u64, end: u64, stack: bool) -> MapRange {
+        MapRange { start, end, stack }
+    }
+
+    /// The libraries and ld.so top-down below the stack's gap, a PIE executable far below.
+    fn layout() -> Vec<MapRange> {
+        vec![
+            map(0x5555_5555_4000, 0x5555_5555_9000, false),
+            map(0x7fff_f7c0_0000, 0x7fff_f7e0_0000, false),
+            map(0x7fff_f7fc_3000, LDSO_END, false),
+            map(STACK, STACK + 0x21000, true),
+        ]
+    }
+
+    #[test]
+    fn regions_go_in_the_gap_below_the_stack() {
+        let size = 128 << 10;
+        let first = region_candidates(&layout(), &[], 0x7fff_f7fe_4b70, size);
+        assert!(first[0] > LDSO_END + 16 * MB && first[0] + size <= STACK - 96 * MB, "{first:x?}");
+        // With the first region mapped there, a second one still goes in the gap (above the
+        // first, clear of it), not below the libraries, where the kernel maps the next ones.
+        let mut maps = layout();
+        maps.insert(3, map(first[0], first[0] + size, false));
+        let second = region_candidates(&maps, &[first[0]], 0x7fff_f7fe_5abf, size);
+        assert!(!second.is_empty());
+        for b in &second {
+            assert!(*b > LDSO_END && *b + size <= STACK - 96 * MB, "{second:x?}");
+            assert!(*b >= first[0] + size + MB || *b + size + MB <= first[0], "{second:x?}");
+        }
+    }
+
+    #[test]
+    fn small_regions_are_searched_as_far_as_large_ones_and_in_user_space() {
+        // Code with everything near it taken: below it 8 MB of mappings.
+        let pc = 0x7fff_f7d4_0470;
+        let maps = vec![map(pc - 8 * MB, pc + MB, false)];
+        for size in [128 << 10, 8 * MB] {
+            let c = region_candidates(&maps, &[], pc, size);
+            assert!(!c.is_empty(), "size {size}");
+            for b in c {
+                assert!(b + size < 0x7fff_ffff_f000, "size {size}: {b:#x} beyond user space");
+                assert!(b.abs_diff(pc) < 1 << 30);
+            }
+        }
+    }
 }
