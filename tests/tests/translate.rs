@@ -38,8 +38,27 @@ struct Recording {
 }
 
 fn recording(dir: &Path, tag: &str, options: &[&str], bin: &Path, args: &[&str]) -> Recording {
+    recording_with_env(dir, tag, options, &[], bin, args)
+}
+
+/// `recording`, with itrace's environment having `env` too.
+fn recording_with_env(
+    dir: &Path,
+    tag: &str,
+    options: &[&str],
+    env: &[(&str, &str)],
+    bin: &Path,
+    args: &[&str],
+) -> Recording {
     let trace = dir.join(format!("{tag}.itr"));
-    let out = record(&trace, options, bin, args);
+    let out = if env.is_empty() {
+        record(&trace, options, bin, args)
+    } else {
+        let mut cmd = Command::new(itrace_bin());
+        cmd.arg("record").arg("-o").arg(&trace).args(options).arg("--").arg(bin).args(args);
+        cmd.envs(env.iter().copied());
+        run(&mut cmd)
+    };
     out.assert_no_panic();
     assert!(out.status.code().is_some(), "{tag}: itrace record was killed ({}):\n{}", out.status, out.stderr);
     let dump = itrace([std::ffi::OsStr::new("dump"), trace.as_os_str()]);
@@ -685,4 +704,90 @@ fn per_thread_split() {
     assert_eq!(per_thread(a), per_thread(b));
     assert_eq!(per_thread(a).len(), 3);
     assert_ne!(per_thread(a), per_thread(&b.replace("n=4", "n=5")));
+}
+
+/// The test knobs that make the code cache tiny (docs/translate.md): two regions of 128 KB, of
+/// which 32 KB take units (a region keeps room for the largest unit), and the statistics line.
+const TINY_CACHE: &[(&str, &str)] =
+    &[("ITRACE_CACHE_REGIONS", "2"), ("ITRACE_CACHE_REGION_KB", "128"), ("ITRACE_STATS", "1")];
+
+/// From the statistics line: (flushes of the full cache, other threads brought out of it).
+fn flush_counts(what: &str, stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("itrace: translate: "))
+        .unwrap_or_else(|| panic!("{what}: no statistics line (ITRACE_STATS=1) in itrace's output:\n{stderr}"));
+    let number_before = |key: &str| -> u64 {
+        let at = line.find(key).unwrap_or_else(|| panic!("{what}: no {key:?} in the statistics line: {line}"));
+        line[..at]
+            .split_whitespace()
+            .last()
+            .and_then(|w| w.trim_start_matches('(').parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no number before {key:?} in the statistics line: {line}"))
+    };
+    (number_before(" flushes of the full cache"), number_before(" other threads brought out"))
+}
+
+/// A program with more code than the cache holds (xl_flush: 300 functions through a table of
+/// pointers, and the dynamic loader and libc before them), recorded with a tiny cache: it is
+/// flushed again and again, and the program prints and exits as natively, and the trace is the
+/// one `--step instruction` records. On a recorder without the flush the statistics have none.
+#[test]
+fn a_full_cache_is_flushed() {
+    let bin = program("xl_flush");
+    let dir = test_dir("translate-flush");
+    let nat = native(&bin, &[]);
+    assert!(nat.success() && nat.stdout.starts_with("xl_flush: "), "xl_flush natively: {}\n{}", nat.status, nat.stdout);
+    let translated = recording_with_env(&dir, "translate", TRANSLATE, TINY_CACHE, &bin, &[]);
+    assert_same_behaviour("xl_flush, tiny cache", &nat, &translated);
+    assert!(!translated.out.stderr.contains("warning"), "xl_flush, tiny cache: {}", translated.out.stderr);
+    let (flushes, _) = flush_counts("xl_flush", &translated.out.stderr);
+    assert!(flushes >= 10, "xl_flush: {flushes} flushes of a 64 KB cache; itrace said:\n{}", translated.out.stderr);
+    // The same environment (the program sees it; a stepping itrace ignores the knobs).
+    let stepped = recording_with_env(&dir, "step", STEP, TINY_CACHE, &bin, &[]);
+    assert_same_behaviour("xl_flush (--step instruction)", &nat, &stepped);
+    // Per thread (its one thread): the mte records' place among the branch records depends on
+    // when each stream's chunk was written.
+    assert_same_trace_per_thread("xl_flush, tiny cache", &dir, &translated, &stepped);
+}
+
+/// The same with two threads walking the functions at once: the one that fills the cache waits
+/// for the other to leave it (from its code, or a trap) before the cache is flushed. Each
+/// thread's records are `--step instruction`'s; the statistics show threads brought out.
+#[test]
+fn a_full_cache_is_flushed_while_other_threads_run_in_it() {
+    let bin = program("xl_flush");
+    let dir = test_dir("translate-flush-threads");
+    let nat = native(&bin, &["threads"]);
+    assert!(nat.success(), "xl_flush threads natively: {}\n{}", nat.status, nat.stdout);
+    let translated = recording_with_env(&dir, "translate", TRANSLATE, TINY_CACHE, &bin, &["threads"]);
+    assert_same_behaviour("xl_flush threads, tiny cache", &nat, &translated);
+    assert!(!translated.out.stderr.contains("warning"), "xl_flush threads: {}", translated.out.stderr);
+    let (flushes, evictions) = flush_counts("xl_flush threads", &translated.out.stderr);
+    assert!(flushes >= 10, "xl_flush threads: {flushes} flushes; itrace said:\n{}", translated.out.stderr);
+    assert!(evictions > 0, "xl_flush threads: no thread was in the cache at a flush:\n{}", translated.out.stderr);
+    let stepped = recording_with_env(&dir, "step", STEP, TINY_CACHE, &bin, &["threads"]);
+    assert_same_behaviour("xl_flush threads (--step instruction)", &nat, &stepped);
+    let threads = assert_same_trace_per_thread("xl_flush threads, tiny cache", &dir, &translated, &stepped);
+    assert_eq!(threads, 3, "xl_flush threads: threads in the traces");
+}
+
+/// The knobs refuse what they cannot use, with one line naming the variable.
+#[test]
+fn cache_knobs_refuse_bad_values() {
+    let dir = test_dir("translate-cache-knobs");
+    let trace = dir.join("t.itr");
+    for (var, value) in [
+        ("ITRACE_CACHE_REGIONS", "0"),
+        ("ITRACE_CACHE_REGIONS", "many"),
+        ("ITRACE_CACHE_REGION_KB", "100"),
+        ("ITRACE_CACHE_REGION_KB", "64"),
+    ] {
+        let mut cmd = Command::new(itrace_bin());
+        cmd.arg("record").arg("-o").arg(&trace).args(TRANSLATE).arg("--").arg(program("count_loop"));
+        let out = run(cmd.env(var, value));
+        let line = out.assert_clean_error();
+        assert!(line.contains(var), "{var}={value}: {line}");
+        assert!(!trace.exists(), "{var}={value}: a trace was written");
+    }
 }

@@ -103,6 +103,9 @@ pub enum RecordError {
     Ptrace { what: &'static str, errno: Errno },
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// A setting of the environment the recorder cannot use (the message names it).
+    #[error("{0}")]
+    Setting(String),
 }
 
 /// Maps keyed by addresses and thread ids: Fx hashing, as SipHash costs more than the lookups.
@@ -227,6 +230,7 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
         seen_pids: Vec::new(),
         arch: SessionArch::default(),
     };
+    s.check_settings().map_err(RecordError::Setting)?;
     match &opts.target {
         Target::Launch { program, args, aslr, env } => {
             s.launch(program, args, *aslr, env)?;
@@ -516,6 +520,11 @@ pub(super) trait PtraceArch {
     fn undo_stop_eintr(&mut self, _tid: i32) {}
     /// The recording ended: warn about what made it less exact, if anything.
     fn warn_at_end(&self);
+    /// Before anything is traced: the environment's settings for the architecture's recorder
+    /// (an error names the setting and what it takes).
+    fn check_settings(&mut self) -> Result<(), String> {
+        Ok(())
+    }
     /// Called now and then from the wait loop (at least at itrace's periodic signal): work
     /// that waits on time, such as collecting records threads keep themselves.
     fn periodic(&mut self) {}

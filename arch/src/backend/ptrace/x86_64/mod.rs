@@ -604,6 +604,13 @@ impl PtraceArch for Session<'_> {
         self.cache_periodic();
     }
 
+    fn check_settings(&mut self) -> Result<(), String> {
+        if self.opts.step.translate {
+            translate::CacheLimits::set(translate::CacheLimits::from_env()?);
+        }
+        Ok(())
+    }
+
     fn undo_stop_eintr(&mut self, tid: i32) {
         const EINTR: i64 = -(libc::EINTR as i64);
         let Ok(mut regs) = getregs(tid) else { return };

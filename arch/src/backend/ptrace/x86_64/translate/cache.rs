@@ -16,14 +16,72 @@ use std::os::unix::fs::FileExt;
 pub(super) const REGION_BYTES: u64 = 8 << 20;
 /// The most a unit can take (`unit::MAX_UNIT_INSNS` instructions and their stubs, with room).
 pub(super) const MAX_UNIT_BYTES: u64 = 96 << 10;
-/// Regions per process: the cache's bound (the process's translation falls back to stepping
-/// beyond it).
+/// Regions per process: the cache's bound (the cache is flushed when it is full).
 pub(super) const MAX_REGIONS: usize = 128;
+
+/// The cache's bounds: regions per process and the size of one. `REGION_BYTES` and
+/// `MAX_REGIONS` unless a test or a debugging session makes the cache tiny
+/// (`ITRACE_CACHE_REGIONS`, `ITRACE_CACHE_REGION_KB`), so that it fills and is flushed often.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    pub regions: usize,
+    pub region_bytes: u64,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits { regions: MAX_REGIONS, region_bytes: REGION_BYTES }
+    }
+}
+
+/// The smallest region: room for the largest unit and the cache's own `syscall` gadget.
+const MIN_REGION_BYTES: u64 = 128 << 10;
+
+static LIMITS: std::sync::OnceLock<CacheLimits> = std::sync::OnceLock::new();
+
+impl CacheLimits {
+    /// The limits the environment asks for (test and debug knobs, docs/translate.md); an error
+    /// names the variable and what it takes.
+    pub fn from_env() -> Result<CacheLimits, String> {
+        let mut l = CacheLimits::default();
+        if let Some(v) = std::env::var_os("ITRACE_CACHE_REGIONS").filter(|v| !v.is_empty()) {
+            let v = v.to_string_lossy();
+            l.regions = v.parse().ok().filter(|n| (1..=MAX_REGIONS).contains(n)).ok_or_else(|| {
+                format!("ITRACE_CACHE_REGIONS={v}: expected a number of code cache regions from 1 to {MAX_REGIONS}")
+            })?;
+        }
+        if let Some(v) = std::env::var_os("ITRACE_CACHE_REGION_KB").filter(|v| !v.is_empty()) {
+            let v = v.to_string_lossy();
+            let (lo, hi) = (MIN_REGION_BYTES >> 10, REGION_BYTES >> 10);
+            l.region_bytes = v
+                .parse::<u64>()
+                .ok()
+                .filter(|kb| kb.is_power_of_two() && (lo..=hi).contains(kb))
+                .map(|kb| kb << 10)
+                .ok_or_else(|| {
+                    format!("ITRACE_CACHE_REGION_KB={v}: expected a code cache region size in KB, a power of two from {lo} to {hi}")
+                })?;
+        }
+        Ok(l)
+    }
+
+    /// The limits of this recording (once; the first call's win).
+    pub fn set(limits: CacheLimits) {
+        let _ = LIMITS.set(limits);
+    }
+}
+
+/// The cache's bounds for this recording.
+pub(super) fn limits() -> CacheLimits {
+    *LIMITS.get_or_init(CacheLimits::default)
+}
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Region {
     pub(super) base: u64,
     pub(super) used: u64,
+    /// What stays at its start through a flush (the cache's own `syscall` gadget, in the first).
+    pub(super) floor: u64,
 }
 
 /// Where a cache address is, for a thread stopped there.
@@ -69,6 +127,11 @@ pub(in super::super) struct Cache {
     pub(in super::super) native_runs: BTreeMap<u64, NativeRun>,
     /// Sections found that cannot run natively (their start), warned about once.
     pub(super) branchy_sections: std::collections::BTreeSet<u64>,
+    /// The cache is full and waits to be flushed: nothing is translated and no thread enters
+    /// it until every thread of the process is out of it (`Session::try_flush`).
+    pub(super) flush_pending: bool,
+    /// Code no region can be placed near was met (said once).
+    pub(super) said_out_of_reach: bool,
 }
 
 impl Cache {
@@ -90,6 +153,8 @@ impl Cache {
             disabled: self.disabled.clone(),
             native_runs: self.native_runs.clone(),
             branchy_sections: self.branchy_sections.clone(),
+            flush_pending: self.flush_pending,
+            said_out_of_reach: self.said_out_of_reach,
         }
     }
 
@@ -128,12 +193,40 @@ impl Cache {
 
     /// Whether `addr` is in one of the cache's regions.
     pub(in super::super) fn owns(&self, addr: u64) -> bool {
-        self.regions.iter().any(|r| addr >= r.base && addr < r.base + REGION_BYTES)
+        let size = limits().region_bytes;
+        self.regions.iter().any(|r| addr >= r.base && addr < r.base + size)
     }
 
     /// A region near `pc` with room for a unit.
     pub(super) fn region_for(&self, pc: u64) -> Option<usize> {
-        self.regions.iter().position(|r| r.base.abs_diff(pc) < 0x4000_0000 && r.used + MAX_UNIT_BYTES <= REGION_BYTES)
+        let size = limits().region_bytes;
+        self.regions.iter().position(|r| r.base.abs_diff(pc) < 0x4000_0000 && r.used + MAX_UNIT_BYTES <= size)
+    }
+
+    /// Whether any unit is in the cache (a flush would free something).
+    pub(super) fn has_units(&self) -> bool {
+        self.regions.iter().any(|r| r.used > r.floor)
+    }
+
+    /// Drop every unit, exit, trap and link, make the regions empty (their code is overwritten
+    /// by the next units) and the threads' lookup tables too. Only when no thread of the process
+    /// is in the cache and every thread's ring is drained: the code goes, and the exit ids start
+    /// again from 0.
+    pub(super) fn flush(&mut self, pid: i32) -> std::io::Result<()> {
+        self.units.clear();
+        self.entries.clear();
+        self.exits.clear();
+        self.traps.clear();
+        self.links.clear();
+        for r in &mut self.regions {
+            r.used = r.floor;
+        }
+        self.flush_pending = false;
+        let empty = vec![0xffu8; (TABLE_ENTRIES * TABLE_ENTRY_BYTES) as usize];
+        for s in self.states.clone() {
+            self.write(pid, s + TABLE as u64, &empty)?;
+        }
+        Ok(())
     }
 
     /// Where the next unit of region `r` goes (16-byte aligned).

@@ -26,7 +26,7 @@ mod layout;
 mod rseq;
 mod unit;
 
-pub(super) use cache::Cache;
+pub(super) use cache::{Cache, CacheLimits};
 pub(super) use rseq::NativeRun;
 
 use super::engine::*;
@@ -80,14 +80,26 @@ pub(super) struct Stats {
     signals: u64,
     drains_by_interrupt: u64,
     native_runs: u64,
+    flushes: u64,
+    /// Other threads in the cache when a flush was asked for (they had to leave it first).
+    flush_evictions: u64,
 }
 
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively",
-            self.units, self.links, self.indirect_misses, self.ring_full, self.leaves, self.signals, self.drains_by_interrupt, self.native_runs
+            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it)",
+            self.units,
+            self.links,
+            self.indirect_misses,
+            self.ring_full,
+            self.leaves,
+            self.signals,
+            self.drains_by_interrupt,
+            self.native_runs,
+            self.flushes,
+            self.flush_evictions
         )
     }
 }
@@ -144,6 +156,10 @@ impl Session<'_> {
         // A thread's first entry (at the start, after an attach) may be from inside an rseq
         // critical section not found yet: stepped on there, the kernel aborts it instead.
         if t.arch.xl.state == 0 && rseq::in_critical_section(tid, pid, p.pc) {
+            return false;
+        }
+        if !self.try_flush(pid) {
+            // Its cache waits for the threads still in it to leave before it is flushed.
             return false;
         }
         // The unit first: the process's first region brings the cache's own gadget for the
@@ -352,7 +368,11 @@ impl Session<'_> {
                 // Dying: what the ring holds is all there is.
                 self.drain(tid);
                 self.settle(tid, false, false);
-            } else if drain_only && event == libc::PTRACE_EVENT_STOP && self.detaching.is_none() {
+            } else if drain_only
+                && event == libc::PTRACE_EVENT_STOP
+                && self.detaching.is_none()
+                && !self.flush_waits(self.threads[&tid].pid)
+            {
                 // Only for its records: drained where the ring is not being written, it goes on
                 // in the cache. Not stepped out of a stub to get there: a thread stepped is
                 // stopped with a SIGTRAP it dies of if itrace is killed meanwhile. One
@@ -375,10 +395,16 @@ impl Session<'_> {
     }
 
     /// Interrupt the threads in the cache whose records have waited too long (their stop
-    /// drains them; they go on in the cache).
+    /// drains them; they go on in the cache, or leave it when their cache waits to be flushed).
+    /// A flush that waited for threads that have all left is done.
     pub(in super::super) fn cache_periodic(&mut self) {
         if !self.opts.step.translate || self.detaching.is_some() {
             return;
+        }
+        let waiting: Vec<i32> =
+            self.procs.iter().filter(|(_, p)| p.arch.cache.flush_pending).map(|(&pid, _)| pid).collect();
+        for pid in waiting {
+            self.try_flush(pid);
         }
         let now = now_ns();
         for t in self.threads.values_mut() {
@@ -388,6 +414,60 @@ impl Session<'_> {
                 let _ = ptrace::interrupt(Pid::from_raw(t.tid));
             }
         }
+    }
+
+    /// Whether process `pid`'s cache is full and waits for its threads to leave it.
+    fn flush_waits(&self, pid: i32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| p.arch.cache.flush_pending)
+    }
+
+    /// The cache of process `pid` is full: nothing more is translated, and every thread in it is
+    /// interrupted to leave it (at its interrupt stop, `cache_event`; a thread at a trap that
+    /// needs a unit leaves there). The last one out lets the flush happen (`try_flush`).
+    fn begin_flush(&mut self, tid: i32, pid: i32) {
+        let Some(c) = self.cache_of(pid) else { return };
+        if c.flush_pending {
+            return;
+        }
+        c.flush_pending = true;
+        for t in self.threads.values_mut() {
+            let xl = &mut t.arch.xl;
+            if t.pid == pid && xl.in_cache && t.tid != tid {
+                self.arch.xl_stats.flush_evictions += 1;
+            }
+            // `drain_only` says the interrupt is ours (for an EINTR it causes); at the stop, the
+            // pending flush makes the thread leave instead of going on in the cache. Set: one
+            // is on its way already.
+            if t.pid == pid && xl.in_cache && !t.stopped && !xl.drain_only {
+                xl.drain_only = true;
+                let _ = ptrace::interrupt(Pid::from_raw(t.tid));
+            }
+        }
+    }
+
+    /// Flush process `pid`'s cache if it waits for that and no thread of it is in the cache any
+    /// more: every thread's ring is drained first (the exits its records name go with the
+    /// flush). True: the cache may be entered (flushed, or no flush waited).
+    fn try_flush(&mut self, pid: i32) -> bool {
+        if !self.flush_waits(pid) {
+            return true;
+        }
+        let threads: Vec<i32> = self.threads.values().filter(|t| t.pid == pid).map(|t| t.tid).collect();
+        if threads.iter().any(|tid| self.threads[tid].arch.xl.in_cache) {
+            return false;
+        }
+        for tid in threads {
+            self.drain(tid);
+        }
+        let Some(c) = self.cache_of(pid) else { return false };
+        if let Err(e) = c.flush(pid) {
+            let why = format!("cannot write the code cache of process {pid}: {e}");
+            eprintln!("itrace: warning: {why}; its code is stepped from here on");
+            c.disabled = Some(why);
+            return false;
+        }
+        self.arch.xl_stats.flushes += 1;
+        true
     }
 
     /// Before a thread is let go: out of the cache.
@@ -651,7 +731,7 @@ impl Session<'_> {
         if let Some(e) = c.entry(pc) {
             return Some(e);
         }
-        if c.disabled.is_some() {
+        if c.disabled.is_some() || c.flush_pending {
             return None;
         }
         // An rseq critical section runs at its own address (`rseq.rs`): never a unit there.
@@ -771,18 +851,40 @@ impl Session<'_> {
 
     /// Map a new region of cache near `pc` (RIP-relative data must be in reach).
     fn new_region(&mut self, tid: i32, pid: i32, pc: u64) -> Option<usize> {
+        let limits = cache::limits();
         let c = self.cache_of(pid)?;
-        if c.regions.len() >= cache::MAX_REGIONS {
-            let why = format!(
-                "the code cache of process {pid} is full ({} MB)",
-                (cache::MAX_REGIONS as u64 * cache::REGION_BYTES) >> 20
-            );
-            eprintln!("itrace: warning: {why}; new code is stepped from here on");
-            c.disabled = Some(why);
+        if c.regions.len() >= limits.regions {
+            // An empty region (after a flush) moves near the code; the first keeps the cache's
+            // own `syscall` gadget (`floor`), which the calls below run at.
+            let empty = c.regions.iter().position(|r| r.floor == 0 && r.used == 0);
+            match empty {
+                Some(r) => {
+                    let base = c.regions[r].base;
+                    self.remote_syscall(tid, pid, libc::SYS_munmap as u64, [base, limits.region_bytes, 0, 0, 0, 0])
+                        .ok()?;
+                    self.cache_of(pid)?.regions.remove(r);
+                }
+                None if c.has_units() => {
+                    self.begin_flush(tid, pid);
             return None;
         }
+                None => {
+                    // Nothing to flush: the regions cannot move (a single one, with the gadget).
+                    if !c.said_out_of_reach {
+                        c.said_out_of_reach = true;
+                        eprintln!(
+                            "itrace: warning: the code cache of process {pid} has no region within reach of the code at {pc:#x} \
+                             ({} regions at most): that code is stepped",
+                            limits.regions
+                        );
+                    }
+                    return None;
+                }
+            }
+        }
         let maps = all_mappings(pid);
-        let candidates = region_candidates(&maps, pc, cache::REGION_BYTES);
+        let ours: Vec<u64> = self.cache_of(pid)?.regions.iter().map(|r| r.base).collect();
+        let candidates = region_candidates(&maps, &ours, pc, limits.region_bytes);
         for base in candidates {
             let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
             let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
@@ -790,7 +892,7 @@ impl Session<'_> {
                 tid,
                 pid,
                 libc::SYS_mmap as u64,
-                [base, cache::REGION_BYTES, prot, flags, u64::MAX, 0],
+                [base, limits.region_bytes, prot, flags, u64::MAX, 0],
             ) {
                 Ok(got) if got == base => {
                     let c = self.cache_of(pid)?;
@@ -805,7 +907,7 @@ impl Session<'_> {
                             }
                         }
                     }
-                    c.regions.push(cache::Region { base, used });
+                    c.regions.push(cache::Region { base, used, floor: used });
                     return Some(c.regions.len() - 1);
                 }
                 Ok(_) | Err(Errno::EEXIST) | Err(Errno::ENOMEM) => continue,
@@ -1033,16 +1135,20 @@ fn all_mappings(pid: i32) -> Vec<MapRange> {
 /// within reach of the code's RIP-relative data (1 GB here), and should not be where the
 /// program's own mappings would go, or they would move:
 /// - the gap the kernel leaves below the stack for it to grow (at least 128 MB, of which the
-///   stack may use its limit, 8 MB by default): next to the libraries and the dynamic loader;
+///   stack may use its limit, 8 MB by default): next to the libraries and the dynamic loader
+///   (its lower end is the program's highest mapping there, not a region of ours: so a second
+///   region goes there too, not below the libraries where the kernel maps the program's next
+///   ones, which would move);
 /// - below the code (below a PIE program nothing is mapped);
 /// - above it, past room for the heap (a non-PIE program at 4 MB).
-fn region_candidates(maps: &[MapRange], pc: u64, size: u64) -> Vec<u64> {
+fn region_candidates(maps: &[MapRange], ours: &[u64], pc: u64, size: u64) -> Vec<u64> {
     const REACH: u64 = 1 << 30;
     const MB: u64 = 1 << 20;
     let free = |base: u64| maps.iter().all(|m| base + size + MB <= m.start || base >= m.end + MB);
     let mut out = Vec::new();
     if let Some(stack) = maps.iter().find(|m| m.stack) {
-        let below = maps.iter().filter(|m| m.end <= stack.start).map(|m| m.end).max().unwrap_or(0);
+        let below =
+            maps.iter().filter(|m| m.end <= stack.start && !ours.contains(&m.start)).map(|m| m.end).max().unwrap_or(0);
         let lo = (below + 16 * MB + size - 1) & !(size - 1);
         // Room for the stack to grow to 64 MB, a guard gap, and more.
         let hi = stack.start.saturating_sub(96 * MB);
@@ -1055,9 +1161,68 @@ fn region_candidates(maps: &[MapRange], pc: u64, size: u64) -> Vec<u64> {
         }
     }
     let home = pc & !(size - 1);
-    out.extend((1..64u64).filter_map(|k| home.checked_sub(k * size)).filter(|&b| b >= 1 << 24));
-    out.extend((0..64u64).map(|k| home + 512 * MB + k * size));
-    out.retain(|&b| free(b) && b.abs_diff(pc) < REACH);
+    // As far as 512 MB either way, whatever the region's size (a tiny test cache's too).
+    let steps = (512 * MB / size).max(64);
+    out.extend((1..steps).filter_map(|k| home.checked_sub(k * size)).filter(|&b| b >= 1 << 24));
+    out.extend((0..steps).map(|k| home + 512 * MB + k * size));
+    // Not above the 47-bit user address space (the kernel maps nothing there unasked).
+    const USER_TOP: u64 = 0x7fff_ffff_f000;
+    out.retain(|&b| free(b) && b.abs_diff(pc) < REACH && b + size <= USER_TOP);
     out.truncate(4);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{region_candidates, MapRange};
+
+    const MB: u64 = 1 << 20;
+    const STACK: u64 = 0x7fff_fffd_e000;
+    const LDSO_END: u64 = 0x7fff_f7ff_f000;
+
+    fn map(start: u64, end: u64, stack: bool) -> MapRange {
+        MapRange { start, end, stack }
+    }
+
+    /// The libraries and ld.so top-down below the stack's gap, a PIE executable far below.
+    fn layout() -> Vec<MapRange> {
+        vec![
+            map(0x5555_5555_4000, 0x5555_5555_9000, false),
+            map(0x7fff_f7c0_0000, 0x7fff_f7e0_0000, false),
+            map(0x7fff_f7fc_3000, LDSO_END, false),
+            map(STACK, STACK + 0x21000, true),
+        ]
+    }
+
+    #[test]
+    fn regions_go_in_the_gap_below_the_stack() {
+        let size = 128 << 10;
+        let first = region_candidates(&layout(), &[], 0x7fff_f7fe_4b70, size);
+        assert!(first[0] > LDSO_END + 16 * MB && first[0] + size <= STACK - 96 * MB, "{first:x?}");
+        // With the first region mapped there, a second one still goes in the gap (above the
+        // first, clear of it), not below the libraries, where the kernel maps the next ones.
+        let mut maps = layout();
+        maps.insert(3, map(first[0], first[0] + size, false));
+        let second = region_candidates(&maps, &[first[0]], 0x7fff_f7fe_5abf, size);
+        assert!(!second.is_empty());
+        for b in &second {
+            assert!(*b > LDSO_END && *b + size <= STACK - 96 * MB, "{second:x?}");
+            assert!(*b >= first[0] + size + MB || *b + size + MB <= first[0], "{second:x?}");
+        }
+    }
+
+    #[test]
+    fn small_regions_are_searched_as_far_as_large_ones_and_in_user_space() {
+        // Code with everything near it taken: below it 8 MB of mappings.
+        let pc = 0x7fff_f7d4_0470;
+        let maps = vec![map(pc - 8 * MB, pc + MB, false)];
+        for size in [128 << 10, 8 * MB] {
+            let c = region_candidates(&maps, &[], pc, size);
+            assert!(!c.is_empty(), "size {size}");
+            for b in c {
+                assert!(b + size < 0x7fff_ffff_f000, "size {size}: {b:#x} beyond user space");
+                assert!(b.abs_diff(pc) < 1 << 30);
+            }
+        }
+    }
 }
