@@ -866,8 +866,8 @@ impl Session<'_> {
                 }
                 None if c.has_units() => {
                     self.begin_flush(tid, pid);
-            return None;
-        }
+                    return None;
+                }
                 None => {
                     // Nothing to flush: the regions cannot move (a single one, with the gadget).
                     if !c.said_out_of_reach {
