@@ -71,9 +71,20 @@ fn all_threads_free(pid: u32, before: &[String]) -> Result<(), String> {
         } else {
             before.iter().filter(|l| l.starts_with("Cpus_allowed_list:") || l.starts_with("nice:")).cloned().collect()
         };
-        match kept_state(pid, tid) {
-            Some(now) if now != want => return Err(format!("thread {tid}: {now:?}, untraced {want:?}")),
-            _ => {}
+        // A thread running a signal handler (the timer's, SIGUSR1's) blocks that signal for the
+        // handler's few microseconds: a change is one only if it stays.
+        let mut tries = 0;
+        loop {
+            match kept_state(pid, tid) {
+                Some(now) if now != want => {
+                    tries += 1;
+                    if tries == 50 {
+                        return Err(format!("thread {tid}: {now:?}, untraced {want:?}"));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => break,
+            }
         }
     }
     Ok(())
