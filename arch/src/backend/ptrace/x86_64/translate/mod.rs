@@ -261,9 +261,13 @@ impl Session<'_> {
         if ptrace::syscall(p, None).is_err() {
             return false;
         }
+        let mut unpinned = false;
         loop {
             match waitpid(p, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::PtraceSyscall(_)) => return true,
+                Ok(WaitStatus::PtraceSyscall(_)) => {
+                    self.nested_wait_done(tid, unpinned);
+                    return true;
+                }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     requeue.push(sig);
                     if ptrace::syscall(p, None).is_err() {
@@ -283,9 +287,32 @@ impl Session<'_> {
                         return false;
                     }
                 }
-                Err(Errno::EINTR) => {}
+                Err(Errno::EINTR) => self.nested_wait_interrupted(tid, &mut unpinned),
                 Err(_) => return false,
             }
+        }
+    }
+
+    /// A nested wait for `tid` (`run_to_syscall_stop`, `step_in_stub`) was interrupted by
+    /// itrace's tick (every 500 ms) or a stop signal. The wait goes on: it cannot be given up,
+    /// as the thread is either single-stepped inside a stub (let go with the trap flag set, it
+    /// would die of the SIGTRAP) or running a system call itrace made with its registers
+    /// replaced (the first mmap, at the vDSO's `syscall`, has no way back to them). But a stop
+    /// asked for starts the detach now (the other threads are interrupted meanwhile), and the
+    /// thread, not stopped yet, may run on any CPU it may untraced (`unpin_thread`: pinned, the
+    /// scheduler left such a thread runnable and unrun for seconds).
+    fn nested_wait_interrupted(&mut self, tid: i32, unpinned: &mut bool) {
+        self.take_stop_request();
+        if !*unpinned {
+            self.unpin_thread(tid);
+            *unpinned = true;
+        }
+    }
+
+    /// The thread a nested wait unpinned stopped: pinned again, unless it is being let go.
+    fn nested_wait_done(&mut self, tid: i32, unpinned: bool) {
+        if unpinned && self.detaching.is_none() {
+            self.pin_thread(tid);
         }
     }
 
@@ -521,9 +548,13 @@ impl Session<'_> {
         if ptrace::step(p, None).is_err() {
             return false;
         }
+        let mut unpinned = false;
         loop {
             match waitpid(p, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => break,
+                Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {
+                    self.nested_wait_done(tid, unpinned);
+                    break;
+                }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     requeue.push(sig);
                     if ptrace::step(p, None).is_err() {
@@ -543,7 +574,7 @@ impl Session<'_> {
                         return false;
                     }
                 }
-                Err(Errno::EINTR) => {}
+                Err(Errno::EINTR) => self.nested_wait_interrupted(tid, &mut unpinned),
                 Err(_) => return false,
             }
         }
