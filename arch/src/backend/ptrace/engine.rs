@@ -333,13 +333,6 @@ impl Session<'_> {
         }
     }
 
-    /// A stop asked for (`--duration`, a stop signal): start the detach.
-    pub(super) fn take_stop_request(&mut self) {
-        if self.detaching.is_none() && self.opts.stop.load(Ordering::Relaxed) {
-            self.begin_detach(StopReason::Detached);
-        }
-    }
-
     pub(super) fn run(&mut self) {
         // Stops between two looks at the flush clock; the stores look too, every so many records.
         const TICK_EVERY: u32 = 256;
@@ -348,7 +341,9 @@ impl Session<'_> {
         const MAX_BATCH: usize = 256;
         let mut batch = Vec::with_capacity(MAX_BATCH);
         while !self.threads.is_empty() {
-            self.take_stop_request();
+            if self.detaching.is_none() && self.opts.stop.load(Ordering::Relaxed) {
+                self.begin_detach(StopReason::Detached);
+            }
             until_tick -= 1;
             if until_tick == 0 {
                 until_tick = TICK_EVERY;
