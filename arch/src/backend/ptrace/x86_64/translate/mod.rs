@@ -300,9 +300,9 @@ impl Session<'_> {
     /// replaced (the first mmap, at the vDSO's `syscall`, has no way back to them). A stop asked
     /// for is taken by the wait loop once this thread's stop is handled, not here: started from
     /// inside a dispatch, with other threads' stops taken and not yet dispatched, the detach
-    /// interrupted threads already stopped, and `attach_stress` (signals) failed 3 runs of 5 (a
-    /// main thread let go with SIGALRM blocked, once the program's threads zombies). The thread,
-    /// not stopped yet, may run on any CPU it may untraced (`unpin_thread`: pinned, the
+    /// interrupts threads already stopped (`begin_detach` sees them as running), and once
+    /// `attach_stress` found the signals program's threads zombies after such a detach. The
+    /// thread, not stopped yet, may run on any CPU it may untraced (`unpin_thread`: pinned, the
     /// scheduler left such a thread runnable and unrun for seconds).
     fn nested_wait_interrupted(&mut self, tid: i32, unpinned: &mut bool) {
         if !*unpinned {
