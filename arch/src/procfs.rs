@@ -98,6 +98,13 @@ pub fn tgid(tid: i32) -> Option<i32> {
     status_field(tid, "Tgid:")?.parse().ok()
 }
 
+/// The CPU thread `tid` last ran on (field 39, `processor`, of /proc/TID/stat).
+pub fn last_cpu(tid: i32) -> Option<usize> {
+    let stat = fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    // Fields count from the last ')': comm may hold spaces and parentheses; the state is 3.
+    stat.get(stat.rfind(')')? + 1..)?.split_whitespace().nth(36)?.parse().ok()
+}
+
 /// The parent of a process.
 pub fn ppid(pid: i32) -> Option<i32> {
     status_field(pid, "PPid:")?.parse().ok()

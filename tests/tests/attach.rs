@@ -224,3 +224,143 @@ fn attach_leaves_no_eintr_in_blocked_system_calls() {
     let status = wait_with_guard(&mut child.0, "attach_mix");
     assert!(status.success() && rest.contains(" errors=0"), "attach_mix blocked: {status}; {rest}{err}");
 }
+
+/// `attach_mix busy` reading /dev/zero: three busy threads and a main thread in read(2) all
+/// the time (as bench/attach_busy.c, issue 28's target), killed on drop.
+fn start_busy_reader() -> (KillOnDrop, u32) {
+    let mut child = Command::new(program("attach_mix"))
+        .arg("busy")
+        .stdin(std::fs::File::open("/dev/zero").expect("open /dev/zero"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start attach_mix");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let child = KillOnDrop(child);
+    let mut first = String::new();
+    out.read_line(&mut first).expect("start line");
+    let pid = child.0.id();
+    assert_eq!(first.trim_end(), format!("attach_mix: started pid={pid}"));
+    (child, pid)
+}
+
+/// What each thread of `pid` is doing: state, where it waits, its system call, its CPUs.
+fn threads_state(pid: u32) -> String {
+    let mut s = String::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace().next().unwrap_or("?").to_string());
+        let cpus = read("status").lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap_or("").to_string();
+        s += &format!(
+            "  {} state {} wchan {} syscall {} {}\n",
+            t.file_name().to_string_lossy(),
+            state.unwrap_or_default(),
+            read("wchan"),
+            read("syscall").trim(),
+            cpus
+        );
+    }
+    s
+}
+
+/// Issue 28: attaching with `--duration 0.3` to busy threads and a main thread in read(2) all
+/// the time, the translating recorder stalled for seconds in about one run of 20 to 60 at a
+/// load of 5 to 10 (once for 28 s, recording nothing): it waited for a thread (or was itself)
+/// runnable and not run, pinned to a CPU where the scheduler starved it while the other CPU
+/// was idle. Each of these recordings must end; one still running 30 s after its duration
+/// is a hang, reported with what the recorder and the program's threads were doing.
+#[test]
+fn attaches_with_a_duration_end() {
+    const RUNS: usize = 20;
+    let dir = test_dir("attach-duration-ends");
+    let (_child, pid) = start_busy_reader();
+    for run_no in 0..RUNS {
+        let trace = dir.join("t.itr");
+        let mut rec = Command::new(itrace_bin())
+            .args(["record", "--backend", "translate", "-p", &pid.to_string(), "--duration", "0.3", "-o"])
+            .arg(&trace)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start itrace");
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = rec.try_wait().expect("wait for itrace") {
+                break status;
+            }
+            if started.elapsed() > std::time::Duration::from_millis(30_300) {
+                let recorder = (1..=2)
+                    .filter_map(|_| {
+                        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                        s.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse::<u32>().ok())
+                    })
+                    .find(|&t| t != 0);
+                let mut state = format!("program {pid}:\n{}", threads_state(pid));
+                if let Some(r) = recorder {
+                    state += &format!("recorder {r}:\n{}", threads_state(r));
+                }
+                let _ = rec.kill();
+                let _ = rec.wait();
+                panic!("run {run_no}: itrace record --duration 0.3 still running after 30 s:\n{state}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(rec.stderr.as_mut().expect("stderr"), &mut err);
+        assert!(status.success(), "run {run_no}: itrace exited with {status}: {}", err.trim());
+    }
+}
+
+/// The translating recorder serves every thread from their occasional stops: it does not pin
+/// itself to a CPU (the stepping recorder does, to the CPU of the thread it steps). Pinned, it
+/// was starved on its CPU for 8 and 20 s at a time (no system call, its 500 ms tick overrun 15
+/// and 39 times) while the other CPU could have run it. While it records, the recorder's
+/// CPUs are those it started with (the test's own).
+#[test]
+fn the_translating_recorder_is_not_pinned() {
+    let ours = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list:"))
+        .map(str::to_string)
+        .expect("our CPUs");
+    let dir = test_dir("attach-recorder-unpinned");
+    let (_child, pid) = start_busy_reader();
+    let trace = dir.join("t.itr");
+    let mut rec = Command::new(itrace_bin())
+        .args(["record", "--backend", "translate", "-p", &pid.to_string(), "--duration", "1.5", "-o"])
+        .arg(&trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start itrace");
+    let mut seen = Vec::new();
+    let status = loop {
+        if let Some(status) = rec.try_wait().expect("wait for itrace") {
+            break status;
+        }
+        let tracer = state_and_tracer(pid).map(|(_, t)| t).unwrap_or(0);
+        if tracer != 0 {
+            let cpus = std::fs::read_to_string(format!("/proc/{tracer}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("Cpus_allowed_list:"))
+                .map(str::to_string);
+            seen.extend(cpus);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(rec.stderr.as_mut().expect("stderr"), &mut err);
+    assert!(status.success(), "itrace exited with {status}: {}", err.trim());
+    assert!(!seen.is_empty(), "the recorder was never seen tracing {pid}");
+    let pinned: std::collections::BTreeSet<&String> = seen.iter().filter(|c| **c != ours).collect();
+    assert!(
+        pinned.is_empty(),
+        "the recorder's CPUs in {} of {} looks while it recorded: {pinned:?} (it started with {ours:?})",
+        seen.iter().filter(|c| **c != ours).count(),
+        seen.len()
+    );
+}

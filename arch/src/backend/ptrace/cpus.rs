@@ -33,8 +33,31 @@ impl Session<'_> {
     /// Keep the tracer on the CPU of the (first) traced thread: a step is a ping-pong between
     /// the two, cheaper without a cross-CPU wake-up.
     pub(super) fn pin_tracer(&mut self, tid: i32) {
+        if !self.opts.step.tracer_follows_threads() {
+            return;
+        }
         if let Some(t) = self.threads.get(&tid) {
             pin(0, t.cpu);
+        }
+    }
+
+    /// Give a pinned thread back the CPUs it may use untraced: its affinity before we pinned it,
+    /// or, for one made while traced, its process's (it may have inherited its creator's pin).
+    ///
+    /// Done for a thread itrace waits for and cannot do without: one a detach interrupted, one
+    /// a nested wait (a remote system call, a step inside a stub) still waits for at itrace's
+    /// tick. Pinned, such a thread can be left runnable and unrun for seconds: with
+    /// autogroups (or any cgroup), the scheduler weighs a process's threads on a CPU by the
+    /// group's load there, and a thread alone on its CPU while the group's other threads (and
+    /// itrace, nice -10, or threads a detach raised to -20) load the other one gets a share
+    /// of a few percent there, and a lag scaled up with it; `/sys/kernel/debug/sched/debug`
+    /// showed such a group entity at weight 70 of 1024, 79 ms of virtual time behind the
+    /// others, not run for 5 s while the other CPU was all but idle, the recording stalled in a
+    /// nested wait for that thread. Unpinned, the idle CPU takes it.
+    pub(super) fn unpin_thread(&self, tid: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        if let Some(set) = t.original_affinity.or_else(|| self.procs.get(&t.pid).and_then(|p| p.affinity)) {
+            set_affinity(tid, &set);
         }
     }
 }

@@ -318,6 +318,7 @@ impl Session<'_> {
         }
         self.detaching = Some(reason);
         self.out.stop_reason = Some(reason);
+        let mut waited_for = Vec::new();
         for t in self.threads.values_mut() {
             if !t.stopped && t.state != ThreadState::Finished {
                 let _ = ptrace::interrupt(Pid::from_raw(t.tid));
@@ -326,7 +327,13 @@ impl Session<'_> {
                 // 75 ms or more for the last of them. Raised now, each is picked at once; it
                 // gets its own priority back before it is let go (`detach_thread`).
                 t.nice_before_detach = boost_to_stop(t.tid);
+                waited_for.push(t.tid);
             }
+        }
+        // Each may run on any CPU it may untraced to reach its stop (`unpin_thread`); the
+        // instructions it runs until then are still recorded on its pinned CPU's stream.
+        for tid in waited_for {
+            self.unpin_thread(tid);
         }
     }
 
@@ -407,12 +414,10 @@ impl Session<'_> {
         // Never leave a breakpoint or trap of ours behind in a process we let go.
         self.take_out_traps(tid);
         self.undo_stop_eintr(tid);
-        let Some(t) = self.threads.get(&tid) else { return };
         // A thread let go before we pinned it (made just before a detach) inherited its
         // creator's pin: it gets the process's own affinity.
-        if let Some(set) = t.original_affinity.or_else(|| self.procs.get(&t.pid).and_then(|p| p.affinity)) {
-            set_affinity(tid, &set);
-        }
+        self.unpin_thread(tid);
+        let Some(t) = self.threads.get(&tid) else { return };
         if let Some(nice) = t.nice_before_detach {
             set_nice(tid, nice);
         }

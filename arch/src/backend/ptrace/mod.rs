@@ -21,7 +21,9 @@
 //! (round robin) while traced, so every record carries the CPU the
 //! instructions really ran on without a system call per step; the original
 //! affinity is restored at detach. The pinning is visible to the program
-//! (`sched_getaffinity`) while it is traced.
+//! (`sched_getaffinity`) while it is traced. A thread itrace must wait for (a detach's
+//! interrupt, a nested wait of the translating recorder) gets its own CPUs back until it
+//! stops: pinned, the scheduler starved such threads for seconds (`cpus.rs`).
 
 #[cfg(target_arch = "x86_64")]
 #[path = "x86_64/mod.rs"]

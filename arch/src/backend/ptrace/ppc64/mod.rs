@@ -130,6 +130,11 @@ pub(super) struct StepOptions {
 impl StepOptions {
     /// The tracer's own settings for the session: none here.
     pub(super) fn tracer_settings(&self) {}
+
+    /// The tracer pins itself to the CPU of the thread it steps (`cpus.rs`): always here.
+    pub(super) fn tracer_follows_threads(&self) -> bool {
+        true
+    }
 }
 
 /// A thread's PowerPC64 state.

@@ -82,6 +82,14 @@ impl StepOptions {
             translate::raise_tracer_priority();
         }
     }
+
+    /// The tracer pins itself to the CPU of the thread it steps (`cpus.rs`), to make each step's
+    /// ping-pong a same-CPU wake-up. Not when translating: it serves every thread from their
+    /// occasional stops, and pinned it could not be run by another CPU when the scheduler
+    /// starves it on its own (see `cpus.rs`).
+    pub(super) fn tracer_follows_threads(&self) -> bool {
+        !self.translate
+    }
 }
 
 /// A thread's x86_64 state.

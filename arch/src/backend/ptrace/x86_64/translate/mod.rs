@@ -292,9 +292,13 @@ impl Session<'_> {
         if ptrace::syscall(p, None).is_err() {
             return false;
         }
+        let mut unpinned = false;
         loop {
             match waitpid(p, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::PtraceSyscall(_)) => return true,
+                Ok(WaitStatus::PtraceSyscall(_)) => {
+                    self.nested_wait_done(tid, unpinned);
+                    return true;
+                }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     requeue.push(sig);
                     if ptrace::syscall(p, None).is_err() {
@@ -314,10 +318,43 @@ impl Session<'_> {
                         return false;
                     }
                 }
-                Err(Errno::EINTR) => {}
+                Err(Errno::EINTR) => self.nested_wait_interrupted(tid, &mut unpinned),
                 Err(_) => return false,
             }
         }
+    }
+
+    /// A nested wait for `tid` (`run_to_syscall_stop`, `step_in_stub`) was interrupted by
+    /// itrace's tick (every 500 ms) or a stop signal. The wait goes on: it cannot be given up,
+    /// as the thread is either single-stepped inside a stub (let go with the trap flag set, it
+    /// would die of the SIGTRAP) or running a system call itrace made with its registers
+    /// replaced (the first mmap, at the vDSO's `syscall`, has no way back to them). A stop asked
+    /// for is taken by the wait loop once this thread's stop is handled, not here: started from
+    /// inside a dispatch, with other threads' stops taken and not yet dispatched, the detach
+    /// interrupts threads already stopped (`begin_detach` sees them as running), and once
+    /// `attach_stress` found the signals program's threads zombies after such a detach. The
+    /// thread, not stopped yet, may run on any CPU it may untraced (`unpin_thread`: pinned, the
+    /// scheduler left such a thread runnable and unrun for seconds).
+    fn nested_wait_interrupted(&mut self, tid: i32, unpinned: &mut bool) {
+        if !*unpinned {
+            self.unpin_thread(tid);
+            *unpinned = true;
+        }
+    }
+
+    /// The thread a nested wait unpinned stopped: pinned again, unless it is being let go, to
+    /// the CPU it ran on meanwhile. Pinned back to the one it was starved on, each following
+    /// nested wait (a remote system call is three) waited again for the tick: runs of 1.6 s
+    /// for 0.3 s. Its records from here on are that CPU's (what its ring holds now too).
+    fn nested_wait_done(&mut self, tid: i32, unpinned: bool) {
+        if !unpinned || self.detaching.is_some() {
+            return;
+        }
+        let ran_on = crate::procfs::last_cpu(tid).filter(|c| self.cpus.contains(c));
+        if let (Some(cpu), Some(t)) = (ran_on, self.threads.get_mut(&tid)) {
+            t.cpu = cpu;
+        }
+        self.pin_thread(tid);
     }
 
     /// A signal-delivery stop of a thread in the cache: a signal for the program.
@@ -616,9 +653,13 @@ impl Session<'_> {
         if ptrace::step(p, None).is_err() {
             return false;
         }
+        let mut unpinned = false;
         loop {
             match waitpid(p, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => break,
+                Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {
+                    self.nested_wait_done(tid, unpinned);
+                    break;
+                }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     requeue.push(sig);
                     if ptrace::step(p, None).is_err() {
@@ -638,7 +679,7 @@ impl Session<'_> {
                         return false;
                     }
                 }
-                Err(Errno::EINTR) => {}
+                Err(Errno::EINTR) => self.nested_wait_interrupted(tid, &mut unpinned),
                 Err(_) => return false,
             }
         }
