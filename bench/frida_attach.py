@@ -18,7 +18,7 @@ import sys
 import time
 
 import frida
-from frida_counting import COUNTING_JS
+from frida_counting import COUNTING_JS, settled_counts
 
 AGENT = COUNTING_JS + r"""
 let followed = [];
@@ -62,14 +62,7 @@ def main():
     time.sleep(seconds)
     script.exports_sync.unfollow()
     t2 = time.perf_counter()
-    # the queue's last batches are delivered by Frida's drain timer: ask until the counts stop
-    prev = None
-    while True:
-        c = script.exports_sync.counts()
-        if c == prev:
-            break
-        prev = c
-        time.sleep(0.2)
+    c = settled_counts(script)
     script.unload()
     session.detach()
     print(json.dumps({"attach_seconds": t1 - t0, "blocks": c["blocks"], "instructions": c["instructions"],

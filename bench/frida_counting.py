@@ -2,6 +2,21 @@
 Stalker's block events: `onReceive` adds each batch's blocks and their instructions (each block
 decoded once, at its first event) to `counts`, in memory."""
 
+import time
+
+
+def settled_counts(script):
+    """The agent's counts once they stop moving: the queue's last batches are delivered by
+    Frida's drain timer after the unfollow or flush."""
+    prev = None
+    while True:
+        c = script.exports_sync.counts()
+        if c == prev:
+            return c
+        prev = c
+        time.sleep(0.2)
+
+
 COUNTING_JS = r"""
 // Every event is a GumEvent, a union as large as its largest member (the call event): 32
 // bytes on x86_64; a block event is type (4, padded to 8), start, end.

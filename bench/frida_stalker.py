@@ -24,7 +24,7 @@ import threading
 import time
 
 import frida
-from frida_counting import COUNTING_JS
+from frida_counting import COUNTING_JS, settled_counts
 
 AGENT = COUNTING_JS + r"""
 let done = false;
@@ -98,16 +98,7 @@ def main():
             t_end = time.perf_counter()
             # in a thread of ours: the callback must not block Frida's message loop
             def collect():
-                # the queue's last batches are delivered by Frida's drain timer: ask twice
-                # until the counts stop moving
-                prev = None
-                while True:
-                    c = script.exports_sync.counts()
-                    if c == prev:
-                        break
-                    prev = c
-                    time.sleep(0.2)
-                result.update(c)
+                result.update(settled_counts(script))
                 result["t_end"] = t_end
                 script.post({"type": "ack"})
                 got.set()
