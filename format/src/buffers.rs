@@ -388,6 +388,51 @@ impl Buffers {
         Ok(Push::Stored)
     }
 
+    /// Store taken branches for `cpu`, in order: what [`Buffers::push_branch`] does for each,
+    /// with its bookkeeping (the room check, the tallies, the shared counts, the flush clock)
+    /// paid once per stretch that fits the current block instead of once per branch. A
+    /// recorder that turns a whole ring into records at once (the translating recorder's drain)
+    /// spent more on that bookkeeping than on the encoding. Returns how many were stored:
+    /// fewer than `bs.len()` only when a normal-mode buffer refused the next one (as
+    /// `push_branch` would have refused it and all after it).
+    pub fn push_branches(&mut self, cpu: usize, bs: &[Branch]) -> Result<usize, FormatError> {
+        let mut done = 0;
+        while done < bs.len() {
+            if !self.room(cpu, MAX_BRANCH_ITEM, false)? {
+                break;
+            }
+            // A branch adds at most MAX_BRANCH_ITEM to the block's bytes and pending run
+            // together, so `k` of them fit where `push_branch`'s own checks would have let
+            // each one in: no block closes, no ring evicts, no buffer refuses inside the stretch.
+            let st = &mut self.cpus[cpu];
+            let mut space = self.block_size.saturating_sub(st.cur.data.len() + st.enc.pending());
+            if self.cfg.mode != Mode::Continuous {
+                space = space.min(self.cfg.buffer_size.saturating_sub(st.used()));
+            }
+            let k = (space / MAX_BRANCH_ITEM).clamp(1, bs.len() - done);
+            let stretch = &bs[done..done + k];
+            let mut instructions = 0u64;
+            for b in stretch {
+                st.enc.branch(&mut st.cur.data, b);
+                instructions += b.icount as u64;
+            }
+            let blk = &mut st.cur;
+            blk.records += k as u64;
+            blk.first_ts.get_or_insert(stretch[0].ts);
+            blk.tally.records += k as u64;
+            blk.tally.branches += k as u64;
+            blk.tally.instructions += instructions;
+            self.records[cpu] += k as u64;
+            self.branches += k as u64;
+            self.instructions += instructions;
+            done += k;
+            self.stored_in_segment(k as u32)?;
+        }
+        self.live.branches.store(self.branches, Ordering::Relaxed);
+        self.live.instructions.store(self.instructions, Ordering::Relaxed);
+        Ok(done)
+    }
+
     /// Store a control record (trace on/off, lost) for `cpu`; never refused for lack of space.
     pub fn push_control(&mut self, cpu: usize, rec: &Record) -> Result<(), FormatError> {
         if let Record::Branch(b) = rec {
@@ -454,17 +499,23 @@ impl Buffers {
     /// whether the oldest waiting record is due.
     #[inline]
     fn stored_segment(&mut self) -> Result<(), FormatError> {
+        self.stored_in_segment(1)
+    }
+
+    /// `n` records went into a segment (see [`Buffers::stored_segment`]).
+    #[inline]
+    fn stored_in_segment(&mut self, n: u32) -> Result<(), FormatError> {
         if self.cfg.mode != Mode::Continuous {
             return Ok(()); // wrap mode's MTE segments go with the rings, at the end
         }
         if self.oldest == u64::MAX {
             self.oldest = crate::now_ns();
         }
-        self.until_check -= 1;
-        if self.until_check == 0 {
+        if self.until_check <= n {
             self.until_check = CHECK_EVERY;
             return self.flush_if_due();
         }
+        self.until_check -= n;
         Ok(())
     }
 

@@ -698,6 +698,19 @@ impl StreamTotals {
             })
         };
         while at < payload.len() {
+            // Most items are one-byte table hits at an unchanged time: counted a stretch at a
+            // time (this walk was 7% of the translating recorder's time).
+            let hits = payload[at..].iter().take_while(|&&b| b <= 0x3F).count();
+            if hits > 0 {
+                let k = &mut self.kinds[0];
+                k.records += hits as u64;
+                k.bytes += hits as u64;
+                self.branches += hits as u64;
+                self.first_ts = Some(self.first_ts.map_or(ts, |f| f.min(ts)));
+                self.last_ts = Some(self.last_ts.map_or(ts, |l| l.max(ts)));
+                at += hits;
+                continue;
+            }
             let start = at;
             let Some((kind, records, branch)) = item(&mut at, &mut ts) else { break };
             let k = &mut self.kinds[kind];

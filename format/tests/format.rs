@@ -349,6 +349,59 @@ fn not_a_trace_and_wrong_version() {
     assert!(matches!(TraceFile::open(&p), Err(FormatError::UnsupportedVersion { major: 9, .. })));
 }
 
+/// `push_branches` (a drained ring's records at once) stores exactly what `push_branch` one by one
+/// stores, in every mode and for any size of batch: the same records, the same refusal point in
+/// normal mode, the same losses in wrap mode. The branches repeat in loops (table hits and runs,
+/// as a drained ring's do) with new edges between.
+#[test]
+fn pushing_batches_of_branches_equals_pushing_them_one_by_one() {
+    let d = tempfile::tempdir().unwrap();
+    let all: Vec<Branch> = (0..3000u64)
+        .map(|i| {
+            let b = branch(if i % 100 < 60 { i % 3 } else { i }, 0);
+            Branch { ts: 1000 + i / 64, ..b }
+        })
+        .collect();
+    let store = |name: &str, mode: Mode, buffer: usize, segment: usize, batch: usize| {
+        let p = d.path().join(name);
+        let w = TraceWriter::create(&p, &header(mode, 1)).unwrap();
+        let cfg = BufferConfig { mode, ncpu: 1, buffer_size: buffer, segment_size: segment, mte_size: 1 << 20 };
+        let mut b = Buffers::new(cfg, w).unwrap();
+        let mut stored = 0;
+        if batch == 0 {
+            for br in &all {
+                if b.push_branch(0, br).unwrap() == Push::Full {
+                    break;
+                }
+                stored += 1;
+            }
+        } else {
+            for part in all.chunks(batch) {
+                let n = b.push_branches(0, part).unwrap();
+                stored += n;
+                if n < part.len() {
+                    break;
+                }
+            }
+        }
+        let lost = b.lost().to_vec();
+        b.finish(Summary::default()).unwrap();
+        (stored, lost, branches(&TraceFile::open(&p).unwrap()))
+    };
+    for (mode, buffer, segment) in [(Mode::Continuous, 0, 700), (Mode::Normal, 2000, 700), (Mode::Wrap, 2000, 700)] {
+        let one_by_one = store(&format!("{mode}-1.itr"), mode, buffer, segment, 0);
+        match mode {
+            Mode::Normal => assert!(one_by_one.0 < all.len() && one_by_one.0 > 100, "normal: {}", one_by_one.0),
+            Mode::Wrap => assert!(one_by_one.1[0] > 0, "wrap: nothing lost"),
+            _ => assert_eq!(one_by_one.2, all),
+        }
+        for batch in [1, 7, 64, 1000, 5000] {
+            let batched = store(&format!("{mode}-{batch}.itr"), mode, buffer, segment, batch);
+            assert_eq!(batched, one_by_one, "{mode}, batches of {batch}");
+        }
+    }
+}
+
 /// `push_records` (runs of records at once) stores exactly what pushing them one by one stores,
 /// in every mode: the same records, the same refusal point in normal mode.
 #[test]

@@ -83,6 +83,41 @@ impl<'a> Sink<'a> {
         }
     }
 
+    /// Store taken branches on `cpu`'s stream, in order, each as [`Sink::branch`] would (the
+    /// timestamps in `bs` are set to the ones stored), in one call to the buffers. Returns how
+    /// many were stored and the outcome: `Full` when a normal-mode buffer refused the next one
+    /// (and so every one after it), `Failed` when the file could not be written.
+    pub fn branches(&mut self, cpu: usize, bs: &mut [Branch]) -> (usize, Stored) {
+        if bs.is_empty() {
+            return (0, Stored::Yes);
+        }
+        if cpu >= self.last_ts.len() {
+            self.last_ts.resize(cpu + 1, 0);
+            self.ts_left.resize(cpu + 1, 0);
+        }
+        let (mut last, mut left) = (self.last_ts[cpu], self.ts_left[cpu]);
+        for b in bs.iter_mut() {
+            if left > 0 {
+                left -= 1;
+                b.ts = last;
+            } else {
+                b.ts = b.ts.max(last);
+                left = self.share_clock - 1;
+            }
+            last = b.ts;
+        }
+        match self.buffers.push_branches(cpu, bs) {
+            Ok(n) => {
+                // As `branch` does, a refused record moves the clock too.
+                (self.last_ts[cpu], self.ts_left[cpu]) = (last, left);
+                self.branches += n as u64;
+                self.instructions += bs[..n].iter().map(|b| b.icount as u64).sum::<u64>();
+                (n, if n < bs.len() { Stored::Full } else { Stored::Yes })
+            }
+            Err(e) => (0, self.write_failed(e)),
+        }
+    }
+
     /// Store a control record (trace on/off, lost) on `cpu`'s stream; never refused for space.
     pub fn control(&mut self, cpu: usize, r: &Record) -> Stored {
         if let Some(left) = self.ts_left.get_mut(cpu) {

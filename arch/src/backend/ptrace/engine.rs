@@ -295,15 +295,29 @@ impl Session<'_> {
     pub(super) fn push_branch(&mut self, cpu: usize, b: Branch) {
         let stored = self.sink.branch(cpu, b);
         if stored == Stored::Full {
-            // Not stored: its instructions go to the trace-off record's partial block.
-            if let Some(t) = self.threads.get_mut(&(b.tid as i32)) {
-                if t.icount_at_full.is_none() {
-                    t.icount += b.icount;
-                    t.icount_at_full = Some(t.icount);
-                }
-            }
+            self.refused_at_full(&b);
         }
         self.after_store(stored);
+    }
+
+    /// [`Session::push_branch`] for each of `bs`, in one call to the buffers (a drained ring).
+    pub(super) fn push_branches(&mut self, cpu: usize, bs: &mut [Branch]) {
+        let (stored, outcome) = self.sink.branches(cpu, bs);
+        if outcome == Stored::Full {
+            // Only the first one refused counts, as with `push_branch` one at a time.
+            self.refused_at_full(&bs[stored]);
+        }
+        self.after_store(outcome);
+    }
+
+    /// A full buffer refused `b`: its instructions go to the trace-off record's partial block.
+    fn refused_at_full(&mut self, b: &Branch) {
+        if let Some(t) = self.threads.get_mut(&(b.tid as i32)) {
+            if t.icount_at_full.is_none() {
+                t.icount += b.icount;
+                t.icount_at_full = Some(t.icount);
+            }
+        }
     }
 
     pub(super) fn push_control(&mut self, cpu: usize, r: Record) {

@@ -108,7 +108,6 @@ impl std::fmt::Display for Stats {
 #[derive(Default)]
 pub(super) struct Buffers {
     raw: Vec<u8>,
-    records: Vec<(unit::Exit, u64)>,
     branches: Vec<Branch>,
 }
 
@@ -723,41 +722,37 @@ impl Session<'_> {
         // The buffers live in the session: a fresh megabyte per drain was mapped, faulted in
         // and unmapped each time (most of itrace's time on a busy program).
         let mut raw = std::mem::take(&mut self.arch.xl_buffers.raw);
-        let mut records = std::mem::take(&mut self.arch.xl_buffers.records);
         let mut out = std::mem::take(&mut self.arch.xl_buffers.branches);
         raw.resize(n * RECORD_BYTES as usize, 0);
-        records.clear();
         out.clear();
         let Some(c) = self.cache_of(pid) else { return };
         if c.read(pid, state + RING as u64, &mut raw).is_err() {
-            self.arch.xl_buffers = Buffers { raw, records, branches: out };
+            self.arch.xl_buffers = Buffers { raw, branches: out };
             return;
         }
         let _ = c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes());
+        // One pass: each record's exit, its count, and the branch record it makes (all of a
+        // drain share the clock reading of its stop).
+        let exits = &self.procs.get(&pid).expect("its cache exists").arch.cache.exits;
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.stop_ts = now_ns();
         for r in raw.chunks_exact(RECORD_BYTES as usize) {
             let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
             let target = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
-            match c.exits.get(id as usize) {
-                Some(e) => records.push((*e, target)),
-                None => {
-                    eprintln!("itrace: warning: thread {tid}: a cache record with no exit {id}; the rest of its ring is dropped");
-                    break;
-                }
-            }
-        }
-        let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.stop_ts = now_ns();
-        for &(e, target) in &records {
+            let Some(e) = exits.get(id as usize) else {
+                eprintln!(
+                    "itrace: warning: thread {tid}: a cache record with no exit {id}; the rest of its ring is dropped"
+                );
+                break;
+            };
             t.icount += e.count;
             if let Some(kind) = e.kind {
                 let to = if e.indirect { target } else { e.to };
                 out.push(branch(t, false, e.from, to, kind, 0, 0));
             }
         }
-        for &b in &out {
-            self.push_branch(cpu, b);
-        }
-        self.arch.xl_buffers = Buffers { raw, records, branches: out };
+        self.push_branches(cpu, &mut out);
+        self.arch.xl_buffers = Buffers { raw, branches: out };
     }
 
     /// The cache entry of application address `pc`, translating it if needed. `None`: the
