@@ -239,6 +239,11 @@ impl Buffers {
         })
     }
 
+    /// The collection mode.
+    pub fn mode(&self) -> Mode {
+        self.cfg.mode
+    }
+
     /// Keep the running totals in `live` (shared with a status line made before the buffers).
     pub fn with_live(mut self, live: Arc<LiveCounts>) -> Self {
         self.live = live;

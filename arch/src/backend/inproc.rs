@@ -357,7 +357,7 @@ pub fn record(
             }
         }
         // (The buffers write the Lost record for these, ahead of the surviving records.)
-        d.sink.buffers().add_lost(cpu, lost + ctl.lost.load(Ordering::Relaxed));
+        d.sink.add_lost(cpu, lost + ctl.lost.load(Ordering::Relaxed));
     }
     left.sort_unstable();
     for (_, cpu, idx) in left {

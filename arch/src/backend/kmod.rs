@@ -461,11 +461,11 @@ pub fn record(start: Start, opts: &Options, stop: &AtomicBool, buffers: &mut Buf
             wrap_resume(&dev, &mut d, i, &s);
         }
         d.drain_stream(&dev, i, mode != Mode::Wrap);
-        d.sink.buffers().add_lost(i % ncpu_out, s.lost);
+        d.sink.add_lost(i % ncpu_out, s.lost);
     }
     let mte_lost = dev.stream(dev.ncpu).lost;
     if mte_lost > 0 {
-        d.sink.buffers().add_lost(0, mte_lost);
+        d.sink.add_lost(0, mte_lost);
     }
     let full = dev.ctl().full != 0;
     let (reason, _) = super::stop_reason(status, detached, full);
@@ -520,7 +520,7 @@ fn wrap_resume(dev: &Device, d: &mut Drain, i: usize, s: &Stream) {
         if skip.contains(&rec.offset) {
             // The block's instructions before the gap are unknown: count it as lost.
             let n = d.sink.streams();
-            d.sink.buffers().add_lost(i % n, 1);
+            d.sink.add_lost(i % n, 1);
             continue;
         }
         if let Ok(r) = Record::decode(e, rec.bytes, 0) {

@@ -2,8 +2,16 @@
 //! CPU stream's timestamps from going back (a system call's record carries its entry time,
 //! which may precede other threads' records), count what was stored, and keep the first
 //! write error.
+//!
+//! The buffers are written by the recording loop itself, or (continuous and wrap modes, where
+//! nothing is refused for space) by a writer thread of their own ([`Sink::threaded`]): the
+//! translating recorder drains rings of records faster than one thread encodes them, and the
+//! encoding then runs beside the drain and the traced program instead of between them.
 
-use itrace_format::{Branch, Buffers, Mte, Push, Record};
+use itrace_format::{Branch, Buffers, Mode, Mte, Push, Record};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// What became of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,9 +25,47 @@ pub enum Stored {
     Failed,
 }
 
+/// Where a sink's records go.
+enum Store<'a> {
+    /// Into the buffers, on the recording loop's thread.
+    Direct(&'a mut Buffers),
+    /// To the writer thread that owns the buffers, in order.
+    Threaded(Writer),
+}
+
+/// The recording loop's end of a writer thread.
+struct Writer {
+    ops: SyncSender<Op>,
+    /// Batches the writer has stored, given back empty to be filled again (a fresh batch of
+    /// a drained ring is megabytes, mapped and faulted in anew each time).
+    spare: Receiver<Vec<Branch>>,
+    /// The writer's first error (it stops storing then).
+    error: Arc<Mutex<Option<String>>>,
+    /// Closed by the writer when it has stored everything and returns.
+    done: Receiver<()>,
+}
+
+/// What the writer thread is asked to do, in the order asked.
+enum Op {
+    Branches(usize, Vec<Branch>),
+    Branch(usize, Branch),
+    Control(usize, Record),
+    Mte(Mte),
+    Lost(usize, u64),
+}
+
+/// What the writer thread may have waiting; the recording loop waits for it beyond that. A
+/// batch is a drained ring (up to 3 MB of records): this bounds the memory, and what a killed
+/// recorder loses beyond what waits in the buffers.
+const QUEUED_OPS: usize = 16;
+/// How often an idle writer thread writes what is due (continuous mode's loss bound; the
+/// recording loop's own wake-ups do it when the buffers are its own).
+const WRITER_TICK: Duration = Duration::from_millis(100);
+
 /// The buffers of one recording, as a recording loop writes them.
 pub struct Sink<'a> {
-    buffers: &'a mut Buffers,
+    store: Store<'a>,
+    ncpu: usize,
     last_ts: Vec<u64>,
     /// Per stream: branch records still to take `last_ts` instead of their own reading.
     ts_left: Vec<u32>,
@@ -33,8 +79,37 @@ pub struct Sink<'a> {
 
 impl<'a> Sink<'a> {
     pub fn new(buffers: &'a mut Buffers) -> Self {
+        let ncpu = buffers.lost().len();
+        Sink::with_store(Store::Direct(buffers), ncpu)
+    }
+
+    /// A sink whose buffers are written by a thread of `scope`, when their mode never refuses
+    /// a record for space (continuous and wrap); in normal mode, where a full buffer must stop
+    /// tracing at the record it refused, the recording loop writes them itself.
+    pub fn threaded<'scope>(scope: &'scope std::thread::Scope<'scope, '_>, buffers: &'scope mut Buffers) -> Sink<'scope>
+    where
+        'scope: 'a,
+    {
+        let ncpu = buffers.lost().len();
+        if buffers.mode() == Mode::Normal {
+            return Sink::with_store(Store::Direct(buffers), ncpu);
+        }
+        let (ops, ops_rx) = mpsc::sync_channel(QUEUED_OPS);
+        let (spare_tx, spare) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
+        let error = Arc::new(Mutex::new(None));
+        let writer_error = Arc::clone(&error);
+        scope.spawn(move || {
+            write_ops(buffers, &ops_rx, &spare_tx, &writer_error);
+            drop(done_tx);
+        });
+        Sink::with_store(Store::Threaded(Writer { ops, spare, error, done }), ncpu)
+    }
+
+    fn with_store(store: Store<'a>, ncpu: usize) -> Self {
         Sink {
-            buffers,
+            store,
+            ncpu,
             last_ts: Vec::new(),
             ts_left: Vec::new(),
             share_clock: 1,
@@ -58,8 +133,10 @@ impl<'a> Sink<'a> {
         self.last_ts.get(cpu).copied().unwrap_or(0)
     }
 
-    /// Store a taken branch on `cpu`'s stream, its timestamp no older than the stream's last.
-    pub fn branch(&mut self, cpu: usize, mut b: Branch) -> Stored {
+    /// The timestamp `b` is stored with on `cpu`'s stream: no older than the stream's last,
+    /// or the last itself while records share a clock reading.
+    #[inline]
+    fn stamp(&mut self, cpu: usize, b: &mut Branch) {
         if cpu >= self.last_ts.len() {
             self.last_ts.resize(cpu + 1, 0);
             self.ts_left.resize(cpu + 1, 0);
@@ -72,7 +149,16 @@ impl<'a> Sink<'a> {
             self.ts_left[cpu] = self.share_clock - 1;
         }
         self.last_ts[cpu] = b.ts;
-        match self.buffers.push_branch(cpu, &b) {
+    }
+
+    /// Store a taken branch on `cpu`'s stream, its timestamp no older than the stream's last.
+    pub fn branch(&mut self, cpu: usize, mut b: Branch) -> Stored {
+        self.stamp(cpu, &mut b);
+        let pushed = match &mut self.store {
+            Store::Direct(buffers) => buffers.push_branch(cpu, &b),
+            Store::Threaded(_) => return self.send(Op::Branch(cpu, b), 1, b.icount as u64),
+        };
+        match pushed {
             Ok(Push::Stored) => {
                 self.branches += 1;
                 self.instructions += b.icount as u64;
@@ -84,37 +170,32 @@ impl<'a> Sink<'a> {
     }
 
     /// Store taken branches on `cpu`'s stream, in order, each as [`Sink::branch`] would (the
-    /// timestamps in `bs` are set to the ones stored), in one call to the buffers. Returns how
-    /// many were stored and the outcome: `Full` when a normal-mode buffer refused the next one
-    /// (and so every one after it), `Failed` when the file could not be written.
-    pub fn branches(&mut self, cpu: usize, bs: &mut [Branch]) -> (usize, Stored) {
+    /// timestamps in `bs` are set to the ones stored). Returns how many were stored and the
+    /// outcome: `Full` when a normal-mode buffer refused the next one (and so every one after
+    /// it), `Failed` when the file could not be written. With a writer thread, `bs` is handed
+    /// to it and left empty (an emptied batch of an earlier call, its room kept).
+    pub fn branches(&mut self, cpu: usize, bs: &mut Vec<Branch>) -> (usize, Stored) {
         if bs.is_empty() {
             return (0, Stored::Yes);
         }
-        if cpu >= self.last_ts.len() {
-            self.last_ts.resize(cpu + 1, 0);
-            self.ts_left.resize(cpu + 1, 0);
-        }
-        let (mut last, mut left) = (self.last_ts[cpu], self.ts_left[cpu]);
         for b in bs.iter_mut() {
-            if left > 0 {
-                left -= 1;
-                b.ts = last;
-            } else {
-                b.ts = b.ts.max(last);
-                left = self.share_clock - 1;
-            }
-            last = b.ts;
+            self.stamp(cpu, b);
         }
-        match self.buffers.push_branches(cpu, bs) {
-            Ok(n) => {
-                // As `branch` does, a refused record moves the clock too.
-                (self.last_ts[cpu], self.ts_left[cpu]) = (last, left);
-                self.branches += n as u64;
-                self.instructions += bs[..n].iter().map(|b| b.icount as u64).sum::<u64>();
-                (n, if n < bs.len() { Stored::Full } else { Stored::Yes })
+        match &mut self.store {
+            Store::Direct(buffers) => match buffers.push_branches(cpu, bs) {
+                Ok(n) => {
+                    self.branches += n as u64;
+                    self.instructions += bs[..n].iter().map(|b| b.icount as u64).sum::<u64>();
+                    (n, if n < bs.len() { Stored::Full } else { Stored::Yes })
+                }
+                Err(e) => (0, self.write_failed(e)),
+            },
+            Store::Threaded(w) => {
+                let n = bs.len();
+                let instructions = bs.iter().map(|b| b.icount as u64).sum::<u64>();
+                let batch = std::mem::replace(bs, w.spare.try_recv().unwrap_or_default());
+                (n, self.send(Op::Branches(cpu, batch), n as u64, instructions))
             }
-            Err(e) => (0, self.write_failed(e)),
         }
     }
 
@@ -123,7 +204,11 @@ impl<'a> Sink<'a> {
         if let Some(left) = self.ts_left.get_mut(cpu) {
             *left = 0;
         }
-        match self.buffers.push_control(cpu, r) {
+        let pushed = match &mut self.store {
+            Store::Direct(buffers) => buffers.push_control(cpu, r),
+            Store::Threaded(_) => return self.send(Op::Control(cpu, r.clone()), 0, 0),
+        };
+        match pushed {
             Ok(()) => Stored::Yes,
             Err(e) => self.write_failed(e),
         }
@@ -131,10 +216,24 @@ impl<'a> Sink<'a> {
 
     /// Store a module-table record.
     pub fn mte(&mut self, m: Mte) -> Stored {
-        match self.buffers.push_mte(&Record::Mte(m)) {
+        let pushed = match &mut self.store {
+            Store::Direct(buffers) => buffers.push_mte(&Record::Mte(m)),
+            Store::Threaded(_) => return self.send(Op::Mte(m), 0, 0),
+        };
+        match pushed {
             Ok(Push::Stored) => Stored::Yes,
             Ok(Push::Full) => Stored::Full,
             Err(e) => self.write_failed(e),
+        }
+    }
+
+    /// Count `n` records of `cpu`'s stream as lost (they never reached the recorder).
+    pub fn add_lost(&mut self, cpu: usize, n: u64) {
+        match &mut self.store {
+            Store::Direct(buffers) => buffers.add_lost(cpu, n),
+            Store::Threaded(_) => {
+                let _ = self.send(Op::Lost(cpu, n), 0, 0);
+            }
         }
     }
 
@@ -142,14 +241,35 @@ impl<'a> Sink<'a> {
     /// half a second old), so that a recorder killed now loses at most
     /// about the last second. Recording loops call this whenever they wake, EINTR and
     /// timeouts included; it costs a clock reading when something waits, nothing otherwise.
+    /// (A writer thread does it on its own.)
     pub fn tick(&mut self) -> Stored {
         if self.error.is_some() {
             return Stored::Yes; // already stopping; the error is kept
         }
-        match self.buffers.flush_if_due() {
+        let flushed = match &mut self.store {
+            Store::Direct(buffers) => buffers.flush_if_due(),
+            Store::Threaded(w) => {
+                let e = w.error.lock().map(|e| e.clone()).unwrap_or(None);
+                return self.writer_error(e);
+            }
+        };
+        match flushed {
             Ok(()) => Stored::Yes,
             Err(e) => self.write_failed(e),
         }
+    }
+
+    /// Wait until a writer thread has stored everything it was given (the buffers are the
+    /// caller's again once the thread's scope ends), and take its error. Nothing to wait for
+    /// when the recording loop wrote them itself.
+    pub fn finish(&mut self) {
+        let Store::Threaded(w) = &mut self.store else { return };
+        // A closed channel stops the writer once it has stored what it was sent.
+        let (closed, _) = mpsc::sync_channel(0);
+        drop(std::mem::replace(&mut w.ops, closed));
+        let _ = w.done.recv();
+        let e = w.error.lock().map(|e| e.clone()).unwrap_or(None);
+        let _ = self.writer_error(e);
     }
 
     /// The first error, if any: a failed write, or what a consumer reported with [`Sink::fail`].
@@ -169,16 +289,187 @@ impl<'a> Sink<'a> {
 
     /// The number of CPU streams.
     pub fn streams(&self) -> usize {
-        self.buffers.lost().len()
+        self.ncpu
     }
 
-    /// The buffers themselves (loss counts).
-    pub fn buffers(&mut self) -> &mut Buffers {
-        self.buffers
+    /// Hand `op` to the writer thread (waiting while it has [`QUEUED_OPS`] to do), counting
+    /// what it stores; `Failed` once it has failed.
+    fn send(&mut self, op: Op, branches: u64, instructions: u64) -> Stored {
+        let Store::Threaded(w) = &mut self.store else { unreachable!("only a threaded sink sends") };
+        let e = w.error.lock().map(|e| e.clone()).unwrap_or(None);
+        if e.is_some() || self.error.is_some() {
+            return self.writer_error(e);
+        }
+        if w.ops.send(op).is_err() {
+            return self.writer_error(Some("the trace's writer thread ended".into()));
+        }
+        self.branches += branches;
+        self.instructions += instructions;
+        Stored::Yes
+    }
+
+    fn writer_error(&mut self, e: Option<String>) -> Stored {
+        match e {
+            Some(e) => {
+                self.error.get_or_insert(e);
+                Stored::Failed
+            }
+            None if self.error.is_some() => Stored::Failed,
+            None => Stored::Yes,
+        }
     }
 
     fn write_failed(&mut self, e: itrace_format::FormatError) -> Stored {
         self.error.get_or_insert_with(|| e.to_string());
         Stored::Failed
+    }
+}
+
+/// The writer thread: store each op in order until the recording loop's end is closed; write
+/// what is due when idle. After the first error nothing more is stored (the recording stops).
+fn write_ops(
+    buffers: &mut Buffers,
+    ops: &Receiver<Op>,
+    spare: &mpsc::Sender<Vec<Branch>>,
+    error: &Mutex<Option<String>>,
+) {
+    let mut failed = false;
+    loop {
+        let op = match ops.recv_timeout(WRITER_TICK) {
+            Ok(op) => op,
+            Err(RecvTimeoutError::Timeout) => {
+                if !failed {
+                    if let Err(e) = buffers.flush_if_due() {
+                        failed = keep_error(error, e);
+                    }
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if failed {
+            continue;
+        }
+        let r = match op {
+            Op::Branches(cpu, mut batch) => {
+                let r = buffers.push_branches(cpu, &batch).map(drop);
+                batch.clear();
+                let _ = spare.send(batch);
+                r
+            }
+            Op::Branch(cpu, b) => buffers.push_branch(cpu, &b).map(drop),
+            Op::Control(cpu, r) => buffers.push_control(cpu, &r),
+            Op::Mte(m) => buffers.push_mte(&Record::Mte(m)).map(drop),
+            Op::Lost(cpu, n) => {
+                buffers.add_lost(cpu, n);
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            failed = keep_error(error, e);
+        }
+    }
+}
+
+fn keep_error(error: &Mutex<Option<String>>, e: itrace_format::FormatError) -> bool {
+    if let Ok(mut slot) = error.lock() {
+        slot.get_or_insert_with(|| e.to_string());
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use itrace_format::{
+        Arch, BranchKind, BufferConfig, Endian, FileHeader, StepMethod, StopReason, Summary, TraceFile, TraceOff,
+        TraceWriter, FLAG_ICOUNT, VERSION_MAJOR, VERSION_MINOR,
+    };
+
+    fn branch(i: u64) -> Branch {
+        let kind = if i % 3 == 0 { BranchKind::CondJump } else { BranchKind::Call };
+        let from = 0x400000 + (i % 40) * 16;
+        Branch { icount: (i % 13) as u32 + 1, ..Branch::user(1000 + i, 7, from, from + 0x100, kind, 0, 0) }
+    }
+
+    /// Every record of the file, in order, and the summary's per-CPU counts.
+    fn read(path: &std::path::Path) -> (Vec<String>, Vec<u64>, Vec<u64>) {
+        let t = TraceFile::open(path).unwrap();
+        let records = t.merged().map(|e| format!("{:?}", e.unwrap().record)).collect();
+        let s = t.summary().unwrap();
+        (records, s.records.clone(), s.lost.clone())
+    }
+
+    /// The same calls, through a sink writing the buffers itself and through one with a writer
+    /// thread, give the same file: the same records in the same order, the same counts.
+    #[test]
+    fn a_writer_thread_stores_what_the_recording_loop_would() {
+        let d = tempfile::tempdir().unwrap();
+        for mode in [Mode::Continuous, Mode::Wrap] {
+            let mut files = Vec::new();
+            for threaded in [false, true] {
+                let path = d.path().join(format!("{mode}-{threaded}.itr"));
+                let header = FileHeader {
+                    endian: Endian::native(),
+                    version_major: VERSION_MAJOR,
+                    version_minor: VERSION_MINOR,
+                    arch: Arch::X86_64,
+                    mode,
+                    step_method: StepMethod::Translated,
+                    ncpu: 2,
+                    flags: FLAG_ICOUNT,
+                    buffer_size: 0,
+                    segment_size: 0,
+                    start_realtime_ns: 1,
+                    start_monotonic_ns: 2,
+                };
+                let w = TraceWriter::create(&path, &header).unwrap();
+                let cfg = BufferConfig { mode, ncpu: 2, buffer_size: 3000, segment_size: 1000, mte_size: 1 << 20 };
+                let mut buffers = Buffers::new(cfg, w).unwrap();
+                let (branches, instructions) = std::thread::scope(|scope| {
+                    let mut sink = if threaded { Sink::threaded(scope, &mut buffers) } else { Sink::new(&mut buffers) }
+                        .share_clock(4);
+                    let mut batch = Vec::new();
+                    for i in 0..2000u64 {
+                        let cpu = (i / 500) as usize % 2;
+                        match i % 250 {
+                            0 => assert_eq!(
+                                sink.mte(Mte::ProcessName { ts: 1000 + i, pid: 7, ppid: 1, name: format!("p{i}") }),
+                                Stored::Yes
+                            ),
+                            1 => {
+                                let off = TraceOff {
+                                    ts: 1000 + i,
+                                    reason: StopReason::Exited,
+                                    pid: 7,
+                                    tid: 7,
+                                    icount: 3,
+                                    pc: i,
+                                    value: 0,
+                                };
+                                assert_eq!(sink.control(cpu, &Record::TraceOff(off)), Stored::Yes);
+                            }
+                            2 => sink.add_lost(cpu, i),
+                            n if n < 100 => assert_eq!(sink.branch(cpu, branch(i)), Stored::Yes),
+                            _ => {
+                                batch.push(branch(i));
+                                if batch.len() == 37 || i % 250 == 249 {
+                                    let n = batch.len();
+                                    assert_eq!(sink.branches(cpu, &mut batch), (n, Stored::Yes));
+                                    batch.clear();
+                                }
+                            }
+                        }
+                    }
+                    sink.finish();
+                    assert_eq!(sink.write_error(), None);
+                    (sink.branches, sink.instructions)
+                });
+                buffers.finish(Summary::default()).unwrap();
+                files.push((read(&path), branches, instructions));
+            }
+            assert_eq!(files[0], files[1], "{mode}");
+            assert!(files[0].0 .0.len() > 100, "{mode}: {} records", files[0].0 .0.len());
+        }
     }
 }

@@ -215,11 +215,22 @@ use itrace_format::{branch_flags, now_ns, BranchKind};
 
 /// Record `opts.target` into `buffers` until it exits, `opts.stop` is set, or a buffer fills (normal mode).
 pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutcome, RecordError> {
+    if opts.step.translate {
+        // The code cache's threads record faster than one thread encodes their records: the
+        // buffers get a writer thread of their own (not in normal mode, where a full buffer
+        // stops tracing at the record it refused; `Sink::threaded`).
+        std::thread::scope(|scope| record_into(opts, Sink::threaded(scope, buffers)))
+    } else {
+        record_into(opts, Sink::new(buffers))
+    }
+}
+
+fn record_into<'a>(opts: &'a RecordOptions<'a>, sink: Sink<'a>) -> Result<RecordOutcome, RecordError> {
     let mut s = Session {
         opts,
         // Sparse timestamps (docs/trace-format.md): one clock reading per 64 branch records of
         // a stream, as the qemu plugin does; a stop is 5-30 us, so 0.3-2 ms of resolution.
-        sink: Sink::new(buffers).share_clock(64),
+        sink: sink.share_clock(64),
         threads: IntMap::default(),
         procs: IntMap::default(),
         cpus: allowed_cpus(0),
@@ -246,6 +257,7 @@ pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutco
     s.warn_at_end();
     s.save_jit_maps();
     s.out.stop_reason.get_or_insert(StopReason::Exited);
+    s.sink.finish();
     // out counts the partial blocks of trace-off records; the sink, the branches stored.
     s.out.branches += s.sink.branches;
     s.out.instructions += s.sink.instructions;
@@ -301,7 +313,7 @@ impl Session<'_> {
     }
 
     /// [`Session::push_branch`] for each of `bs`, in one call to the buffers (a drained ring).
-    pub(super) fn push_branches(&mut self, cpu: usize, bs: &mut [Branch]) {
+    pub(super) fn push_branches(&mut self, cpu: usize, bs: &mut Vec<Branch>) {
         let (stored, outcome) = self.sink.branches(cpu, bs);
         if outcome == Stored::Full {
             // Only the first one refused counts, as with `push_branch` one at a time.
