@@ -167,12 +167,18 @@ static bool itr_put(unsigned int s, const void *rec, u32 len, bool control)
 	memcpy(ring + (head + pad) % size, rec, len);
 	st->records++;
 	smp_store_release(&st->head, head + need);
-	/* continuous mode, ring over half full: wake the consumer and let it run before it fills */
-	if (itr_mode == ITR_MODE_CONTINUOUS && (head + need - tail) * 2 > size) {
-		if ((head - tail) * 2 <= size)
-			wake_up_interruptible(&itr_data_wq);
-		set_tsk_need_resched(current);
-	}
+	/*
+	 * Continuous mode, ring over half full: wake the consumer. Whether it runs before this
+	 * thread is the scheduler's decision (wake-up preemption); a thread that fills the ring
+	 * to three quarters waits for the drain (itr_maybe_throttle). The module never sets
+	 * TIF_NEED_RESCHED itself: without the preempt count's bit, which only the scheduler
+	 * folds in, need_resched() is true while cond_resched() never yields, and kernel loops
+	 * that break out on the one and yield with the other spin for good. exit_mmap's
+	 * zap_pte_range did, on a CPU that wrote the exit system call's record here: a soft
+	 * lockup until the guest's time ran out (docs/kmod.md, "Continuous mode").
+	 */
+	if (itr_mode == ITR_MODE_CONTINUOUS && (head + need - tail) * 2 > size && (head - tail) * 2 <= size)
+		wake_up_interruptible(&itr_data_wq);
 	return true;
 }
 
