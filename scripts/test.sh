@@ -3,7 +3,28 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-step() { echo; echo "=== test.sh: $*"; }
+# Each step prints the wall time since the start; at the end (pass or fail) a summary of the
+# steps' durations, so a CI log shows where the time went.
+test_sh_start=$(date +%s)
+step_names=()
+step_starts=()
+step() {
+    step_names+=("$*")
+    step_starts+=("$(date +%s)")
+    echo
+    echo "=== test.sh [+$((step_starts[-1] - test_sh_start)) s]: $*"
+}
+step_summary() {
+    local rc=$? now i end
+    now=$(date +%s)
+    echo
+    echo "=== test.sh: time per step (exit $rc after $((now - test_sh_start)) s)"
+    for i in "${!step_names[@]}"; do
+        end=${step_starts[i + 1]:-$now}
+        printf '=== test.sh: %6d s  %s\n' "$((end - step_starts[i]))" "${step_names[i]}"
+    done
+}
+trap step_summary EXIT
 
 step "scripts/install-test-deps.sh"
 scripts/install-test-deps.sh
