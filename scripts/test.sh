@@ -44,17 +44,24 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-# the end-to-end tests run target/<profile>/itrace and link libitrace.so: build them
-step "cargo build --workspace"
-cargo build --workspace
+# the end-to-end tests run target/<profile>/itrace and link libitrace.so: build them, and the
+# test binaries in the same command (--all-targets). Built alone, itrace and libitrace.so lacked
+# the features the tests' dev-dependencies add to shared crates (flate2, object, ...), so
+# `cargo test` built itrace-post, itrace-calib and itrace a second time.
+step "cargo build --workspace --all-targets"
+cargo build --workspace --all-targets
 
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
 
 # On x86_64 auto records x86_64 programs with the translating recorder (the run above); the
 # fidelity tests again with every instruction stepped by ptrace, against the same oracles.
+# `--workspace` (not `-p itrace-tests`): cargo unifies the dependencies' features over the
+# packages it is asked for, so `-p itrace-tests` alone rebuilt libc, itrace-format, itrace-post and
+# the test binaries with other features (a minute on 2 cores); with --workspace the binaries of
+# the run above are reused as they are.
 step "fidelity tests with ITRACE_STEP=instruction (the ptrace backend single-stepping)"
-ITRACE_STEP=instruction cargo test -p itrace-tests --no-fail-fast \
+ITRACE_STEP=instruction cargo test --workspace --no-fail-fast \
     --test exact_counts --test oracles --test libc_counts --test examples --test crash --test jit \
     --test modes --test region --test attach --test symbols_lines
 
@@ -62,7 +69,7 @@ ITRACE_STEP=instruction cargo test -p itrace-tests --no-fail-fast \
 # working) must record the same traces: the fidelity tests a third time with it, against the
 # same oracles. (A test that passes --backend or --step keeps its own.)
 step "fidelity tests with ITRACE_BACKEND=ptrace (block stepping)"
-ITRACE_BACKEND=ptrace cargo test -p itrace-tests --no-fail-fast \
+ITRACE_BACKEND=ptrace cargo test --workspace --no-fail-fast \
     --test exact_counts --test oracles --test libc_counts --test examples --test crash --test jit \
     --test modes --test region --test attach --test symbols_lines --test program_traps --test inherit
 
