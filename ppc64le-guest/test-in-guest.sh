@@ -12,7 +12,7 @@
 #    in base64 between marker lines on the console, with "PPC64: PASS|FAIL name" lines for the
 #    checks made inside (bad input) and "PPC64-RESULT: ..." at the end;
 # 4. decodes the traces into target/ppc64le-guest/out/ and runs the host-side comparisons
-#    against qemu-ppc64le's single-step log (cargo test -p itrace-tests --test ppc64le_native
+#    against qemu-ppc64le's single-step log (cargo test --workspace --test ppc64le_native
 #    -- --ignored, which reads ITRACE_PPC64LE_GUEST_OUT).
 # bench: the benchmark only (bench/ppc64le.sh calls it): native itrace vs. raw_step in one boot.
 set -euo pipefail
@@ -97,5 +97,7 @@ if ! grep -q "^PPC64-RESULT: PASS" "$OUT.txt"; then
     exit 1
 fi
 log "comparing the traces with qemu-ppc64le's single-step log"
-ITRACE_PPC64LE_GUEST_OUT=$D cargo test -q -p itrace-tests --test ppc64le_native -- --ignored >&2
+# --workspace, not -p itrace-tests: the features of the whole workspace, as scripts/test.sh's
+# cargo test built the test binaries with (-p alone built some 30 crates again).
+ITRACE_PPC64LE_GUEST_OUT=$D cargo test -q --workspace --test ppc64le_native -- --ignored >&2
 log "passed in $(( $(date +%s) - t0 )) s"

@@ -13,7 +13,7 @@
 #    base64 between marker lines on the console, with "S390X: PASS|FAIL name" lines for the
 #    checks made inside (bad input, ITraceEnabled) and "S390X-RESULT: ..." at the end;
 # 5. decodes the traces into target/s390x-guest/out/ and runs the host-side checks (cargo test
-#    -p itrace-tests --test s390x_native -- --ignored, which reads ITRACE_S390X_GUEST_OUT):
+#    --workspace --test s390x_native -- --ignored, which reads ITRACE_S390X_GUEST_OUT):
 #    the freestanding programs against qemu-s390x's single-step log, block for block; the glibc
 #    ones for consistency (each block ends in a taken branch to the next one's start, and its
 #    count equals the decoded straight path).
@@ -100,5 +100,7 @@ if ! grep -q "^S390X-RESULT: PASS" "$OUT.txt"; then
     exit 1
 fi
 log "checking the traces against qemu-s390x's single-step log and the decoded code"
-ITRACE_S390X_GUEST_OUT=$D cargo test -q -p itrace-tests --test s390x_native -- --ignored >&2
+# --workspace, not -p itrace-tests: the features of the whole workspace, as scripts/test.sh's
+# cargo test built the test binaries with (-p alone built some 30 crates again).
+ITRACE_S390X_GUEST_OUT=$D cargo test -q --workspace --test s390x_native -- --ignored >&2
 log "passed in $(( $(date +%s) - t0 )) s"
