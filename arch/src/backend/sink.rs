@@ -100,6 +100,7 @@ impl<'a> Sink<'a> {
         let error = Arc::new(Mutex::new(None));
         let writer_error = Arc::clone(&error);
         scope.spawn(move || {
+            block_every_signal();
             write_ops(buffers, &ops_rx, &spare_tx, &writer_error);
             drop(done_tx);
         });
@@ -368,6 +369,18 @@ fn write_ops(
         if let Err(e) = r {
             failed = keep_error(error, e);
         }
+    }
+}
+
+/// The writer thread takes no signal: a process-directed one (Ctrl-C, SIGTERM, the duration's
+/// SIGALRM) must reach the recording thread, whose waits it interrupts.
+fn block_every_signal() {
+    // SAFETY: `set` is initialised by sigfillset before use; pthread_sigmask changes only the
+    // calling thread's mask (SIGKILL and SIGSTOP cannot be blocked and are left out by it).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 
