@@ -388,10 +388,19 @@ fn code_rewritten_in_place_again_and_again_is_retranslated_each_time() {
     assert_same_behaviour("xl_jit rwx-loop (statistics)", &nat, &stats);
     let rewritten = stat_count("xl_jit rwx-loop", &stats.out.stderr, " units found their code rewritten in place");
     assert_eq!(rewritten, 39, "rewrites seen: {}", stats.out.stderr);
+    // Units of the RWX page, each with a check: the function's (from its start through the
+    // loop's fall-through to the `ret`) once per round, 40; the loop's (from its head, where the
+    // `jnz` goes back to) at the first run of the loop after each rewrite of bytes it holds too
+    // (the add's immediate or opcode: rounds 1, 3, ... 39), and at the first: 1 + 9 (rounds 1 to
+    // 17) + 1 (round 22: round 18 sets the loop's count to 1, so the `jnz` is not taken in rounds
+    // 18 to 21) + 9 (rounds 23 to 39) = 20. 60 in all; nothing else in the process is writable.
+    let checked = stat_count("xl_jit rwx-loop", &stats.out.stderr, " from writable code");
+    assert_eq!(checked, 60, "units of the RWX page (with a check): {}", stats.out.stderr);
 }
 
 /// Item 3d: The same rewrites with the page RX while run (mprotect around each write): units are
-/// dropped at the system call, and code that is not writable has no check to find anything.
+/// dropped at the system call, and code that is not writable has no check (none in the process:
+/// its other code, the program's and its libraries', is read-only too).
 #[test]
 fn code_rewritten_after_mprotect_again_and_again_is_retranslated_each_time() {
     let args = ["rx-loop", "40", "2"];
@@ -402,6 +411,8 @@ fn code_rewritten_after_mprotect_again_and_again_is_retranslated_each_time() {
     assert_same_behaviour("xl_jit rx-loop (statistics)", &nat, &stats);
     let rewritten = stat_count("xl_jit rx-loop", &stats.out.stderr, " units found their code rewritten in place");
     assert_eq!(rewritten, 0, "a check in read-only code: {}", stats.out.stderr);
+    let checked = stat_count("xl_jit rx-loop", &stats.out.stderr, " from writable code");
+    assert_eq!(checked, 0, "units of read-only code with a check: {}", stats.out.stderr);
 }
 
 /// Item 4: Threads made by clone3 (pthread_create) and by a raw clone are followed, each with its

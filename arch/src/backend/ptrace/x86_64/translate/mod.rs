@@ -73,6 +73,8 @@ pub(super) fn raise_tracer_priority() {
 #[derive(Debug, Default)]
 pub(super) struct Stats {
     units: u64,
+    /// Units translated from code that may change unseen: they check their bytes at entry.
+    checked: u64,
     links: u64,
     indirect_misses: u64,
     ring_full: u64,
@@ -91,8 +93,9 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place",
+            "{} units translated ({} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place",
             self.units,
+            self.checked,
             self.links,
             self.indirect_misses,
             self.ring_full,
@@ -885,9 +888,11 @@ impl Session<'_> {
                 return None;
             }
         };
+        let checked = unit.check.is_some();
         match p.arch.cache.insert(pid, region, unit) {
             Ok(entry) => {
                 self.arch.xl_stats.units += 1;
+                self.arch.xl_stats.checked += checked as u64;
                 Some(entry)
             }
             Err(e) => {
