@@ -7,7 +7,8 @@
  * Prints both results; exit 0 if they are 1111 then 2222.
  *
  *   xl_jit rwx-loop ROUNDS CALLS   a function with a loop, rewritten in place ROUNDS times in an
- *                                  RWX page (an immediate, the loop's count, one opcode), called
+ *                                  RWX page (immediates, the loop's count, one opcode; in its
+ *                                  first part or in its loop, which a jump leads to), called
  *                                  CALLS times after each rewrite;
  *   xl_jit rx-loop ROUNDS CALLS    the same, the page RX while run and RW while written.
  * Prints the sum of the results; exit 0 if every call returned what the code it ran computes. */
@@ -25,16 +26,19 @@ static void xl_jit_emit(unsigned char *at, int imm)
 
 __attribute__((noinline)) int xl_jit_call(unsigned char *at) { return ((int (*)(void))at)(); }
 
-/* The loop function: a + n * b (or a - n * b):
- *   0: mov $a,%eax ; 5: mov $n,%ecx ; a: add/sub $b,%eax ; f: dec %ecx ; 11: jnz a ; 13: ret */
+/* The loop function: a + n * b (or a - n * b), in two parts (the jump ends the first; the loop
+ * is the second):
+ *   0: mov $a,%eax ; 5: mov $n,%ecx ; a: jmp c ; c: add/sub $b,%eax ; 11: dec %ecx ; 13: jnz c ;
+ *   15: ret */
 static const unsigned char xl_jit_loop_code[] = {
-    0xb8, 0, 0, 0, 0, 0xb9, 0, 0, 0, 0, 0x05, 0, 0, 0, 0, 0xff, 0xc9, 0x75, 0xf7, 0xc3,
+    0xb8, 0, 0, 0, 0, 0xb9, 0, 0, 0, 0, 0xeb, 0x00, 0x05, 0, 0, 0, 0, 0xff, 0xc9, 0x75, 0xf7, 0xc3,
 };
-enum { XL_A = 1, XL_N = 6, XL_OP = 10, XL_B = 11 };
+enum { XL_A = 1, XL_N = 6, XL_OP = 12, XL_B = 13 };
 #define XL_ADD 0x05
 #define XL_SUB 0x2d
 
-/* Rewrite round `r` of the loop function in place: one of its parts each round. */
+/* Rewrite round `r` of the loop function in place: the first part (an immediate, one byte in
+ * the middle) or the loop (an immediate, the opcode), one each round. */
 static void xl_jit_rewrite(unsigned char *at, unsigned r)
 {
     int v = (int)(r * 7 + 3);

@@ -373,11 +373,13 @@ fn code_rewritten_without_a_system_call_is_retranslated() {
     invisible("xl_jit", &["rwx"], &[], false);
 }
 
-/// Item 3c: A loop function in an RWX page rewritten in place 40 times with no system call (an
-/// immediate of its first unit, one that its loop's unit holds too, a single byte in the middle,
-/// an opcode), called twice after each rewrite: the program's own check of every result passes,
-/// the trace is --step instruction's, and the code is translated again once per rewrite, never
-/// for the second call (39 rewrites after the first run; the statistics line, ITRACE_STATS=1).
+/// Item 3c: A loop function in an RWX page rewritten in place 40 times with no system call (in
+/// its first unit an immediate or a single byte in the middle; in its loop's unit, which the
+/// first one's `jmp` links to, an immediate or the opcode), called twice after each rewrite: the
+/// program's own check of every result passes, the trace is --step instruction's, and the code
+/// is translated again once per rewrite, never for the second call (39 rewrites after the first
+/// run, each found by the check of the unit that holds it, the loop's reached by a direct link;
+/// the statistics line, ITRACE_STATS=1).
 #[test]
 fn code_rewritten_in_place_again_and_again_is_retranslated_each_time() {
     let args = ["rwx-loop", "40", "2"];
@@ -388,14 +390,13 @@ fn code_rewritten_in_place_again_and_again_is_retranslated_each_time() {
     assert_same_behaviour("xl_jit rwx-loop (statistics)", &nat, &stats);
     let rewritten = stat_count("xl_jit rwx-loop", &stats.out.stderr, " units found their code rewritten in place");
     assert_eq!(rewritten, 39, "rewrites seen: {}", stats.out.stderr);
-    // Units of the RWX page, each with a check: the function's (from its start through the
-    // loop's fall-through to the `ret`) once per round, 40; the loop's (from its head, where the
-    // `jnz` goes back to) at the first run of the loop after each rewrite of bytes it holds too
-    // (the add's immediate or opcode: rounds 1, 3, ... 39), and at the first: 1 + 9 (rounds 1 to
-    // 17) + 1 (round 22: round 18 sets the loop's count to 1, so the `jnz` is not taken in rounds
-    // 18 to 21) + 9 (rounds 23 to 39) = 20. 60 in all; nothing else in the process is writable.
+    // Units of the RWX page, each with a check: the first part's (up to its `jmp`) at the first
+    // call and after each rewrite of its immediate or count (rounds 2, 4, ... 38), 1 + 19 = 20;
+    // the loop's (from its head to the `ret`) at the first call and after each rewrite of its
+    // immediate or opcode (rounds 1, 3, ... 39), 1 + 20 = 21. 41 in all; nothing else in the
+    // process is writable.
     let checked = stat_count("xl_jit rwx-loop", &stats.out.stderr, " from writable code");
-    assert_eq!(checked, 60, "units of the RWX page (with a check): {}", stats.out.stderr);
+    assert_eq!(checked, 41, "units of the RWX page (with a check): {}", stats.out.stderr);
 }
 
 /// Item 3d: The same rewrites with the page RX while run (mprotect around each write): units are
