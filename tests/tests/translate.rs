@@ -365,14 +365,55 @@ fn jit_rewritten_after_mprotect_is_retranslated() {
 }
 
 /// Item 3b: Self-modifying code: the same, in an RWX page, with no system call between the rewrite
-/// and the second run. docs/translate.md states this as a limit; the program must still give
-/// its native result, so this test fails until the translator sees such writes.
+/// and the second run: the unit's check of its bytes at entry sees the rewrite (docs/translate.md).
 #[test]
-#[ignore = "known limit of --backend translate (docs/translate.md, issue 28): code rewritten in place without a system call is not retranslated"]
 fn code_rewritten_without_a_system_call_is_retranslated() {
     let nat = native(&program("xl_jit"), &["rwx"]);
     assert_eq!(nat.stdout, "xl_jit rwx: 1111 then 2222\n");
     invisible("xl_jit", &["rwx"], &[], false);
+}
+
+/// Item 3c: A loop function in an RWX page rewritten in place 40 times with no system call (in
+/// its first unit an immediate or a single byte in the middle; in its loop's unit, which the
+/// first one's `jmp` links to, an immediate or the opcode), called twice after each rewrite: the
+/// program's own check of every result passes, the trace is --step instruction's, and the code
+/// is translated again once per rewrite, never for the second call (39 rewrites after the first
+/// run, each found by the check of the unit that holds it, the loop's reached by a direct link;
+/// the statistics line, ITRACE_STATS=1).
+#[test]
+fn code_rewritten_in_place_again_and_again_is_retranslated_each_time() {
+    let args = ["rwx-loop", "40", "2"];
+    let nat = native(&program("xl_jit"), &args);
+    assert!(nat.success(), "xl_jit rwx-loop natively: {}", nat.stdout);
+    let (dir, _, _) = invisible("xl_jit", &args, &[], false);
+    let stats = recording_with_env(&dir, "stats", TRANSLATE, &[("ITRACE_STATS", "1")], &program("xl_jit"), &args);
+    assert_same_behaviour("xl_jit rwx-loop (statistics)", &nat, &stats);
+    let rewritten = stat_count("xl_jit rwx-loop", &stats.out.stderr, " units found their code rewritten in place");
+    assert_eq!(rewritten, 39, "rewrites seen: {}", stats.out.stderr);
+    // Units of the RWX page, each with a check: the first part's (up to its `jmp`) at the first
+    // call and after each rewrite of its immediate or count (rounds 2, 4, ... 38), 1 + 19 = 20;
+    // the loop's (from its head to the `ret`) at the first call and after each rewrite of its
+    // immediate or opcode (rounds 1, 3, ... 39), 1 + 20 = 21. 41 in all; nothing else in the
+    // process is writable.
+    let checked = stat_count("xl_jit rwx-loop", &stats.out.stderr, " from writable code");
+    assert_eq!(checked, 41, "units of the RWX page (with a check): {}", stats.out.stderr);
+}
+
+/// Item 3d: The same rewrites with the page RX while run (mprotect around each write): units are
+/// dropped at the system call, and code that is not writable has no check (none in the process:
+/// its other code, the program's and its libraries', is read-only too).
+#[test]
+fn code_rewritten_after_mprotect_again_and_again_is_retranslated_each_time() {
+    let args = ["rx-loop", "40", "2"];
+    let nat = native(&program("xl_jit"), &args);
+    assert!(nat.success(), "xl_jit rx-loop natively: {}", nat.stdout);
+    let (dir, _, _) = invisible("xl_jit", &args, &[], false);
+    let stats = recording_with_env(&dir, "stats", TRANSLATE, &[("ITRACE_STATS", "1")], &program("xl_jit"), &args);
+    assert_same_behaviour("xl_jit rx-loop (statistics)", &nat, &stats);
+    let rewritten = stat_count("xl_jit rx-loop", &stats.out.stderr, " units found their code rewritten in place");
+    assert_eq!(rewritten, 0, "a check in read-only code: {}", stats.out.stderr);
+    let checked = stat_count("xl_jit rx-loop", &stats.out.stderr, " from writable code");
+    assert_eq!(checked, 0, "units of read-only code with a check: {}", stats.out.stderr);
 }
 
 /// Item 4: Threads made by clone3 (pthread_create) and by a raw clone are followed, each with its
@@ -711,21 +752,23 @@ fn per_thread_split() {
 const TINY_CACHE: &[(&str, &str)] =
     &[("ITRACE_CACHE_REGIONS", "2"), ("ITRACE_CACHE_REGION_KB", "128"), ("ITRACE_STATS", "1")];
 
-/// From the statistics line: (flushes of the full cache, other threads brought out of it).
-fn flush_counts(what: &str, stderr: &str) -> (u64, u64) {
+/// From the statistics line (ITRACE_STATS=1): the number written before `key`.
+fn stat_count(what: &str, stderr: &str, key: &str) -> u64 {
     let line = stderr
         .lines()
         .find(|l| l.starts_with("itrace: translate: "))
         .unwrap_or_else(|| panic!("{what}: no statistics line (ITRACE_STATS=1) in itrace's output:\n{stderr}"));
-    let number_before = |key: &str| -> u64 {
-        let at = line.find(key).unwrap_or_else(|| panic!("{what}: no {key:?} in the statistics line: {line}"));
-        line[..at]
-            .split_whitespace()
-            .last()
-            .and_then(|w| w.trim_start_matches('(').parse().ok())
-            .unwrap_or_else(|| panic!("{what}: no number before {key:?} in the statistics line: {line}"))
-    };
-    (number_before(" flushes of the full cache"), number_before(" other threads brought out"))
+    let at = line.find(key).unwrap_or_else(|| panic!("{what}: no {key:?} in the statistics line: {line}"));
+    line[..at]
+        .split_whitespace()
+        .last()
+        .and_then(|w| w.trim_start_matches('(').parse().ok())
+        .unwrap_or_else(|| panic!("{what}: no number before {key:?} in the statistics line: {line}"))
+}
+
+/// From the statistics line: (flushes of the full cache, other threads brought out of it).
+fn flush_counts(what: &str, stderr: &str) -> (u64, u64) {
+    (stat_count(what, stderr, " flushes of the full cache"), stat_count(what, stderr, " other threads brought out"))
 }
 
 /// A program with more code than the cache holds (xl_flush: 300 functions through a table of

@@ -94,6 +94,9 @@ pub(super) enum Loc {
     /// Inside a stub or an expansion; `fault` is the application instruction whose state it
     /// still is, for a fault raised there.
     Inside { fault: Option<(u64, u32)> },
+    /// Inside the check of a unit's source bytes, before its first instruction `app_pc`, with
+    /// the application's rcx and rdx in the spill slots (`unit::Check::spilled`).
+    Check { app_pc: u64 },
     /// Not in the cache.
     Outside,
 }
@@ -185,6 +188,26 @@ impl Cache {
         self.entries.get(&pc).and_then(|c| self.units.get(c)).map(Unit::entry)
     }
 
+    /// The live unit of application address `pc`: its first instruction, past its check.
+    pub(super) fn first_instruction(&self, pc: u64) -> Option<u64> {
+        self.entries.get(&pc).and_then(|c| self.units.get(c)).map(Unit::first_instruction)
+    }
+
+    /// The unit at cache address `unit` found its source bytes rewritten: the application
+    /// address it was translated from and the end of the bytes that differ now (the unit's
+    /// end if none differ any more, or its code cannot be read).
+    pub(super) fn rewritten(&mut self, pid: i32, unit: u64) -> Option<(u64, u64)> {
+        let u = self.units.get(&unit)?;
+        let (start, end) = (u.app_start, u.app_end);
+        let source = u.check.as_ref()?.source.clone();
+        let mut now = vec![0u8; source.len()];
+        if self.read(pid, start, &mut now).is_err() {
+            return Some((start, end));
+        }
+        let last_changed = source.iter().zip(&now).rposition(|(a, b)| a != b);
+        Some((start, last_changed.map_or(end, |n| start + n as u64 + 1)))
+    }
+
     /// The native run (rseq critical section) whose code holds `pc`.
     pub(super) fn native_run_covering(&self, pc: u64) -> Option<&NativeRun> {
         // Runs do not overlap: the one starting last at or before `pc` is the only candidate.
@@ -248,6 +271,12 @@ impl Cache {
             return Loc::Trap(t);
         }
         let Some(u) = self.unit_at(rip) else { return Loc::Outside };
+        if rip == u.entry() {
+            return Loc::Boundary { app_pc: u.app_start, count: 0 };
+        }
+        if u.check.as_ref().is_some_and(|c| rip >= c.spilled.0 && rip < c.spilled.1) {
+            return Loc::Check { app_pc: u.app_start };
+        }
         if let Ok(n) = u.spans.binary_search_by_key(&rip, |s| s.start) {
             return Loc::Boundary { app_pc: u.spans[n].app_pc, count: n as u32 };
         }

@@ -73,6 +73,8 @@ pub(super) fn raise_tracer_priority() {
 #[derive(Debug, Default)]
 pub(super) struct Stats {
     units: u64,
+    /// Units translated from code that may change unseen: they check their bytes at entry.
+    checked: u64,
     links: u64,
     indirect_misses: u64,
     ring_full: u64,
@@ -83,14 +85,17 @@ pub(super) struct Stats {
     flushes: u64,
     /// Other threads in the cache when a flush was asked for (they had to leave it first).
     flush_evictions: u64,
+    /// Units whose check found their code rewritten in place (translated again).
+    rewritten: u64,
 }
 
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated; stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it)",
+            "{} units translated ({} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place",
             self.units,
+            self.checked,
             self.links,
             self.indirect_misses,
             self.ring_full,
@@ -99,7 +104,8 @@ impl std::fmt::Display for Stats {
             self.drains_by_interrupt,
             self.native_runs,
             self.flushes,
-            self.flush_evictions
+            self.flush_evictions,
+            self.rewritten
         )
     }
 }
@@ -533,6 +539,7 @@ impl Session<'_> {
             Trap::RingFull { .. } => st.ring_full += 1,
             Trap::Link { .. } => st.links += 1,
             Trap::IndirectMiss => st.indirect_misses += 1,
+            Trap::Rewritten { .. } => st.rewritten += 1,
         }
         match trap {
             Trap::Leave { pc, count } => Next::Leave { pc, count },
@@ -567,6 +574,22 @@ impl Session<'_> {
                         Next::Run(entry)
                     }
                     None => Next::Leave { pc: target, count: 0 },
+                }
+            }
+            Trap::Rewritten { unit } => {
+                let Some((pc, changed_end)) = self.cache_of(pid).and_then(|c| c.rewritten(pid, unit)) else {
+                    return Next::Leave { pc: 0, count: 0 };
+                };
+                let Some(c) = self.cache_of(pid) else { return Next::Leave { pc, count: 0 } };
+                // The units of the bytes up to the last one changed go (this one and any other
+                // that holds them), and the code at `pc` is translated again, from its bytes as
+                // they are now, with the thread stopped.
+                c.invalidate(pc, changed_end);
+                match self.unit_entry(tid, pid, pc) {
+                    // Past the new unit's check: it was translated from the code as it is, so
+                    // the thread goes on even if another thread keeps rewriting it.
+                    Some(entry) => Next::Run(self.cache_of(pid).and_then(|c| c.first_instruction(pc)).unwrap_or(entry)),
+                    None => Next::Leave { pc, count: 0 },
                 }
             }
         }
@@ -604,6 +627,13 @@ impl Session<'_> {
                     found = Some((app_pc, count));
                     break;
                 }
+                Loc::Check { app_pc } if fault || !can_step => {
+                    // A load of the check faulted (the code is gone): the fault of the unit's
+                    // first instruction, with the application's rcx and rdx back.
+                    self.restore_check_spills(tid, pid);
+                    found = Some((app_pc, 0));
+                    break;
+                }
                 Loc::Trap(trap) => {
                     // On a trap's `syscall` the stub before it is done with the ring.
                     let Some(spilled) = self.trap_spills(tid, pid) else { break };
@@ -625,7 +655,7 @@ impl Session<'_> {
                     found = Some((regs.rip, 0));
                     break;
                 }
-                Loc::Inside { .. } => {
+                Loc::Inside { .. } | Loc::Check { .. } => {
                     if !self.step_in_stub(tid, &mut requeue) {
                         return None;
                     }
@@ -643,6 +673,23 @@ impl Session<'_> {
             unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig as i32) };
         }
         found
+    }
+
+    /// The application's rcx and rdx back from the spill slots, for a thread stopped inside
+    /// the check of a unit's source bytes.
+    fn restore_check_spills(&mut self, tid: i32, pid: i32) {
+        let Some(state) = self.threads.get(&tid).map(|t| t.arch.xl.state) else { return };
+        let Some(c) = self.cache_of(pid) else { return };
+        let mut raw = [0u8; 16];
+        if c.read(pid, state + SPILL_RCX as u64, &mut raw).is_err() {
+            return;
+        }
+        debug_assert_eq!(SPILL_RDX, SPILL_RCX + 8);
+        if let Ok(mut regs) = getregs(tid) {
+            regs.rcx = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
+            regs.rdx = u64::from_le_bytes(raw[8..].try_into().expect("8 bytes"));
+            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+        }
     }
 
     /// One single step inside a stub; false if the thread is gone.
@@ -817,7 +864,13 @@ impl Session<'_> {
                 }
             }
         };
-        let translated = unit::translate(pc, at, first_exit, &mut fetch, &stop_before);
+        // Code in a writable mapping may be rewritten with no system call between the write and
+        // its run: its units check their bytes at entry (`unit::Check`). The mappings are the
+        // ones read at the last system call that may change them, where the units of a range
+        // that changed were dropped.
+        let maps = &p.maps;
+        let may_change = |start: u64, end: u64| may_change_unseen(maps, start, end);
+        let translated = unit::translate(pc, at, first_exit, &mut fetch, &stop_before, &may_change);
         for f in found.into_inner() {
             self.add_native_run(pid, f);
         }
@@ -830,9 +883,11 @@ impl Session<'_> {
                 return None;
             }
         };
+        let checked = unit.check.is_some();
         match p.arch.cache.insert(pid, region, unit) {
             Ok(entry) => {
                 self.arch.xl_stats.units += 1;
+                self.arch.xl_stats.checked += checked as u64;
                 Some(entry)
             }
             Err(e) => {
@@ -1129,6 +1184,23 @@ fn mapped_kb(pid: i32, ours: impl Fn(u64) -> bool) -> Option<(u64, u64)> {
         }
     }
     Some((size, rss))
+}
+
+/// Whether code in `start..end` may change without a system call itrace sees: some of it is in
+/// a writable mapping, or in none of the executable mappings it knows (`maps`, in address
+/// order).
+fn may_change_unseen(maps: &[crate::procfs::Mapping], start: u64, end: u64) -> bool {
+    let mut at = start;
+    for m in &maps[maps.partition_point(|m| m.end <= start)..] {
+        if m.start > at || m.writable() {
+            return true;
+        }
+        at = m.end;
+        if at >= end {
+            return false;
+        }
+    }
+    true
 }
 
 /// A `syscall` instruction (bytes 0f 05) in the process's vDSO.

@@ -19,9 +19,18 @@
 //!   address the trap stands for. A tracer that dies leaves no thread stopped at a signal it
 //!   would then take (an `int3`'s SIGTRAP killed the program).
 //!
+//! A unit translated from code that may change without a system call (a writable mapping:
+//! JITs, self-modifying code) starts with a **check** of its source bytes (`Check`): the
+//! application's code, read 8 bytes at a time by RIP-relative loads, compared with the bytes
+//! the unit was translated from, without touching the flags (`lea`, `jrcxz`); on a mismatch a
+//! trap (`Trap::Rewritten`) has itrace drop the units of the changed bytes and translate the
+//! code again. Links and lookup-table entries go to a unit's entry, so every way into a unit
+//! runs its check. Units from read-only code have none.
+//!
 //! Every instruction that can fault runs when the application's state is the one before the
 //! application instruction it stands for (the `Span`'s `start..commit`), so a fault maps back
-//! to that instruction exactly, with nothing to undo.
+//! to that instruction exactly, with nothing to undo (the check's loads: with the
+//! application's rcx and rdx in the spill slots, `Check::spilled`).
 
 use super::layout::*;
 use iced_x86::{
@@ -70,6 +79,9 @@ pub(super) enum Trap {
     /// The next instruction (at `pc`) is not run from the cache: leave it, with `count`
     /// instructions of the unit done.
     Leave { pc: u64, count: u32 },
+    /// The check at the entry of the unit at cache address `unit` found its source bytes
+    /// rewritten: translate them again (nothing of the unit ran).
+    Rewritten { unit: u64 },
 }
 
 /// Where application instruction `app_pc` is in the cache: its copy (or expansion) starts at
@@ -79,6 +91,20 @@ pub(super) struct Span {
     pub(super) app_pc: u64,
     pub(super) start: u64,
     pub(super) commit: u64,
+}
+
+/// The check at the entry of a unit translated from code that may change without a system
+/// call: it compares the application's code bytes with `source` and traps on a mismatch.
+#[derive(Clone, Debug)]
+pub(super) struct Check {
+    /// The check's first instruction: the unit's entry.
+    pub(super) start: u64,
+    /// `start..end` of the check's code where the application's rcx and rdx are in the spill
+    /// slots (`SPILL_RCX`, `SPILL_RDX`) and the registers hold the check's values: the loads of
+    /// the code bytes, the only instructions of the check that can fault, are there.
+    pub(super) spilled: (u64, u64),
+    /// The application bytes the unit was translated from (`app_start..app_end`).
+    pub(super) source: Vec<u8>,
 }
 
 /// A translated unit, encoded for its cache address.
@@ -97,10 +123,19 @@ pub(super) struct Unit {
     pub(super) exits: Vec<Exit>,
     /// Direct exits: (link slot address, the start of its miss trap, target).
     pub(super) links: Vec<(u64, u64, u64)>,
+    /// The check of its source bytes, for a unit from code that may change unseen.
+    pub(super) check: Option<Check>,
 }
 
 impl Unit {
+    /// Where every way into the unit goes: its check, if it has one, else its first
+    /// instruction.
     pub(super) fn entry(&self) -> u64 {
+        self.check.as_ref().map_or(self.spans[0].start, |c| c.start)
+    }
+
+    /// The unit's first application instruction, past its check.
+    pub(super) fn first_instruction(&self) -> u64 {
         self.spans[0].start
     }
 
@@ -456,6 +491,71 @@ impl Builder {
             self.push(Instruction::with2(Code::Mov_rm32_imm32, hi, (ret >> 32) as u32));
         }
     }
+
+    /// The check of a unit's source bytes (`source`, translated from application address
+    /// `start`): each piece of the application's code is loaded into rcx (RIP-relative: the
+    /// cache is within reach of the code) and compared with the bytes translated, without
+    /// touching the flags: `rcx - expected` by `lea`, then `jrcxz` over the jump to `mismatch`.
+    /// rcx and rdx are spilled first and put back after. Returns the labels of the check's
+    /// first instruction, of its first load and of the restore after its last comparison.
+    fn check_source(&mut self, start: u64, source: &[u8], mismatch: u64) -> (u64, u64, u64) {
+        use Register::*;
+        let (entry, spilled, restore) = (self.label(), self.label(), self.label());
+        self.bind(entry);
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RCX), RCX));
+        self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RDX), RDX));
+        let pieces = check_pieces(source.len());
+        for (n, &(offset, size)) in pieces.iter().enumerate() {
+            if n == 0 {
+                self.bind(spilled);
+            }
+            let code = MemoryOperand::with_base_displ(RIP, (start + offset as u64) as i64);
+            let mut bytes = [0u8; 8];
+            bytes[..size].copy_from_slice(&source[offset..offset + size]);
+            let expected = u64::from_le_bytes(bytes);
+            match size {
+                8 => {
+                    self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, code));
+                    // rcx + !expected + 1 = rcx - expected.
+                    self.push(Instruction::with2(Code::Mov_r64_imm64, RDX, !expected));
+                    self.push(Instruction::with2(Code::Lea_r64_m, RCX, mem(RCX, RDX, 1, 1)));
+                }
+                _ => {
+                    let load = match size {
+                        4 => Code::Mov_r32_rm32,
+                        2 => Code::Movzx_r32_rm16,
+                        _ => Code::Movzx_r32_rm8,
+                    };
+                    self.push(Instruction::with2(load, ECX, code));
+                    // A 32-bit `lea`: (ecx - expected) mod 2^32, zero-extended into rcx.
+                    let minus = (expected as u32).wrapping_neg() as i32 as i64;
+                    self.push(Instruction::with2(Code::Lea_r32_m, ECX, mem(RCX, None, 1, minus)));
+                }
+            }
+            let same = if n + 1 == pieces.len() { restore } else { self.label() };
+            self.push(Instruction::with_branch(Code::Jrcxz_rel8_64, same));
+            self.push(Instruction::with_branch(Code::Jmp_rel32_64, mismatch));
+            if n + 1 < pieces.len() {
+                self.bind(same);
+            }
+        }
+        self.bind(restore);
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RCX, gs(SPILL_RCX)));
+        self.push(Instruction::with2(Code::Mov_r64_rm64, RDX, gs(SPILL_RDX)));
+        (entry, spilled, restore)
+    }
+}
+
+/// The pieces (offset, size) a check loads to compare `len` bytes: 8 bytes each (4, 2 or 1 for
+/// fewer than 8), the last one overlapping the one before rather than reading past the end
+/// (the byte after a unit may be on a page that is not mapped).
+fn check_pieces(len: usize) -> Vec<(usize, usize)> {
+    let Some(size) = [8, 4, 2, 1].into_iter().find(|&s| s <= len) else { return Vec::new() };
+    let mut pieces: Vec<(usize, usize)> = (0..len / size).map(|k| (k * size, size)).collect();
+    if len % size != 0 {
+        pieces.push((len - size, size));
+    }
+    pieces
 }
 
 /// A stub to emit after the main path: a conditional branch's taken side.
@@ -480,19 +580,22 @@ enum PendingTrap {
     IndirectMiss,
     RingFull { resume: u64 },
     Leave { pc: u64, count: u32 },
+    Rewritten,
 }
 
 /// Translate the unit at application address `start` for cache address `cache_at` (8-byte
 /// aligned). `fetch` reads application code (up to the buffer's length; fewer bytes where the
 /// mapping ends); `stop_before` says where a unit must end before an instruction (region
 /// triggers, an rseq critical section's way in), given its address and bytes, unless it is the
-/// first. Exits are numbered from `first_exit`.
+/// first; `may_change` says whether the code in `start..end` may be rewritten without a system
+/// call (the unit then starts with a check of its bytes). Exits are numbered from `first_exit`.
 pub(super) fn translate(
     start: u64,
     cache_at: u64,
     first_exit: u32,
     fetch: &mut dyn FnMut(u64, &mut [u8]) -> usize,
     stop_before: &dyn Fn(u64, &[u8]) -> bool,
+    may_change: &dyn Fn(u64, u64) -> bool,
 ) -> Result<Unit, TranslateError> {
     let mut b = Builder { insns: Vec::new(), next_fake: 0, bound: None, slots: Vec::new(), error: None, way_out: None };
     let mut p = Pending { spans: Vec::new(), traps: Vec::new(), links: Vec::new() };
@@ -502,6 +605,8 @@ pub(super) fn translate(
     // The end of the last application instruction the unit holds.
     let mut end = start;
     let mut count: u32 = 0;
+    // The bytes of the instructions the unit holds, as decoded (`start..end`).
+    let mut source: Vec<u8> = Vec::new();
     let new_exit = |exits: &mut Vec<Exit>, e: Exit| {
         exits.push(e);
         first_exit + exits.len() as u32 - 1
@@ -532,6 +637,7 @@ pub(super) fn translate(
         let span_start = b.insns.len();
         if !matches!(kind, Kind::Special) {
             end = next;
+            source.extend_from_slice(&bytes[..insn.len()]);
         }
         match kind {
             Kind::Special => {
@@ -639,13 +745,31 @@ pub(super) fn translate(
         let f = b.full_trap(full, WayOut::FullTo(s.target));
         p.traps.push((f, PendingTrap::RingFull { resume: back }));
     }
+    // The check, for code that may change unseen: its mismatch trap goes at the end, the
+    // check itself before the unit's first instruction (`check_insns`).
+    let mut check_insns = Vec::new();
+    let mut check_labels = None;
+    if !source.is_empty() && may_change(start, end) {
+        let mismatch = b.label();
+        b.bind(mismatch);
+        // The application's rcx and rdx back: the trap spills what it needs itself.
+        b.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, gs(SPILL_RCX)));
+        b.push(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, gs(SPILL_RDX)));
+        let (_, sc) = b.trap(WayOut::To(start));
+        p.traps.push((sc, PendingTrap::Rewritten));
+        let main = std::mem::take(&mut b.insns);
+        check_labels = Some(b.check_source(start, &source, mismatch));
+        check_insns = std::mem::replace(&mut b.insns, main);
+    }
     b.emit_way_out();
     if let Some(e) = b.error.take() {
         return Err(TranslateError::Encode(e));
     }
-    // Slots first, so that they are 8-byte aligned at the (aligned) unit start.
-    let nslots = b.slots.len();
+    // Slots first, so that they are 8-byte aligned at the (aligned) unit start; the check
+    // next, falling through to the first instruction.
+    let before = b.slots.len() + check_insns.len();
     let mut all = std::mem::take(&mut b.slots);
+    all.extend(check_insns);
     all.extend(b.insns.iter().copied());
     let block = InstructionBlock::new(&all, cache_at);
     let out = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
@@ -653,7 +777,7 @@ pub(super) fn translate(
     let mut code = out.code_buffer;
     let offsets = out.new_instruction_offsets;
     let at = |index: usize| -> Result<u64, TranslateError> {
-        match offsets.get(index + nslots) {
+        match offsets.get(index + before) {
             Some(&o) if o != u32::MAX => Ok(cache_at + o as u64),
             _ => Err(TranslateError::Encode(format!("instruction {index} was rewritten"))),
         }
@@ -678,6 +802,7 @@ pub(super) fn translate(
             PendingTrap::IndirectMiss => Trap::IndirectMiss,
             PendingTrap::RingFull { resume } => Trap::RingFull { resume: label_at(resume)? },
             PendingTrap::Leave { pc, count } => Trap::Leave { pc, count },
+            PendingTrap::Rewritten => Trap::Rewritten { unit: cache_at },
         };
         traps.push((at(i)?, t));
     }
@@ -692,7 +817,13 @@ pub(super) fn translate(
     if spans.is_empty() {
         return Err(TranslateError::NotTranslatable);
     }
-    Ok(Unit { app_start: start, app_end: end, cache_start: cache_at, code, spans, traps, exits, links })
+    let check = match check_labels {
+        Some((entry, spilled, restore)) => {
+            Some(Check { start: label_at(entry)?, spilled: (label_at(spilled)?, label_at(restore)?), source })
+        }
+        None => None,
+    };
+    Ok(Unit { app_start: start, app_end: end, cache_start: cache_at, code, spans, traps, exits, links, check })
 }
 
 /// The registers a system call itrace makes in a thread changes, in the order of the remote
@@ -765,7 +896,7 @@ mod tests {
         // 0x1000: mov eax, 3 ; 0x1005: dec eax ; 0x1007: jnz 0x1005 ; 0x1009: lea rbx,[rip+0x10]; 0x1010: ret
         static CODE: [u8; 17] = [0xb8, 3, 0, 0, 0, 0xff, 0xc8, 0x75, 0xfc, 0x48, 0x8d, 0x1d, 0x10, 0, 0, 0, 0xc3];
         let mut fetch = fetch_from(&CODE, 0x1000);
-        let u = translate(0x1000, 0x10_0000, 7, &mut fetch, &|_, _| false).expect("translates");
+        let u = translate(0x1000, 0x10_0000, 7, &mut fetch, &|_, _| false, &|_, _| false).expect("translates");
         assert_eq!(u.spans.len(), 5, "{:#?}", disasm(&u.code, u.cache_start));
         assert_eq!(u.app_end, 0x1011);
         // Exits: the jnz taken (7, count 3) and the return (8, count 5, indirect).
@@ -788,11 +919,11 @@ mod tests {
         // nop ; syscall
         static CODE: [u8; 3] = [0x90, 0x0f, 0x05];
         let mut fetch = fetch_from(&CODE, 0x2000);
-        let u = translate(0x2000, 0x10_0000, 0, &mut fetch, &|_, _| false).expect("translates");
+        let u = translate(0x2000, 0x10_0000, 0, &mut fetch, &|_, _| false, &|_, _| false).expect("translates");
         assert!(matches!(u.traps[0].1, Trap::Leave { pc: 0x2001, count: 1 }));
         let mut fetch = fetch_from(&CODE, 0x2000);
         assert!(matches!(
-            translate(0x2001, 0x10_0000, 0, &mut fetch, &|_, _| false),
+            translate(0x2001, 0x10_0000, 0, &mut fetch, &|_, _| false, &|_, _| false),
             Err(TranslateError::NotTranslatable)
         ));
     }
@@ -800,10 +931,10 @@ mod tests {
     #[test]
     fn traps_are_system_calls_with_a_way_out() {
         // 0x1000: dec eax ; jnz 0x1000 ; call [rip+0x10] ; (next unit) -- every kind of trap:
-        // link misses, a full ring, an indirect miss.
+        // link misses, a full ring, an indirect miss, the check's (the code may change).
         static CODE: [u8; 10] = [0xff, 0xc8, 0x75, 0xfc, 0xff, 0x15, 0x10, 0, 0, 0];
         let mut fetch = fetch_from(&CODE, 0x1000);
-        let u = translate(0x1000, 0x10_0000, 0, &mut fetch, &|_, _| false).expect("translates");
+        let u = translate(0x1000, 0x10_0000, 0, &mut fetch, &|_, _| false, &|_, _| true).expect("translates");
         let entry = u.entry();
         let code = &u.code[(entry - u.cache_start) as usize..];
         let insns: Vec<Instruction> = Decoder::with_ip(64, code, entry, DecoderOptions::NONE).into_iter().collect();
@@ -811,6 +942,7 @@ mod tests {
         assert!(insns.iter().all(|i| i.code() != Code::Int3), "an int3 in the unit: {text:#?}");
         assert!(u.traps.iter().any(|t| matches!(t.1, Trap::IndirectMiss)), "{:?}", u.traps);
         assert!(u.traps.iter().any(|t| matches!(t.1, Trap::RingFull { .. })), "{:?}", u.traps);
+        assert!(u.traps.iter().any(|t| matches!(t.1, Trap::Rewritten { .. })), "{:?}", u.traps);
         for &(at, trap) in &u.traps {
             // A trap is `mov eax, getpid ; syscall`; the way out follows.
             let n = insns.iter().position(|i| i.ip() == at).unwrap_or_else(|| panic!("{trap:?} at {at:#x}: {text:#?}"));
@@ -852,12 +984,177 @@ mod tests {
         assert_eq!(jmp.ip_rel_memory_address(), at + 8 * REMOTE_SAVED.len() as u64);
     }
 
+    /// Run the check of `u` on application memory `app` (bytes from `base`), as the CPU would,
+    /// for the instruction forms the check is made of. `Ok(true)`: it reached the unit's first
+    /// instruction with rcx and rdx the application's; `Ok(false)`: it went to the unit's
+    /// `Rewritten` trap (checked to be there, with rcx and rdx put back first).
+    fn run_check(u: &Unit, app: &[u8], base: u64) -> Result<bool, String> {
+        let check = u.check.as_ref().ok_or("no check")?;
+        let (app_rcx, app_rdx) = (0x1111_2222_3333_4444u64, 0x5555_6666_7777_8888u64);
+        let (mut rcx, mut rdx) = (app_rcx, app_rdx);
+        let mut spill = std::collections::HashMap::new();
+        let read = |addr: u64, size: usize| -> Result<u64, String> {
+            let o = addr.checked_sub(base).ok_or(format!("a load at {addr:#x}, before the code"))? as usize;
+            let bytes = app.get(o..o + size).ok_or(format!("a load of {size} at {addr:#x}, past the code"))?;
+            let mut v = [0u8; 8];
+            v[..size].copy_from_slice(bytes);
+            Ok(u64::from_le_bytes(v))
+        };
+        let decode = |rip: u64| {
+            let o = (rip - u.cache_start) as usize;
+            Decoder::with_ip(64, &u.code[o..], rip, DecoderOptions::NONE).decode()
+        };
+        let mut rip = check.start;
+        for _ in 0..10_000 {
+            if rip == u.first_instruction() {
+                if (rcx, rdx) != (app_rcx, app_rdx) {
+                    return Err("rcx or rdx not the application's after the check".into());
+                }
+                return Ok(true);
+            }
+            let i = decode(rip);
+            if i.rflags_modified() != 0 {
+                return Err(format!("{i} changes the flags"));
+            }
+            let gs_slot = || i.memory_displacement64() as i64;
+            match i.code() {
+                Code::Mov_rm64_r64 if i.segment_prefix() == Register::GS => {
+                    let v = if i.op1_register() == Register::RCX { rcx } else { rdx };
+                    spill.insert(gs_slot(), v);
+                }
+                Code::Mov_r64_rm64 | Code::Mov_r32_rm32 | Code::Movzx_r32_rm16 | Code::Movzx_r32_rm8 => {
+                    let v = if i.segment_prefix() == Register::GS {
+                        *spill.get(&gs_slot()).ok_or(format!("{i}: nothing spilled there"))?
+                    } else if i.is_ip_rel_memory_operand() {
+                        let size = match i.code() {
+                            Code::Mov_r64_rm64 => 8,
+                            Code::Mov_r32_rm32 => 4,
+                            Code::Movzx_r32_rm16 => 2,
+                            _ => 1,
+                        };
+                        read(i.ip_rel_memory_address(), size)?
+                    } else {
+                        return Err(format!("{i}: an unexpected load"));
+                    };
+                    match i.op0_register() {
+                        Register::RCX | Register::ECX => rcx = v,
+                        Register::RDX => rdx = v,
+                        r => return Err(format!("{i}: {r:?}")),
+                    }
+                }
+                Code::Mov_r64_imm64 if i.op0_register() == Register::RDX => rdx = i.immediate64(),
+                Code::Lea_r64_m if i.memory_base() == Register::RCX && i.memory_index() == Register::RDX => {
+                    rcx = rcx.wrapping_add(rdx).wrapping_add(i.memory_displacement64());
+                }
+                Code::Lea_r32_m if i.memory_base() == Register::RCX && i.memory_index() == Register::None => {
+                    rcx = rcx.wrapping_add(i.memory_displacement64()) as u32 as u64;
+                }
+                Code::Jrcxz_rel8_64 if rcx == 0 => {
+                    rip = i.near_branch_target();
+                    continue;
+                }
+                Code::Jrcxz_rel8_64 => {}
+                Code::Jmp_rel32_64 | Code::Jmp_rel8_64 => {
+                    // The mismatch: rcx and rdx back, then straight to the Rewritten trap.
+                    let mut at = i.near_branch_target();
+                    let mut restored = Vec::new();
+                    loop {
+                        let j = decode(at);
+                        if j.code() == Code::Syscall {
+                            break;
+                        }
+                        if j.code() == Code::Mov_r64_rm64 && j.segment_prefix() == Register::GS {
+                            restored.push((j.op0_register(), j.memory_displacement64() as i64));
+                        }
+                        if j.flow_control() != iced_x86::FlowControl::Next {
+                            return Err(format!("{j} on the way to the trap"));
+                        }
+                        at = j.next_ip();
+                    }
+                    let trap = u.traps.iter().find(|t| t.0 == at).map(|t| t.1);
+                    if !matches!(trap, Some(Trap::Rewritten { unit }) if unit == u.cache_start) {
+                        return Err(format!("the mismatch goes to {trap:?}"));
+                    }
+                    if restored[..2] != [(Register::RCX, SPILL_RCX), (Register::RDX, SPILL_RDX)] {
+                        return Err(format!("rcx and rdx not put back before the trap: {restored:?}"));
+                    }
+                    return Ok(false);
+                }
+                _ => return Err(format!("{i}: not an instruction of the check")),
+            }
+            rip = i.next_ip();
+        }
+        Err("the check does not end".into())
+    }
+
+    #[test]
+    fn a_unit_from_code_that_may_change_checks_each_of_its_bytes_first() {
+        // 0x4000: mov eax,0x11223344 ; mov ecx,5 ; add eax,7 ; dec ecx ; jnz 0x400a ; ret
+        static LOOP: [u8; 20] =
+            [0xb8, 0x44, 0x33, 0x22, 0x11, 0xb9, 5, 0, 0, 0, 0x05, 7, 0, 0, 0, 0xff, 0xc9, 0x75, 0xf7, 0xc3];
+        // Units of 20, 10, 6, 3 and 1 bytes (pieces of 8, overlapping; of 4, 2 and 1).
+        for (start, len) in [(0u64, 20usize), (10, 10), (14, 6), (17, 3), (19, 1)] {
+            let base = 0x4000u64;
+            let mut fetch = fetch_from(&LOOP, base);
+            let asked = std::cell::Cell::new(None);
+            let may_change = |s: u64, e: u64| {
+                asked.set(Some((s, e)));
+                true
+            };
+            let u = translate(base + start, 0x10_0000, 0, &mut fetch, &|_, _| false, &may_change).expect("translates");
+            assert_eq!(asked.get(), Some((base + start, base + start + len as u64)), "the unit's bytes asked about");
+            let check = u.check.as_ref().expect("a check");
+            assert_eq!(check.source, LOOP[start as usize..start as usize + len]);
+            assert_eq!(u.entry(), check.start);
+            assert!(u.entry() < u.first_instruction());
+            let text = disasm(&u.code, u.cache_start);
+            // The code as translated: the check passes.
+            assert_eq!(run_check(&u, &LOOP, base), Ok(true), "{text:#?}");
+            // Any byte of the unit changed: the check traps. A byte outside it: it does not.
+            for at in 0..LOOP.len() {
+                let mut changed = LOOP;
+                changed[at] ^= 0x40;
+                let inside = at >= start as usize && at < start as usize + len;
+                assert_eq!(run_check(&u, &changed, base), Ok(!inside), "byte {at} of unit {start}+{len}: {text:#?}");
+            }
+            // A fault in the check's loads maps to the unit's first instruction.
+            let first_load = check.spilled.0;
+            assert!(first_load > check.start && first_load < check.spilled.1);
+        }
+    }
+
+    #[test]
+    fn a_unit_from_code_that_cannot_change_has_no_check() {
+        static CODE: [u8; 3] = [0x71, 0x00, 0xc3];
+        let mut fetch = fetch_from(&CODE, 0x3000);
+        let u = translate(0x3000, 0x10_0000, 0, &mut fetch, &|_, _| false, &|_, _| false).expect("translates");
+        assert!(u.check.is_none());
+        assert_eq!(u.entry(), u.first_instruction());
+        assert!(!u.traps.iter().any(|t| matches!(t.1, Trap::Rewritten { .. })));
+    }
+
+    #[test]
+    fn check_pieces_cover_every_byte_and_no_other() {
+        for len in 1..=64 {
+            let mut seen = vec![0u32; len];
+            for (o, size) in check_pieces(len) {
+                assert!([1, 2, 4, 8].contains(&size) && o + size <= len, "{len}: ({o}, {size})");
+                for b in &mut seen[o..o + size] {
+                    *b += 1;
+                }
+            }
+            assert!(seen.iter().all(|&n| n >= 1), "{len}: {seen:?}");
+        }
+        assert_eq!(check_pieces(6), [(0, 4), (2, 4)]);
+        assert_eq!(check_pieces(13), [(0, 8), (5, 8)]);
+    }
+
     #[test]
     fn conditional_branch_to_the_next_instruction_stays_in_the_cache() {
         // jno +0 ; ret: a copy would keep its absolute target (0x3002) and leave the cache.
         static CODE: [u8; 3] = [0x71, 0x00, 0xc3];
         let mut fetch = fetch_from(&CODE, 0x3000);
-        let u = translate(0x3000, 0x10_0000, 0, &mut fetch, &|_, _| false).expect("translates");
+        let u = translate(0x3000, 0x10_0000, 0, &mut fetch, &|_, _| false, &|_, _| false).expect("translates");
         assert_eq!(u.spans.len(), 2);
         assert_eq!(u.exits.len(), 1, "only the return exits");
         let mut d = Decoder::with_ip(64, &u.code, u.cache_start, DecoderOptions::NONE);
