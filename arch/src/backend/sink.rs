@@ -179,9 +179,21 @@ impl<'a> Sink<'a> {
         if bs.is_empty() {
             return (0, Stored::Yes);
         }
-        for b in bs.iter_mut() {
-            self.stamp(cpu, b);
+        // `stamp` for each, with the stream's clock in registers (a call per record was 7 % of
+        // the translating recorder's time).
+        self.stamp(cpu, &mut bs[0]);
+        let (mut last, mut left) = (self.last_ts[cpu], self.ts_left[cpu]);
+        for b in bs[1..].iter_mut() {
+            if left > 0 {
+                left -= 1;
+                b.ts = last;
+            } else {
+                b.ts = b.ts.max(last);
+                left = self.share_clock - 1;
+            }
+            last = b.ts;
         }
+        (self.last_ts[cpu], self.ts_left[cpu]) = (last, left);
         match &mut self.store {
             Store::Direct(buffers) => match buffers.push_branches(cpu, bs) {
                 Ok(n) => {
