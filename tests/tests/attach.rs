@@ -2,8 +2,8 @@
 //! the trace has records, and the process carries on undisturbed.
 
 use itrace_tests::{
-    arc_text, checked_arc, itrace_bin, program, record_pid, report_json, report_self_counts, run, state_and_tracer,
-    test_dir, wait_with_guard, KillOnDrop,
+    arc_text, cache_mappings, checked_arc, itrace_bin, program, record_pid, report_json, report_self_counts, run,
+    state_and_tracer, test_dir, wait_with_guard, KillOnDrop,
 };
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -363,4 +363,70 @@ fn the_translating_recorder_is_not_pinned() {
         seen.iter().filter(|c| **c != ours).count(),
         seen.len()
     );
+}
+
+/// Issue 29: the code cache stays mapped, idle, after a detach, and a process attached again
+/// reuses what a clean detach left instead of mapping more. `attach_mix busy` (three busy
+/// threads, the main thread in read(2)) is attached and detached ten times with the
+/// translating recorder; after each detach its code cache regions (anonymous `r-xp` mappings
+/// of 8 MB) and thread-state blocks (anonymous `rw-p` from 64 GB up), counted in
+/// /proc/PID/maps, are those the first attach left. Before the fix each attach mapped new ones
+/// (two regions more per attach here: 20 regions, 160 MB, after ten). Each attach records the
+/// busy threads' work, and the program ends with its own check passed.
+#[test]
+fn an_attach_again_reuses_the_code_cache_a_clean_detach_left() {
+    let mix = program("attach_mix");
+    let dir = test_dir("attach-reuses-cache");
+    let mut child = Command::new(&mix)
+        .arg("busy")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start attach_mix");
+    let stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut child = KillOnDrop(child);
+    let mut first = String::new();
+    out.read_line(&mut first).expect("start line");
+    let pid = child.0.id();
+    assert_eq!(first.trim_end(), format!("attach_mix: started pid={pid}"));
+    assert_eq!(cache_mappings(pid).regions.len(), 0, "a code cache in attach_mix before any attach");
+    let mut left = None;
+    for round in 0..10 {
+        // The first attach long enough for every busy thread to enter the cache.
+        let duration = if round == 0 { "1" } else { "0.2" };
+        let trace = dir.join(format!("t{round}.itr"));
+        let rec = run(Command::new(itrace_bin())
+            .args(["record", "--backend", "translate", "-p", &pid.to_string(), "--duration", duration, "-o"])
+            .arg(&trace));
+        assert!(rec.success(), "round {round}: itrace failed: {}", rec.stderr.trim());
+        let now = cache_mappings(pid);
+        let left = left.get_or_insert_with(|| now.clone());
+        assert!(
+            !left.regions.is_empty() && left.states() > 0,
+            "round {round}: the first attach left no code cache: {left:?}\n{}",
+            rec.stderr.trim()
+        );
+        assert_eq!(
+            &now,
+            left,
+            "round {round}: the code cache mapped in the process changed (regions at their start addresses, state block bytes) since the first detach\n{}",
+            rec.stderr.trim()
+        );
+        // Each attach records the busy threads' work, in the process's threads only.
+        let report = report_json(&trace);
+        let own = report_self_counts(&report, &mix);
+        assert!(own.get("worker").copied().unwrap_or(0) > 0, "round {round}: no instruction of worker: {own:?}");
+        let threads = report["threads"].as_array().cloned().unwrap_or_default();
+        assert!(
+            threads.iter().all(|t| t["pid"].as_u64() == Some(pid as u64)),
+            "round {round}: threads of another process in the trace: {threads:?}"
+        );
+    }
+    drop(stdin); // end of input: the program stops its threads and checks itself
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read the output");
+    let status = wait_with_guard(&mut child.0, "attach_mix");
+    assert!(status.success() && rest.contains(" errors=0"), "attach_mix busy after ten attaches: {status}; {rest}");
 }
