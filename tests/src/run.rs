@@ -72,6 +72,7 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("valgrind", "valgrind"),
     ("callgrind_annotate", "valgrind"),
     ("strace", "strace"),
+    ("gdb", "gdb"),
     ("setarch", "util-linux"),
     ("env", "coreutils"),
     ("sleep", "coreutils"),

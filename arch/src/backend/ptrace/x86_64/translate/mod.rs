@@ -1188,8 +1188,8 @@ impl Session<'_> {
         if in_cache || c.owns(regs.rip) || c.states.iter().chain(&c.idle_states).any(on_state) {
             c.let_go_inside = true;
             eprintln!(
-                "itrace: warning: thread {tid} is let go inside the code cache (pc {:#x}); it will not be reused",
-                regs.rip
+                "itrace: warning: thread {tid} is let go inside the code cache of process {pid} (pc {:#x}, gs base {:#x}); a later attach will not reuse that cache",
+                regs.rip, regs.gs_base
             );
         }
     }
