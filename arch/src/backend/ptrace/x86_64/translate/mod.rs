@@ -1001,12 +1001,13 @@ impl Session<'_> {
                 c.read(pid, addr, &mut got).is_ok() && got == tag
             };
             let mut regions = vec![cache::Region { base: at, used: reuse::FIRST_FLOOR, floor: reuse::FIRST_FLOOR }];
+            // (Mapped first: the bases are read from the process, and a mapped range does not
+            // wrap around.)
             for b in left.regions {
                 let size = limits.region_bytes;
-                let apart = regions.iter().all(|r| b + size <= r.base || b >= r.base + size);
                 if regions.len() < limits.regions
-                    && apart
                     && reuse::mapped_as(&maps, b, size, b"r-xp")
+                    && regions.iter().all(|r| b + size <= r.base || b >= r.base + size)
                     && tagged(c, b, reuse::region_tag(b))
                 {
                     let floor = reuse::REGION_TAG_BYTES;
@@ -1015,9 +1016,8 @@ impl Session<'_> {
             }
             let mut states: Vec<u64> = Vec::new();
             for s in left.states {
-                let apart = states.iter().all(|&o| s + STATE_BYTES <= o || s >= o + STATE_BYTES);
-                if apart
-                    && reuse::mapped_as(&maps, s, STATE_BYTES, b"rw-p")
+                if reuse::mapped_as(&maps, s, STATE_BYTES, b"rw-p")
+                    && states.iter().all(|&o| s + STATE_BYTES <= o || s >= o + STATE_BYTES)
                     && tagged(c, s + reuse::STATE_TAG, reuse::state_tag(s))
                 {
                     states.push(s);
