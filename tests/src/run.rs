@@ -72,6 +72,7 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("valgrind", "valgrind"),
     ("callgrind_annotate", "valgrind"),
     ("strace", "strace"),
+    ("gdb", "gdb"),
     ("setarch", "util-linux"),
     ("env", "coreutils"),
     ("sleep", "coreutils"),
@@ -364,4 +365,52 @@ pub fn write_executable(path: &Path, contents: &str) {
     std::fs::write(&source, contents).unwrap_or_else(|e| panic!("write {}: {e}", source.display()));
     let o = run(Command::new("install").arg("-m").arg("755").arg(&source).arg(path));
     assert!(o.success(), "install {}: {}", path.display(), o.stderr);
+}
+
+/// The bytes of one thread-state block of the translating recorder (2 MB and 4 KB:
+/// docs/translate.md, Limits).
+pub const STATE_BLOCK_BYTES: u64 = (2 << 20) + 4096;
+
+/// What of the translating recorder's code cache is mapped in a process, as /proc/PID/maps
+/// shows it (docs/translate.md, Limits): its regions, anonymous `r-xp` mappings of 8 MB, and
+/// its thread-state blocks, anonymous `rw-p` mappings from 64 GB up (side by side, the kernel
+/// shows them as one line: their bytes are counted).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheMappings {
+    /// The regions' start addresses, in address order.
+    pub regions: Vec<u64>,
+    /// The bytes of the state blocks' mappings.
+    pub state_bytes: u64,
+}
+
+impl CacheMappings {
+    /// How many state blocks those bytes are.
+    pub fn states(&self) -> u64 {
+        self.state_bytes / STATE_BLOCK_BYTES
+    }
+}
+
+/// The code cache mapped in process `pid` (empty when it is gone).
+pub fn cache_mappings(pid: u32) -> CacheMappings {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut out = CacheMappings::default();
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // Anonymous: no path after the inode (0).
+        if fields.len() != 5 || fields[4] != "0" {
+            continue;
+        }
+        let Some((start, end)) = fields[0]
+            .split_once('-')
+            .and_then(|(s, e)| Some((u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?)))
+        else {
+            continue;
+        };
+        if fields[1] == "r-xp" && end - start == 8 << 20 {
+            out.regions.push(start);
+        } else if fields[1] == "rw-p" && (0x10_0000_0000..0x20_0000_0000).contains(&start) {
+            out.state_bytes += end - start;
+        }
+    }
+    out
 }

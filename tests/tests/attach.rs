@@ -2,8 +2,8 @@
 //! the trace has records, and the process carries on undisturbed.
 
 use itrace_tests::{
-    arc_text, checked_arc, itrace_bin, program, record_pid, report_json, report_self_counts, run, state_and_tracer,
-    test_dir, wait_with_guard, KillOnDrop,
+    arc_text, cache_mappings, checked_arc, itrace_bin, program, record_pid, report_json, report_self_counts,
+    require_tool, run, state_and_tracer, test_dir, wait_with_guard, KillOnDrop,
 };
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -363,4 +363,161 @@ fn the_translating_recorder_is_not_pinned() {
         seen.iter().filter(|c| **c != ours).count(),
         seen.len()
     );
+}
+
+/// Issue 29: the code cache stays mapped, idle, after a detach, and a process attached again
+/// reuses what a clean detach left instead of mapping more. `attach_mix busy` (three busy
+/// threads, the main thread in read(2)) is attached and detached ten times with the
+/// translating recorder; after each detach its code cache regions (anonymous `r-xp` mappings
+/// of 8 MB) and thread-state blocks (anonymous `rw-p` from 64 GB up), counted in
+/// /proc/PID/maps, are those the first attach left. Before the fix each attach mapped new ones
+/// (two regions more per attach here: 20 regions, 160 MB, after ten). Each attach records the
+/// busy threads' work, and the program ends with its own check passed.
+#[test]
+fn an_attach_again_reuses_the_code_cache_a_clean_detach_left() {
+    let mix = program("attach_mix");
+    let dir = test_dir("attach-reuses-cache");
+    let busy = MixBusy::start();
+    let pid = busy.pid;
+    let mut left = None;
+    for round in 0..10 {
+        // The first attach long enough for every busy thread to enter the cache.
+        let duration = if round == 0 { "1" } else { "0.2" };
+        let trace = dir.join(format!("t{round}.itr"));
+        let (now, said) = busy.attach(&trace, duration);
+        let left = left.get_or_insert_with(|| now.clone());
+        assert!(
+            !left.regions.is_empty() && left.states() > 0,
+            "round {round}: the first attach left no code cache: {left:?}\n{said}"
+        );
+        assert_eq!(
+            &now,
+            left,
+            "round {round}: the code cache mapped in the process changed (regions at their start addresses, state block bytes) since the first detach\n{said}"
+        );
+        // Each attach records the busy threads' work, in the process's threads only.
+        let report = report_json(&trace);
+        let own = report_self_counts(&report, &mix);
+        assert!(own.get("worker").copied().unwrap_or(0) > 0, "round {round}: no instruction of worker: {own:?}");
+        let threads = report["threads"].as_array().cloned().unwrap_or_default();
+        assert!(
+            threads.iter().all(|t| t["pid"].as_u64() == Some(pid as u64)),
+            "round {round}: threads of another process in the trace: {threads:?}"
+        );
+    }
+    busy.ends_checked("after ten attaches");
+}
+
+/// `attach_mix busy` with its standard input a pipe: three busy threads, the main thread in
+/// read(2) until the pipe is closed.
+struct MixBusy {
+    child: KillOnDrop,
+    stdin: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+    pid: u32,
+}
+
+impl MixBusy {
+    fn start() -> MixBusy {
+        let mut child = Command::new(program("attach_mix"))
+            .arg("busy")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start attach_mix");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let child = KillOnDrop(child);
+        let mut first = String::new();
+        out.read_line(&mut first).expect("start line");
+        let pid = child.0.id();
+        assert_eq!(first.trim_end(), format!("attach_mix: started pid={pid}"));
+        assert_eq!(cache_mappings(pid).regions.len(), 0, "a code cache in attach_mix before any attach");
+        MixBusy { child, stdin, out, pid }
+    }
+
+    /// `itrace record --backend translate -p` for `duration` seconds into `trace`: the code
+    /// cache it leaves, with what itrace said.
+    fn attach(&self, trace: &std::path::Path, duration: &str) -> (itrace_tests::CacheMappings, String) {
+        let rec = run(Command::new(itrace_bin())
+            .args(["record", "--backend", "translate", "-p", &self.pid.to_string(), "--duration", duration, "-o"])
+            .arg(trace));
+        assert!(rec.success(), "{}: itrace failed: {}", trace.display(), rec.stderr.trim());
+        (cache_mappings(self.pid), rec.stderr)
+    }
+
+    /// End of input: the program stops its threads, checks itself and must exit 0, errors=0.
+    fn ends_checked(self, after: &str) {
+        let MixBusy { mut child, stdin, mut out, .. } = self;
+        drop(stdin);
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).expect("read the output");
+        let status = wait_with_guard(&mut child.0, "attach_mix");
+        assert!(status.success() && rest.contains(" errors=0"), "attach_mix busy {after}: {status}; {rest}");
+    }
+}
+
+/// A region of the code cache that the program replaced by a mapping of its own at the same
+/// address (here gdb makes it call `mmap` with MAP_FIXED: anonymous, `r-x`, 8 MB, zeros) is
+/// not the cache any more, though the record of the clean detach lists it: the next attach must leave it as the program made it (8 MB of
+/// zeros, read from /proc/PID/mem) and map a region of its own instead; the attach after that
+/// reuses the cache again (no state block more). The program ends with its own check passed.
+#[test]
+fn an_attach_leaves_alone_a_region_the_program_replaced() {
+    let gdb = require_tool("gdb");
+    let dir = test_dir("attach-reuse-replaced");
+    let busy = MixBusy::start();
+    let pid = busy.pid;
+    let (first, said) = busy.attach(&dir.join("first.itr"), "1");
+    assert!(!first.regions.is_empty(), "the first attach left no code cache region: {first:?}\n{said}");
+    // A region other than the first (which holds the record): one that starts with its tag,
+    // "itrcregn" (docs/translate.md, Detach). Replacing the first one, nothing is reused.
+    const REGION: u64 = 8 << 20;
+    let starts_with_tag = |base: u64| {
+        use std::os::unix::fs::FileExt;
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open the program's memory");
+        let mut tag = [0u8; 8];
+        mem.read_exact_at(&mut tag, base).is_ok() && &tag == b"itrcregn"
+    };
+    let replaced = *first
+        .regions
+        .iter()
+        .find(|&&r| starts_with_tag(r))
+        .unwrap_or_else(|| panic!("no region but the first after the first attach: {first:?}\n{said}"));
+    let call = format!("call (long)mmap((void*){replaced:#x}, {REGION}, 5, 0x32, -1, 0)");
+    let o = run(Command::new(&gdb).args(["-p", &pid.to_string(), "-batch", "-nx", "-ex", &call]));
+    assert!(
+        o.stdout.contains(&format!("= {replaced}")),
+        "gdb did not map the program's own region at {replaced:#x}:\n{}\n{}",
+        o.stdout,
+        o.stderr
+    );
+    let zeros = || {
+        use std::os::unix::fs::FileExt;
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open the program's memory");
+        let mut bytes = vec![0xa5u8; REGION as usize];
+        mem.read_exact_at(&mut bytes, replaced).expect("read the program's region");
+        bytes.iter().all(|&b| b == 0)
+    };
+    assert!(zeros(), "the program's new mapping at {replaced:#x} is not zeros before the attach");
+
+    let (second, said) = busy.attach(&dir.join("second.itr"), "1");
+    assert!(
+        second.regions.contains(&replaced) && zeros(),
+        "the attach wrote into the program's mapping at {replaced:#x}:\n{said}"
+    );
+    assert!(
+        second.regions.len() > first.regions.len(),
+        "the attach mapped no region of its own beside the program's at {replaced:#x}: {first:?} then {second:?}\n{said}"
+    );
+    // (Not one region more or less: once a shorter second attach had not yet run the code the
+    // third needed a region for.)
+    let (third, said) = busy.attach(&dir.join("third.itr"), "0.3");
+    assert!(
+        second.regions.iter().all(|r| third.regions.contains(r)) && third.state_bytes == second.state_bytes,
+        "the attach after a clean detach did not reuse the cache: {second:?} then {third:?}\n{said}"
+    );
+    assert!(zeros(), "the third attach wrote into the program's mapping at {replaced:#x}:\n{said}");
+    busy.ends_checked("after three attaches and gdb's mmap");
 }

@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use itrace_tests::{itrace_bin, program, run, test_dir, wait_with_guard, KillOnDrop};
+use itrace_tests::{cache_mappings, itrace_bin, program, run, test_dir, wait_with_guard, CacheMappings, KillOnDrop};
 
 const THREADS: &str = "3";
 const ROUNDS: &str = "20000";
@@ -169,4 +169,110 @@ fn kill_9_of_an_attached_translating_itrace_never_harms_the_program() {
         assert_eq!(rest.lines().collect::<Vec<_>>(), want, "{what}: xl_kill's output");
         let _ = std::fs::remove_file(&trace);
     }
+}
+
+/// An attach reuses the code cache a clean detach left (issue 29), but never what a killed
+/// itrace left: its threads may still run in it, or return into it from a signal frame. So:
+/// attach `xl_kill` and detach cleanly (its cache stays mapped); attach again and kill -9 the
+/// whole of itrace once threads record in the cache (that session reused the first one's);
+/// attach a third time: it must map a new cache, leaving the old one where it was (the
+/// regions and state blocks in /proc/PID/maps, counted); a fourth attach after the third's
+/// clean detach maps nothing more. The program ends with its untraced output.
+#[test]
+fn an_attach_after_a_kill_maps_a_new_code_cache_and_leaves_the_old_one_alone() {
+    use std::os::unix::process::CommandExt;
+    // Rounds enough to outlast the four attaches with the sleeps; with stdin closed they run
+    // on without sleeping.
+    const LONG_ROUNDS: &str = "200000";
+    let target = program("xl_kill");
+    let dir = test_dir("translate-kill9-reuse");
+    let reference = run(Command::new(&target).args([THREADS, LONG_ROUNDS, "0"]).stdin(Stdio::null()));
+    assert!(reference.success(), "xl_kill untraced failed: {}", reference.stderr);
+    let want: Vec<&str> = reference.stdout.lines().skip(1).collect();
+
+    let mut child = KillOnDrop(
+        Command::new(&target)
+            .args([THREADS, LONG_ROUNDS, SLEEP_US])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start xl_kill"),
+    );
+    let pid = child.0.id();
+    let stdin = child.0.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("read the start line");
+    assert_eq!(first.trim_end(), format!("xl_kill: started pid={pid}"));
+
+    let clean_attach = |name: &str, duration: &str| -> CacheMappings {
+        let rec = run(Command::new(itrace_bin())
+            .args(["record", "--backend", "translate", "-p", &pid.to_string(), "--duration", duration, "-o"])
+            .arg(dir.join(format!("{name}.itr"))));
+        assert!(rec.success(), "{name}: itrace failed: {}", rec.stderr.trim());
+        let left = cache_mappings(pid);
+        assert!(!left.regions.is_empty() && left.states() > 0, "{name}: no code cache left: {left:?}\n{}", rec.stderr);
+        left
+    };
+    let first_left = clean_attach("first", "1");
+
+    // The second attach, killed (everything of itrace) once its threads record in the cache:
+    // the trace file holds 256 KB (the branch records threads in the cache write, 1.4 MB/s
+    // here; the module records and the few steps of the takeover are far less: the file's
+    // first growth, at itrace's first flush, was once all there was before the threads
+    // entered the cache, and that session had reused nothing yet).
+    let trace = dir.join("killed.itr");
+    let mut rec = Command::new(itrace_bin())
+        .args(["record", "--backend", "translate", "-p", &pid.to_string(), "-o"])
+        .arg(&trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start itrace");
+    let supervisor = rec.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let size = || std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
+    while size() < 256 << 10 {
+        assert!(Instant::now() < deadline, "the second itrace wrote less than 256 KB in 60 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let recorder = recorder_of(supervisor).expect("the recording process");
+    // The recorder first: killed alone, the supervisor makes it detach cleanly.
+    // SAFETY: plain kill(2) of processes we started (our child's child, the group it leads).
+    unsafe {
+        assert_eq!(libc::kill(recorder, libc::SIGKILL), 0, "kill -9 of the recorder");
+        assert_eq!(libc::kill(-(supervisor as i32), libc::SIGKILL), 0, "kill -9 of the group");
+    }
+    wait_with_guard(&mut rec, "itrace");
+    while untraced(pid) == Some(false) {
+        assert!(Instant::now() < deadline, "xl_kill still traced 60 s after the kill");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let killed_left = cache_mappings(pid);
+    assert!(
+        first_left.regions.iter().all(|r| killed_left.regions.contains(r)),
+        "the first cache's regions went: {first_left:?} then {killed_left:?}"
+    );
+
+    let third_left = clean_attach("third", "1");
+    let new_regions: Vec<&u64> = third_left.regions.iter().filter(|r| !killed_left.regions.contains(r)).collect();
+    assert!(
+        !new_regions.is_empty() && killed_left.regions.iter().all(|r| third_left.regions.contains(r)),
+        "after the kill, the next attach did not map a region of its own beside the killed one's: {killed_left:?} then {third_left:?}"
+    );
+    assert!(
+        third_left.state_bytes > killed_left.state_bytes,
+        "after the kill, the next attach mapped no state block of its own: {killed_left:?} then {third_left:?}"
+    );
+    let fourth_left = clean_attach("fourth", "0.5");
+    assert_eq!(fourth_left, third_left, "an attach after a clean detach mapped more code cache");
+
+    drop(stdin);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("read xl_kill's output");
+    let status = wait_with_guard(&mut child.0, "xl_kill");
+    assert!(status.success(), "xl_kill ended with {status}; output:\n{rest}");
+    assert_eq!(rest.lines().collect::<Vec<_>>(), want, "xl_kill's output");
 }

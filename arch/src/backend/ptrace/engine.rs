@@ -254,6 +254,7 @@ fn record_into<'a>(opts: &'a RecordOptions<'a>, sink: Sink<'a>) -> Result<Record
         }
     }
     s.run();
+    s.at_end();
     s.warn_at_end();
     s.save_jit_maps();
     s.out.stop_reason.get_or_insert(StopReason::Exited);
@@ -549,6 +550,9 @@ pub(super) trait PtraceArch {
     /// timeout) is set to run again, as the kernel restarts the others; untraced, the program
     /// would not have seen that EINTR. No-op where the architecture does not do it.
     fn undo_stop_eintr(&mut self, _tid: i32) {}
+    /// The recording ended, every thread let go or gone: leave in the processes that run on
+    /// what the architecture leaves there for a later session.
+    fn at_end(&mut self) {}
     /// The recording ended: warn about what made it less exact, if anything.
     fn warn_at_end(&self);
     /// Before anything is traced: the environment's settings for the architecture's recorder

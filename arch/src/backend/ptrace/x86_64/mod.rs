@@ -601,8 +601,10 @@ impl PtraceArch for Session<'_> {
     }
 
     fn take_out_traps(&mut self, tid: i32) {
-        // Out of the code cache, the application's pc and gs base back.
+        // Out of the code cache, the application's pc and gs base back (and checked: the cache
+        // is reused by a later session only if every thread left it).
         self.cache_leave_for_detach(tid);
+        self.cache_check_let_go(tid);
         // No int3 of ours, nor a debug register.
         self.remove_breakpoints_via(tid);
         self.hw_clear(tid);
@@ -643,6 +645,10 @@ impl PtraceArch for Session<'_> {
         regs.rip -= 2;
         regs.rax = regs.orig_rax;
         let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+    }
+
+    fn at_end(&mut self) {
+        self.leave_clean_records();
     }
 
     fn warn_at_end(&self) {

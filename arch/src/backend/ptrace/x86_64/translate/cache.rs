@@ -80,7 +80,8 @@ pub(super) fn limits() -> CacheLimits {
 pub(super) struct Region {
     pub(super) base: u64,
     pub(super) used: u64,
-    /// What stays at its start through a flush (the cache's own `syscall` gadget, in the first).
+    /// What stays at its start through a flush: in the first region the cache's own `syscall`
+    /// gadget and the record a clean detach leaves (`reuse.rs`), in the others their tag.
     pub(super) floor: u64,
 }
 
@@ -117,6 +118,18 @@ pub(in super::super) struct Cache {
     /// Every thread-state block mapped in the process, and those no thread uses now.
     pub(super) states: Vec<u64>,
     pub(super) free_states: Vec<u64>,
+    /// State blocks an earlier session left (`reuse.rs`), not used yet: a thread that takes
+    /// one gets its ring and lookup table reset first (then it is in `states`).
+    pub(super) idle_states: Vec<u64>,
+    /// What an earlier session left was looked for (before the first region is mapped).
+    pub(super) looked_for_leftovers: bool,
+    /// What was reused of it: regions, state blocks.
+    pub(super) reused: Option<(usize, usize)>,
+    /// A thread was let go with a pc in the cache or its gs base on a state block: the detach
+    /// is not clean, and no record says the cache may be reused.
+    pub(in super::super) let_go_inside: bool,
+    /// The record that says a later session may reuse it was written at the detach.
+    pub(super) left_reusable: bool,
     /// A `syscall` instruction in the process (in its vDSO), for the calls itrace makes there.
     pub(super) gadget: Option<u64>,
     /// The cache's own `syscall` for those calls, with its save area and a way back should
@@ -150,6 +163,11 @@ impl Cache {
             links: self.links.clone(),
             states: self.states.clone(),
             free_states: self.states.clone(),
+            idle_states: self.idle_states.clone(),
+            looked_for_leftovers: self.looked_for_leftovers,
+            reused: None,
+            let_go_inside: false,
+            left_reusable: false,
             gadget: self.gadget,
             remote_gadget: self.remote_gadget,
             mem: None,
@@ -224,6 +242,12 @@ impl Cache {
     pub(super) fn region_for(&self, pc: u64) -> Option<usize> {
         let size = limits().region_bytes;
         self.regions.iter().position(|r| r.base.abs_diff(pc) < 0x4000_0000 && r.used + MAX_UNIT_BYTES <= size)
+    }
+
+    /// The first region's base: it holds the cache's own `syscall` gadget (and the record a
+    /// clean detach leaves), and never moves.
+    pub(super) fn first_region(&self) -> Option<u64> {
+        self.remote_gadget.map(|(save, _)| save)
     }
 
     /// Whether any unit is in the cache (a flush would free something).

@@ -23,6 +23,7 @@
 
 mod cache;
 mod layout;
+mod reuse;
 mod rseq;
 mod unit;
 
@@ -943,11 +944,19 @@ impl Session<'_> {
     /// Map a new region of cache near `pc` (RIP-relative data must be in reach).
     fn new_region(&mut self, tid: i32, pid: i32, pc: u64) -> Option<usize> {
         let limits = cache::limits();
+        if !self.cache_of(pid)?.looked_for_leftovers {
+            // What a clean detach of an earlier session left is taken first.
+            self.reuse_leftovers(pid);
+            if let Some(r) = self.cache_of(pid)?.region_for(pc) {
+                return Some(r);
+            }
+        }
         let c = self.cache_of(pid)?;
         if c.regions.len() >= limits.regions {
             // An empty region (after a flush) moves near the code; the first keeps the cache's
-            // own `syscall` gadget (`floor`), which the calls below run at.
-            let empty = c.regions.iter().position(|r| r.floor == 0 && r.used == 0);
+            // own `syscall` gadget, which the calls below run at.
+            let first = c.first_region();
+            let empty = c.regions.iter().position(|r| r.used == r.floor && Some(r.base) != first);
             match empty {
                 Some(r) => {
                     let base = c.regions[r].base;
@@ -991,12 +1000,18 @@ impl Session<'_> {
                     if c.remote_gadget.is_none() {
                         // From now on itrace's system calls in the process use the cache's own
                         // `syscall` (the vDSO's is followed by code that expects its caller).
+                        // After it, room for the record a clean detach leaves (`reuse.rs`):
+                        // zeros, not clean, until then.
                         if let Ok((bytes, syscall)) = unit::remote_call_gadget(base) {
                             if c.write(pid, base, &bytes).is_ok() {
                                 c.remote_gadget = Some((base, syscall));
-                                used = bytes.len() as u64;
+                                used = reuse::FIRST_FLOOR;
                             }
                         }
+                    }
+                    // The others start with their tag, by which a later session knows them.
+                    if used == 0 && c.write(pid, base, &reuse::region_tag(base)).is_ok() {
+                        used = reuse::REGION_TAG_BYTES;
                     }
                     c.regions.push(cache::Region { base, used, floor: used });
                     return Some(c.regions.len() - 1);
@@ -1011,6 +1026,68 @@ impl Session<'_> {
         None
     }
 
+    /// Take what a clean detach of an earlier session left in process `pid` (`reuse.rs`), once,
+    /// before its first region is mapped: the first region its record is in, the other
+    /// regions and the state blocks it lists that are still there as they were mapped. The
+    /// record is marked not clean before anything of it is used. The regions are empty (their
+    /// old code is overwritten by the next units, as after a flush); the state blocks are
+    /// reset when a thread takes one.
+    fn reuse_leftovers(&mut self, pid: i32) {
+        let limits = cache::limits();
+        let Some(c) = self.cache_of(pid) else { return };
+        c.looked_for_leftovers = true;
+        if !c.regions.is_empty() || c.disabled.is_some() {
+            return;
+        }
+        let maps = all_mappings(pid);
+        for at in reuse::first_region_candidates(&maps, limits.region_bytes) {
+            let Ok((gadget, syscall)) = unit::remote_call_gadget(at) else { return };
+            let mut page = vec![0u8; reuse::FIRST_FLOOR as usize];
+            if c.read(pid, at, &mut page).is_err() {
+                continue;
+            }
+            let Some(left) = reuse::clean_record(&page, at, limits.region_bytes, &gadget) else { continue };
+            // Not clean from now on: a kill during this session makes the next one map anew.
+            if c.write(pid, at + reuse::RECORD_OFF + reuse::CLEAN_OFF, &0u64.to_le_bytes()).is_err() {
+                return;
+            }
+            let tagged = |c: &mut Cache, addr: u64, tag: [u8; 16]| {
+                let mut got = [0u8; 16];
+                c.read(pid, addr, &mut got).is_ok() && got == tag
+            };
+            let mut regions = vec![cache::Region { base: at, used: reuse::FIRST_FLOOR, floor: reuse::FIRST_FLOOR }];
+            // (Mapped first: the bases are read from the process, and a mapped range does not
+            // wrap around.)
+            for b in left.regions {
+                let size = limits.region_bytes;
+                if regions.len() < limits.regions
+                    && reuse::mapped_as(&maps, b, size, b"r-xp")
+                    && regions.iter().all(|r| b + size <= r.base || b >= r.base + size)
+                    && tagged(c, b, reuse::region_tag(b))
+                {
+                    let floor = reuse::REGION_TAG_BYTES;
+                    regions.push(cache::Region { base: b, used: floor, floor });
+                }
+            }
+            let mut states: Vec<u64> = Vec::new();
+            for s in left.states {
+                if reuse::mapped_as(&maps, s, STATE_BYTES, b"rw-p")
+                    && states.iter().all(|&o| s + STATE_BYTES <= o || s >= o + STATE_BYTES)
+                    && tagged(c, s + reuse::STATE_TAG, reuse::state_tag(s))
+                {
+                    states.push(s);
+                }
+            }
+            c.reused = Some((regions.len(), states.len()));
+            c.regions = regions;
+            c.remote_gadget = Some((at, syscall));
+            // Taken from the end: the first-mapped block first.
+            states.reverse();
+            c.idle_states = states;
+            return;
+        }
+    }
+
     /// The thread's state block, mapped and initialised on first use.
     fn thread_state(&mut self, tid: i32, pid: i32) -> Option<u64> {
         let t = self.threads.get(&tid)?;
@@ -1021,9 +1098,21 @@ impl Session<'_> {
         if c.disabled.is_some() {
             return None;
         }
+        let reset_table = |c: &mut Cache, s: u64| {
+            let empty = vec![0xffu8; (TABLE_ENTRIES * TABLE_ENTRY_BYTES) as usize];
+            c.write(pid, s + TABLE as u64, &empty)
+        };
         let state = match c.free_states.pop() {
             Some(s) => {
                 c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
+                s
+            }
+            // One an earlier session left: its table holds that session's cache addresses.
+            None if !c.idle_states.is_empty() => {
+                let s = c.idle_states.pop()?;
+                c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
+                reset_table(c, s).ok()?;
+                c.states.push(s);
                 s
             }
             None => {
@@ -1057,8 +1146,9 @@ impl Session<'_> {
                 let s = got?;
                 let c = self.cache_of(pid)?;
                 c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
-                let empty = vec![0xffu8; (TABLE_ENTRIES * TABLE_ENTRY_BYTES) as usize];
-                c.write(pid, s + TABLE as u64, &empty).ok()?;
+                reset_table(c, s).ok()?;
+                // Its tag, by which a later session knows it (`reuse.rs`).
+                c.write(pid, s + reuse::STATE_TAG, &reuse::state_tag(s)).ok()?;
                 c.states.push(s);
                 s
             }
@@ -1137,6 +1227,50 @@ impl Session<'_> {
 }
 
 impl Session<'_> {
+    /// Before a thread is let go at a detach (it was brought out of the cache): check that it is
+    /// out, its pc the application's and its gs base not a state block. One that is not makes
+    /// the detach of its process not clean: its cache is not reused by a later session.
+    pub(in super::super) fn cache_check_let_go(&mut self, tid: i32) {
+        if !self.opts.step.translate {
+            return;
+        }
+        let Some(t) = self.threads.get(&tid) else { return };
+        let (pid, in_cache) = (t.pid, t.arch.xl.in_cache);
+        // (A thread whose registers cannot be read is gone: it runs nothing.)
+        let Ok(regs) = getregs(tid) else { return };
+        let Some(c) = self.cache_of(pid) else { return };
+        let on_state = |s: &u64| regs.gs_base >= *s && regs.gs_base < s + STATE_BYTES;
+        if in_cache || c.owns(regs.rip) || c.states.iter().chain(&c.idle_states).any(on_state) {
+            c.let_go_inside = true;
+            eprintln!(
+                "itrace: warning: thread {tid} is let go inside the code cache of process {pid} (pc {:#x}, gs base {:#x}); a later attach will not reuse that cache",
+                regs.rip, regs.gs_base
+            );
+        }
+    }
+
+    /// After a detach: in each process that runs on with its cache idle, and whose threads were
+    /// all let go out of it, the record that says a later session may reuse it (`reuse.rs`).
+    pub(in super::super) fn leave_clean_records(&mut self) {
+        if !self.opts.step.translate || self.detaching.is_none() {
+            return;
+        }
+        let limits = cache::limits();
+        for (&pid, p) in self.procs.iter_mut() {
+            let c = &mut p.arch.cache;
+            // (A vfork child's cache is its parent's, which says for itself.)
+            if c.let_go_inside || c.disabled.is_some() {
+                continue;
+            }
+            let Some(first) = c.first_region() else { continue };
+            let others: Vec<u64> = c.regions.iter().map(|r| r.base).filter(|&b| b != first).collect();
+            let states: Vec<u64> = c.states.iter().chain(&c.idle_states).copied().collect();
+            let record = reuse::record(first, limits.region_bytes, &others, &states, true);
+            // (It fails for a process gone meanwhile: nothing to reuse then.)
+            c.left_reusable = c.write(pid, first + reuse::RECORD_OFF, &record).is_ok();
+        }
+    }
+
     /// After a detach: what the cache that stays mapped, idle, costs each process that runs on
     /// (one line each; its pages are the program's until it exits).
     pub(in super::super) fn say_what_the_cache_leaves(&self) {
@@ -1145,17 +1279,27 @@ impl Session<'_> {
         }
         for (pid, p) in &self.procs {
             let c = &p.arch.cache;
-            if c.regions.is_empty() && c.states.is_empty() {
+            let states = c.states.len() + c.idle_states.len();
+            if c.regions.is_empty() && states == 0 {
                 continue;
             }
-            let ours = |start: u64| c.regions.iter().any(|r| r.base == start) || c.states.contains(&start);
+            let ours = |start: u64| {
+                c.regions.iter().any(|r| r.base == start) || c.states.contains(&start) || c.idle_states.contains(&start)
+            };
             let Some((size_kb, rss_kb)) = mapped_kb(*pid, ours) else { continue };
             let n = |k: usize, what: &str| format!("{k} {what}{}", if k == 1 { "" } else { "s" });
+            let reused = match c.reused {
+                Some((r, s)) => {
+                    format!("; {} and {} of it were an earlier attach's", n(r, "region"), n(s, "thread state"))
+                }
+                None => String::new(),
+            };
+            let next = if c.left_reusable { "; the next attach reuses it" } else { "" };
             eprintln!(
-                "itrace: process {pid} keeps the code cache mapped, idle: {} MiB of address space ({}, {}), {} KiB of it resident",
+                "itrace: process {pid} keeps the code cache mapped, idle: {} MiB of address space ({}, {}), {} KiB of it resident{reused}{next}",
                 size_kb / 1024,
                 n(c.regions.len(), "region"),
-                n(c.states.len(), "thread state"),
+                n(states, "thread state"),
                 rss_kb
             );
         }
@@ -1221,6 +1365,10 @@ struct MapRange {
     start: u64,
     end: u64,
     stack: bool,
+    /// As the line has them: `r-xp`, `rw-p`...
+    perms: [u8; 4],
+    /// No file (and no name: not the stack, the heap, the vDSO).
+    anonymous: bool,
 }
 
 /// Every mapping of a process, in address order.
@@ -1228,12 +1376,17 @@ fn all_mappings(pid: i32) -> Vec<MapRange> {
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
     text.lines()
         .filter_map(|l| {
-            let range = l.split(' ').next()?;
-            let (s, e) = range.split_once('-')?;
+            let mut fields = l.splitn(6, ' ');
+            let (s, e) = fields.next()?.split_once('-')?;
+            let perms = fields.next()?.as_bytes().try_into().ok()?;
+            let inode = fields.nth(2)?;
+            let path = fields.next().unwrap_or("").trim();
             Some(MapRange {
                 start: u64::from_str_radix(s, 16).ok()?,
                 end: u64::from_str_radix(e, 16).ok()?,
-                stack: l.ends_with("[stack]"),
+                stack: path == "[stack]",
+                perms,
+                anonymous: inode == "0" && path.is_empty(),
             })
         })
         .collect()
@@ -1289,7 +1442,7 @@ mod tests {
     const LDSO_END: u64 = 0x7fff_f7ff_f000;
 
     fn map(start: u64, end: u64, stack: bool) -> MapRange {
-        MapRange { start, end, stack }
+        MapRange { start, end, stack, perms: *b"r-xp", anonymous: !stack }
     }
 
     /// The libraries and ld.so top-down below the stack's gap, a PIE executable far below.
