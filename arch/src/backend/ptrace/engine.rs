@@ -215,10 +215,9 @@ use itrace_format::{branch_flags, now_ns, BranchKind};
 
 /// Record `opts.target` into `buffers` until it exits, `opts.stop` is set, or a buffer fills (normal mode).
 pub fn record(opts: &RecordOptions, buffers: &mut Buffers) -> Result<RecordOutcome, RecordError> {
-    if opts.step.translate {
-        // The code cache's threads record faster than one thread encodes their records: the
-        // buffers get a writer thread of their own (not in normal mode, where a full buffer
-        // stops tracing at the record it refused; `Sink::threaded`).
+    if opts.step.buffers_on_their_own_thread() {
+        // Not in normal mode, where a full buffer stops tracing at the record it refused
+        // (`Sink::threaded`).
         std::thread::scope(|scope| record_into(opts, Sink::threaded(scope, buffers)))
     } else {
         record_into(opts, Sink::new(buffers))
@@ -313,7 +312,9 @@ impl Session<'_> {
         self.after_store(stored);
     }
 
-    /// [`Session::push_branch`] for each of `bs`, in one call to the buffers (a drained ring).
+    /// [`Session::push_branch`] for each of `bs`, in one call to the buffers (a drained ring:
+    /// only x86_64's translating recorder has rings).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(super) fn push_branches(&mut self, cpu: usize, bs: &mut Vec<Branch>) {
         let (stored, outcome) = self.sink.branches(cpu, bs);
         if outcome == Stored::Full {

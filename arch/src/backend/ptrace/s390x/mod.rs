@@ -110,6 +110,12 @@ impl StepOptions {
     /// The tracer's own settings for the session: none here.
     pub(super) fn tracer_settings(&self) {}
 
+    /// The buffers get a writer thread of their own: not here (a stop per block is far
+    /// slower than the encoding).
+    pub(super) fn buffers_on_their_own_thread(&self) -> bool {
+        false
+    }
+
     /// The tracer pins itself to the CPU of the thread it steps (`cpus.rs`): always here.
     pub(super) fn tracer_follows_threads(&self) -> bool {
         true

@@ -83,6 +83,12 @@ impl StepOptions {
         }
     }
 
+    /// The buffers get a writer thread of their own (`Sink::threaded`): the code cache's
+    /// threads record faster than one thread encodes their records.
+    pub(super) fn buffers_on_their_own_thread(&self) -> bool {
+        self.translate
+    }
+
     /// The tracer pins itself to the CPU of the thread it steps (`cpus.rs`), to make each step's
     /// ping-pong a same-CPU wake-up. Not when translating: it serves every thread from their
     /// occasional stops, and pinned it could not be run by another CPU when the scheduler
