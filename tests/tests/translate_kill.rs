@@ -65,6 +65,33 @@ fn taken_over(pid: u32) -> bool {
     })
 }
 
+/// xl_kill running (THREADS threads, `rounds` rounds), its start line read.
+struct XlKill {
+    child: KillOnDrop,
+    pid: u32,
+    stdin: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+fn start_xl_kill(target: &std::path::Path, rounds: &str) -> XlKill {
+    let mut child = KillOnDrop(
+        Command::new(target)
+            .args([THREADS, rounds, SLEEP_US])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start xl_kill"),
+    );
+    let pid = child.0.id();
+    let stdin = child.0.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("read the start line");
+    assert_eq!(first.trim_end(), format!("xl_kill: started pid={pid}"));
+    XlKill { child, pid, stdin, out }
+}
+
 /// A small xorshift generator: the moments of the kills, reproducible from the seed printed.
 struct Moments(u64);
 
@@ -101,21 +128,7 @@ fn kill_9_of_an_attached_translating_itrace_never_harms_the_program() {
         let since = if after_takeover { "a thread entered the cache" } else { "the recorder started" };
         let what = format!("run {round} ({kill:?} killed {delay_ms} ms after {since}; ITRACE_KILL_SEED={seed})");
 
-        let mut child = KillOnDrop(
-            Command::new(&target)
-                .args([THREADS, ROUNDS, SLEEP_US])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start xl_kill"),
-        );
-        let pid = child.0.id();
-        let stdin = child.0.stdin.take().expect("stdin");
-        let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
-        let mut first = String::new();
-        out.read_line(&mut first).expect("read the start line");
-        assert_eq!(first.trim_end(), format!("xl_kill: started pid={pid}"));
+        let XlKill { mut child, pid, stdin, mut out } = start_xl_kill(&target, ROUNDS);
 
         let trace = dir.join(format!("t{round}.itr"));
         let mut rec = Command::new(itrace_bin())
@@ -190,21 +203,7 @@ fn an_attach_after_a_kill_maps_a_new_code_cache_and_leaves_the_old_one_alone() {
     assert!(reference.success(), "xl_kill untraced failed: {}", reference.stderr);
     let want: Vec<&str> = reference.stdout.lines().skip(1).collect();
 
-    let mut child = KillOnDrop(
-        Command::new(&target)
-            .args([THREADS, LONG_ROUNDS, SLEEP_US])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start xl_kill"),
-    );
-    let pid = child.0.id();
-    let stdin = child.0.stdin.take().expect("stdin");
-    let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
-    let mut first = String::new();
-    out.read_line(&mut first).expect("read the start line");
-    assert_eq!(first.trim_end(), format!("xl_kill: started pid={pid}"));
+    let XlKill { mut child, pid, stdin, mut out } = start_xl_kill(&target, LONG_ROUNDS);
 
     let clean_attach = |name: &str, duration: &str| -> CacheMappings {
         let rec = run(Command::new(itrace_bin())
