@@ -35,7 +35,8 @@ enum Store<'a> {
 
 /// The recording loop's end of a writer thread.
 struct Writer {
-    ops: SyncSender<Op>,
+    /// `None` once the writer was told to finish.
+    ops: Option<SyncSender<Op>>,
     /// Batches the writer has stored, given back empty to be filled again (a fresh batch of
     /// a drained ring is megabytes, mapped and faulted in anew each time).
     spare: Receiver<Vec<Branch>>,
@@ -106,7 +107,7 @@ impl<'a> Sink<'a> {
             write_ops(buffers, &ops_rx, &spare_tx, &writer_error);
             drop(done_tx);
         });
-        Sink::with_store(Store::Threaded(Writer { ops, spare, error, done }), ncpu)
+        Sink::with_store(Store::Threaded(Writer { ops: Some(ops), spare, error, done }), ncpu)
     }
 
     fn with_store(store: Store<'a>, ncpu: usize) -> Self {
@@ -144,14 +145,7 @@ impl<'a> Sink<'a> {
             self.last_ts.resize(cpu + 1, 0);
             self.ts_left.resize(cpu + 1, 0);
         }
-        if self.ts_left[cpu] > 0 {
-            self.ts_left[cpu] -= 1;
-            b.ts = self.last_ts[cpu];
-        } else {
-            b.ts = b.ts.max(self.last_ts[cpu]);
-            self.ts_left[cpu] = self.share_clock - 1;
-        }
-        self.last_ts[cpu] = b.ts;
+        stamp_with(&mut self.last_ts[cpu], &mut self.ts_left[cpu], self.share_clock, b);
     }
 
     /// Store a taken branch on `cpu`'s stream, its timestamp no older than the stream's last.
@@ -181,19 +175,12 @@ impl<'a> Sink<'a> {
         if bs.is_empty() {
             return (0, Stored::Yes);
         }
-        // `stamp` for each, with the stream's clock in registers (a call per record was 7 % of
-        // the translating recorder's time).
+        // `stamp` for each, with the stream's clock in registers (a call per record, with its
+        // checks, was 7 % of the translating recorder's time).
         self.stamp(cpu, &mut bs[0]);
         let (mut last, mut left) = (self.last_ts[cpu], self.ts_left[cpu]);
         for b in bs[1..].iter_mut() {
-            if left > 0 {
-                left -= 1;
-                b.ts = last;
-            } else {
-                b.ts = b.ts.max(last);
-                left = self.share_clock - 1;
-            }
-            last = b.ts;
+            stamp_with(&mut last, &mut left, self.share_clock, b);
         }
         (self.last_ts[cpu], self.ts_left[cpu]) = (last, left);
         match &mut self.store {
@@ -279,9 +266,8 @@ impl<'a> Sink<'a> {
     /// when the recording loop wrote them itself.
     pub fn finish(&mut self) {
         let Store::Threaded(w) = &mut self.store else { return };
-        // A closed channel stops the writer once it has stored what it was sent.
-        let (closed, _) = mpsc::sync_channel(0);
-        drop(std::mem::replace(&mut w.ops, closed));
+        // Its end of the queue closed, the writer stops once it has stored what it was sent.
+        drop(w.ops.take());
         let _ = w.done.recv();
         let e = w.error.lock().map(|e| e.clone()).unwrap_or(None);
         let _ = self.writer_error(e);
@@ -315,7 +301,7 @@ impl<'a> Sink<'a> {
         if e.is_some() || self.error.is_some() {
             return self.writer_error(e);
         }
-        if w.ops.send(op).is_err() {
+        if w.ops.as_ref().is_none_or(|ops| ops.send(op).is_err()) {
             return self.writer_error(Some("the trace's writer thread ended".into()));
         }
         self.branches += branches;
@@ -338,6 +324,20 @@ impl<'a> Sink<'a> {
         self.error.get_or_insert_with(|| e.to_string());
         Stored::Failed
     }
+}
+
+/// The timestamp `b` is stored with on a stream whose newest is `last`, `left` records still to
+/// share that reading: no older than `last`, or `last` itself while records share it.
+#[inline(always)]
+fn stamp_with(last: &mut u64, left: &mut u32, share_clock: u32, b: &mut Branch) {
+    if *left > 0 {
+        *left -= 1;
+        b.ts = *last;
+    } else {
+        b.ts = b.ts.max(*last);
+        *left = share_clock - 1;
+    }
+    *last = b.ts;
 }
 
 /// The writer thread: store each op in order until the recording loop's end is closed; write
