@@ -92,6 +92,20 @@ fn start_xl_kill(target: &std::path::Path, rounds: &str) -> XlKill {
     XlKill { child, pid, stdin, out }
 }
 
+impl XlKill {
+    /// End of its input: the reader returns, the busy threads stop sleeping and finish; it must
+    /// exit 0 with `want`, its untraced output.
+    fn ends_with(self, what: &str, want: &[&str]) {
+        let XlKill { mut child, stdin, mut out, .. } = self;
+        drop(stdin);
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).expect("read xl_kill's output");
+        let status = wait_with_guard(&mut child.0, "xl_kill");
+        assert!(status.success(), "{what}: xl_kill ended with {status}; output:\n{rest}");
+        assert_eq!(rest.lines().collect::<Vec<_>>(), want, "{what}: xl_kill's output");
+    }
+}
+
 /// A small xorshift generator: the moments of the kills, reproducible from the seed printed.
 struct Moments(u64);
 
@@ -128,7 +142,8 @@ fn kill_9_of_an_attached_translating_itrace_never_harms_the_program() {
         let since = if after_takeover { "a thread entered the cache" } else { "the recorder started" };
         let what = format!("run {round} ({kill:?} killed {delay_ms} ms after {since}; ITRACE_KILL_SEED={seed})");
 
-        let XlKill { mut child, pid, stdin, mut out } = start_xl_kill(&target, ROUNDS);
+        let xl = start_xl_kill(&target, ROUNDS);
+        let pid = xl.pid;
 
         let trace = dir.join(format!("t{round}.itr"));
         let mut rec = Command::new(itrace_bin())
@@ -173,13 +188,7 @@ fn kill_9_of_an_attached_translating_itrace_never_harms_the_program() {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        // The reader returns at the end of its input; the busy threads stop sleeping and finish.
-        drop(stdin);
-        let mut rest = String::new();
-        out.read_to_string(&mut rest).expect("read xl_kill's output");
-        let status = wait_with_guard(&mut child.0, "xl_kill");
-        assert!(status.success(), "{what}: xl_kill ended with {status}; output:\n{rest}");
-        assert_eq!(rest.lines().collect::<Vec<_>>(), want, "{what}: xl_kill's output");
+        xl.ends_with(&what, &want);
         let _ = std::fs::remove_file(&trace);
     }
 }
@@ -203,7 +212,8 @@ fn an_attach_after_a_kill_maps_a_new_code_cache_and_leaves_the_old_one_alone() {
     assert!(reference.success(), "xl_kill untraced failed: {}", reference.stderr);
     let want: Vec<&str> = reference.stdout.lines().skip(1).collect();
 
-    let XlKill { mut child, pid, stdin, mut out } = start_xl_kill(&target, LONG_ROUNDS);
+    let xl = start_xl_kill(&target, LONG_ROUNDS);
+    let pid = xl.pid;
 
     let clean_attach = |name: &str, duration: &str| -> CacheMappings {
         let rec = run(Command::new(itrace_bin())
@@ -268,10 +278,5 @@ fn an_attach_after_a_kill_maps_a_new_code_cache_and_leaves_the_old_one_alone() {
     let fourth_left = clean_attach("fourth", "0.5");
     assert_eq!(fourth_left, third_left, "an attach after a clean detach mapped more code cache");
 
-    drop(stdin);
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).expect("read xl_kill's output");
-    let status = wait_with_guard(&mut child.0, "xl_kill");
-    assert!(status.success(), "xl_kill ended with {status}; output:\n{rest}");
-    assert_eq!(rest.lines().collect::<Vec<_>>(), want, "xl_kill's output");
+    xl.ends_with("after four attaches", &want);
 }
