@@ -1,6 +1,6 @@
 /* attach_mix.c - a self-checking target for repeated attach/detach (tests/tests/attach_stress.rs).
  *
- *   attach_mix MODE      MODE: busy | churn | signals | blocked
+ *   attach_mix MODE      MODE: busy | churn | signals [TIMER_US] | blocked
  *
  * Prints "attach_mix: started pid=N", then works until its standard input reaches end of
  * file, then prints "attach_mix: MODE items=N errors=E [extra]" and exits with status 0 when
@@ -12,8 +12,9 @@
  *            recursion, floating point); the main thread sleeps in read(0).
  *   churn    a thread starts and joins short-lived threads that compute items (then sleep 30 ms),
  *            over and over.
- *   signals  busy, plus a 2 ms interval timer (SIGALRM) whose handler computes an item, and a
- *            SIGUSR1 handler that counts; prints "usr1=N" (signals sent from outside).
+ *   signals  busy, plus an interval timer (SIGALRM; every TIMER_US microseconds, 2000 by
+ *            default) whose handler computes an item, and a SIGUSR1 handler that counts; prints
+ *            "usr1=N" (signals sent from outside).
  *   blocked  threads blocked in system calls: nanosleep, a futex (condition variable with a
  *            timeout), read and epoll_wait on a pipe a writer feeds in sequence; a system call
  *            failing with EINTR (no handler is installed, so it never may) is an error.
@@ -273,7 +274,12 @@ int main(int argc, char **argv)
             sigaction(SIGALRM, &sa, NULL);
             sa.sa_handler = on_usr1;
             sigaction(SIGUSR1, &sa, NULL);
-            struct itimerval it = { { 0, 2000 }, { 0, 2000 } };
+            long us = argc > 2 ? atol(argv[2]) : 2000;
+            if (us < 1 || us > 999999) {
+                fprintf(stderr, "attach_mix: timer interval %s not in 1..999999 us\n", argv[2]);
+                return 2;
+            }
+            struct itimerval it = { { 0, us }, { 0, us } };
             setitimer(ITIMER_REAL, &it, NULL);
         }
         for (uintptr_t i = 0; i < 3; i++)

@@ -356,6 +356,22 @@ pub fn state_and_tracer(pid: u32) -> Option<(char, u32)> {
     Some((state, tracer))
 }
 
+/// The threads of process `pid`, each running or asleep (not stopped, not dead) and untraced:
+/// how a detach must leave a program. Threads that exit meanwhile are left out.
+pub fn live_untraced_threads(pid: u32) -> Result<Vec<u32>, String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| format!("process gone: {e}"))?;
+    let mut live = Vec::new();
+    for t in tasks.flatten() {
+        let tid: u32 = t.file_name().to_string_lossy().parse().unwrap_or(0);
+        match state_and_tracer(tid) {
+            Some((s, 0)) if s == 'R' || s == 'S' || s == 'D' => live.push(tid),
+            None => continue, // exited meanwhile
+            other => return Err(format!("thread {tid}: (state, tracer) {other:?}")),
+        }
+    }
+    Ok(live)
+}
+
 /// Write an executable script at `path`. The file is written by `install` (a child process),
 /// never opened for writing here: a test binary runs its tests on threads, and another test's
 /// fork between our open and close would hold a writer of the file until its exec, so that

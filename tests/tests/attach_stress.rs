@@ -9,7 +9,9 @@
 //!
 //! The seed of the random timings is printed; `ITRACE_STRESS_SEED=N` repeats a run.
 
-use itrace_tests::{itrace_bin, program, report_json, run, state_and_tracer, test_dir, wait_with_guard, KillOnDrop};
+use itrace_tests::{
+    itrace_bin, live_untraced_threads, program, report_json, run, test_dir, wait_with_guard, KillOnDrop,
+};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -58,14 +60,7 @@ fn kept_state(pid: u32, tid: u32) -> Option<Vec<String>> {
 /// Every thread of `pid` untraced and running or asleep (not stopped, not dead), with the
 /// masks and CPUs of `before` (the main thread's; the program's threads all have its CPUs).
 fn all_threads_free(pid: u32, before: &[String]) -> Result<(), String> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| format!("process gone: {e}"))?;
-    for t in tasks.flatten() {
-        let tid: u32 = t.file_name().to_string_lossy().parse().unwrap_or(0);
-        match state_and_tracer(tid) {
-            Some((s, 0)) if s == 'R' || s == 'S' || s == 'D' => {}
-            None => continue, // exited meanwhile (the churn program's threads)
-            other => return Err(format!("thread {tid}: (state, tracer) {other:?}")),
-        }
+    for tid in live_untraced_threads(pid)? {
         let want: Vec<String> = if tid == pid {
             before.to_vec()
         } else {

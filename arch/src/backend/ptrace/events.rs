@@ -7,6 +7,7 @@ use crate::Arch;
 use itrace_decoders::Flow;
 use itrace_format::{branch_flags, now_ns, Branch, BranchKind, Mte, Record, StopReason, TraceOn, TraceOnReason};
 use nix::sys::ptrace;
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 impl Session<'_> {
@@ -285,6 +286,21 @@ impl Session<'_> {
         self.resume(tid, 0);
     }
 
+    /// A thread seized but not yet started (its interrupt stop, or its exec, still to come)
+    /// stopped for a signal of the program's: it gets it as untraced, with `PTRACE_CONT`. Resumed the way a
+    /// traced thread is (a step), it would stop again at the handler's first instruction with
+    /// a SIGTRAP of ours that, passed on in turn, kills the program (1 attach in about 150 to
+    /// a program taking a timer signal every 2 ms).
+    fn pass_on_before_start(&mut self, tid: i32, sig: i32) {
+        if self.detaching.is_some() {
+            return self.detach_thread(tid, sig);
+        }
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.stopped = false;
+        let r = ptrace::cont(Pid::from_raw(tid), Signal::try_from(sig).ok());
+        self.after_resume(tid, r);
+    }
+
     pub(super) fn root_pid(&self) -> Option<i32> {
         match self.opts.target {
             Target::Attach { pid } => Some(procfs::tgid(pid).unwrap_or(pid)),
@@ -305,6 +321,9 @@ impl Session<'_> {
             ThreadState::Running => self.running_stop(tid, sig),
             // A new child's initial stop when not seized (older kernels): start it.
             ThreadState::New if sig == libc::SIGSTOP => self.start_thread(tid),
+            // A signal before the attach's interrupt stop, or before a launched program's exec:
+            // the program's, passed on.
+            ThreadState::New | ThreadState::Launching => self.pass_on_before_start(tid, sig),
             // Not stepping yet (or finished): pass the signal on.
             _ => self.resume(tid, sig),
         }
