@@ -25,12 +25,12 @@ impl Session<'_> {
             libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                 let child = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
                 self.on_clone(tid, child, ev);
-                self.resume(tid, 0);
+                self.go_on(tid);
             }
             libc::PTRACE_EVENT_EXEC => {
                 let former = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(tid as i64) as i32;
                 self.on_exec(tid, former);
-                self.resume(tid, 0);
+                self.go_on(tid);
             }
             libc::PTRACE_EVENT_EXIT => {
                 let status = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
@@ -41,6 +41,16 @@ impl Session<'_> {
                 }
                 let _ = ptrace::cont(Pid::from_raw(tid), None);
             }
+            _ => self.go_on(tid),
+        }
+    }
+
+    /// After an event: a thread seized but not started yet (its attach's interrupt stop still
+    /// to come: the event, a clone or an exec, came first) runs on untraced until that stop,
+    /// as `pass_on_before_start` says why; the others are resumed as traced.
+    fn go_on(&mut self, tid: i32) {
+        match self.threads.get(&tid).map(|t| t.state) {
+            Some(ThreadState::New) => self.pass_on_before_start(tid, 0),
             _ => self.resume(tid, 0),
         }
     }
@@ -287,10 +297,10 @@ impl Session<'_> {
     }
 
     /// A thread seized but not yet started (its interrupt stop, or its exec, still to come)
-    /// stopped for a signal of the program's: it gets it as untraced, with `PTRACE_CONT`. Resumed the way a
-    /// traced thread is (a step), it would stop again at the handler's first instruction with
-    /// a SIGTRAP of ours that, passed on in turn, kills the program (1 attach in about 150 to
-    /// a program taking a timer signal every 2 ms).
+    /// stopped for a signal of the program's (or an event): it gets it as untraced, with
+    /// `PTRACE_CONT`. Resumed the way a traced thread is (a step), it would stop again at the
+    /// next instruction (the handler's first) with a SIGTRAP of ours that, passed on in turn,
+    /// kills the program (1 attach in about 150 to a program taking a timer signal every 2 ms).
     fn pass_on_before_start(&mut self, tid: i32, sig: i32) {
         if self.detaching.is_some() {
             return self.detach_thread(tid, sig);
