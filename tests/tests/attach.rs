@@ -199,48 +199,19 @@ fn kill_9_of_the_process_group_leaves_the_target_running() {
 #[test]
 fn attach_leaves_no_eintr_in_blocked_system_calls() {
     let dir = test_dir("attach-eintr");
-    let mut child = Command::new(program("attach_mix"))
-        .arg("blocked")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start attach_mix");
-    let stdin = child.stdin.take().expect("stdin");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut child = KillOnDrop(child);
-    let mut first = String::new();
-    out.read_line(&mut first).expect("start line");
-    let pid = child.0.id();
+    let blocked = MixBusy::start_with(&["blocked"]);
     for round in 0..6 {
         std::thread::sleep(std::time::Duration::from_millis(40));
-        record_pid(&dir.join(format!("t{round}.itr")), pid, "0.1").assert_success();
+        record_pid(&dir.join(format!("t{round}.itr")), blocked.pid, "0.1").assert_success();
     }
-    drop(stdin);
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).expect("read output");
-    let mut err = String::new();
-    let _ = std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err);
-    let status = wait_with_guard(&mut child.0, "attach_mix");
-    assert!(status.success() && rest.contains(" errors=0"), "attach_mix blocked: {status}; {rest}{err}");
+    blocked.ends_checked("after 6 attaches");
 }
 
 /// `attach_mix busy` reading /dev/zero: three busy threads and a main thread in read(2) all
 /// the time (as bench/attach_busy.c, issue 28's target), killed on drop.
 fn start_busy_reader() -> (KillOnDrop, u32) {
-    let mut child = Command::new(program("attach_mix"))
-        .arg("busy")
-        .stdin(std::fs::File::open("/dev/zero").expect("open /dev/zero"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start attach_mix");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let child = KillOnDrop(child);
-    let mut first = String::new();
-    out.read_line(&mut first).expect("start line");
-    let pid = child.0.id();
-    assert_eq!(first.trim_end(), format!("attach_mix: started pid={pid}"));
+    let zero = std::fs::File::open("/dev/zero").expect("open /dev/zero");
+    let MixBusy { child, pid, .. } = MixBusy::spawn(&["busy"], zero.into());
     (child, pid)
 }
 
@@ -408,11 +379,11 @@ fn an_attach_again_reuses_the_code_cache_a_clean_detach_left() {
     busy.ends_checked("after ten attaches");
 }
 
-/// `attach_mix` (`busy`, or `signals` with its timer's interval) with its standard input a
-/// pipe: three busy threads, the main thread in read(2) until the pipe is closed.
+/// `attach_mix` (`busy`, `blocked`, or `signals` with its timer's interval) with its standard
+/// input a pipe: its threads at work, the main thread in read(2) until the pipe is closed.
 struct MixBusy {
     child: KillOnDrop,
-    stdin: std::process::ChildStdin,
+    stdin: Option<std::process::ChildStdin>,
     out: BufReader<std::process::ChildStdout>,
     pid: u32,
     args: Vec<String>,
@@ -424,14 +395,19 @@ impl MixBusy {
     }
 
     fn start_with(args: &[&str]) -> MixBusy {
+        MixBusy::spawn(args, Stdio::piped())
+    }
+
+    /// Started with `stdin`, after its start line; no code cache in it yet.
+    fn spawn(args: &[&str], stdin: Stdio) -> MixBusy {
         let mut child = Command::new(program("attach_mix"))
             .args(args)
-            .stdin(Stdio::piped())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start attach_mix");
-        let stdin = child.stdin.take().expect("stdin");
+        let stdin = child.stdin.take();
         let mut out = BufReader::new(child.stdout.take().expect("stdout"));
         let child = KillOnDrop(child);
         let mut first = String::new();
