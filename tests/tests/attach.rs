@@ -94,6 +94,23 @@ fn finishes_undisturbed(mut child: KillOnDrop, mut out: BufReader<std::process::
     assert_eq!(rest.lines().find(|l| l.starts_with("spinner: result=")), Some(want), "spinner output:\n{rest}");
 }
 
+/// A program that ends while attached (the spinner, 30 rounds of 10 ms): the trace ends with
+/// it, and itrace says nothing of a code cache kept in it (it said "keeps the code cache
+/// mapped, idle: 0 MiB" of the zombie).
+#[test]
+fn a_program_that_ends_while_attached_keeps_no_cache() {
+    let (child, out, want) = start_spinner("30", "10000");
+    let dir = test_dir("attach-program-ends");
+    let trace = dir.join("t.itr");
+    let rec = run(Command::new(itrace_bin())
+        .args(["record", "--backend", "translate", "-p", &child.0.id().to_string(), "-o"])
+        .arg(&trace));
+    rec.assert_success();
+    assert!(rec.stderr.contains("the program ended"), "itrace did not end with the program: {}", rec.stderr);
+    assert!(!rec.stderr.contains("keeps the code cache"), "a cache kept in a program that ended: {}", rec.stderr);
+    finishes_undisturbed(child, out, &want);
+}
+
 /// SIGTERM to itrace while it steps: it detaches, writes a whole trace and exits 0.
 #[test]
 fn sigterm_detaches() {

@@ -1286,7 +1286,8 @@ impl Session<'_> {
             let ours = |start: u64| {
                 c.regions.iter().any(|r| r.base == start) || c.states.contains(&start) || c.idle_states.contains(&start)
             };
-            let Some((size_kb, rss_kb)) = mapped_kb(*pid, ours) else { continue };
+            // Nothing mapped: the process is gone (a zombie's smaps is empty) or unmapped it all.
+            let Some((size_kb, rss_kb)) = mapped_kb(*pid, ours).filter(|&(size, _)| size > 0) else { continue };
             let n = |k: usize, what: &str| format!("{k} {what}{}", if k == 1 { "" } else { "s" });
             let reused = match c.reused {
                 Some((r, s)) => {
