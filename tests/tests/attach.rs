@@ -20,6 +20,7 @@ fn attach_to_spinner() {
     let trace = dir.join("t.itr");
     record_pid(&trace, pid, "1").assert_success();
     // the spinner finishes normally with the right result
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
 
     let report = report_json(&trace);
@@ -55,6 +56,7 @@ fn attach_block_stepping() {
         rec.stderr.trim()
     );
     rec.assert_success();
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
     let report = report_json(&trace);
     let own = report_self_counts(&report, &spinner);
@@ -83,6 +85,14 @@ fn start_spinner(rounds: &str, sleep_us: &str) -> (KillOnDrop, BufReader<std::pr
     out.read_line(&mut first).expect("read start line");
     assert_eq!(first.trim_end(), format!("spinner: started pid={pid}"));
     (child, out, want)
+}
+
+/// Tells the spinner, which itrace has let go, to run its rounds left without waiting out
+/// their sleeps (SIGUSR2: see tests/programs/spinner.c; each round still runs, nanosleep
+/// included): the test need not wait seconds of sleeps it does not look at.
+fn hurry(child: &KillOnDrop) {
+    // SAFETY: kill(2) of our child, which KillOnDrop keeps from being reaped.
+    assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGUSR2) }, 0, "SIGUSR2 to the spinner");
 }
 
 /// The spinner runs to its end with the right result after itrace let it go.
@@ -124,6 +134,7 @@ fn sigterm_detaches() {
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
     let status = wait_with_guard(&mut rec, "itrace");
     assert!(status.success(), "itrace exited with {status} after SIGTERM");
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
     let report = report_json(&trace);
     assert!(report["total_instructions"].as_u64().unwrap_or(0) > 0, "no instructions: {report}");
@@ -188,6 +199,7 @@ fn kill_9_of_the_process_group_leaves_the_target_running() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
 }
 
