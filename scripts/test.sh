@@ -16,6 +16,7 @@ step() {
 }
 step_summary() {
     local rc=$? now i end
+    cross_build_stop
     now=$(date +%s)
     echo
     echo "=== test.sh: time per step (exit $rc after $((now - test_sh_start)) s)"
@@ -25,6 +26,52 @@ step_summary() {
     done
 }
 trap step_summary EXIT
+# a signal ends the script through its EXIT trap too (the background build below is ended there)
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# The static PowerPC64 and s390x itrace the guest tests need (scripts/cross-build.sh: release
+# builds of the crate graph for two more targets, some 400 s of both CPUs, the longest part of
+# those tests) are built in the background from the fuzz smoke test on, at nice 19, into
+# target/cross-build-background.log. What runs then (the fuzz build and runs, the kmod guest's
+# build and boot) has no timed check and runs at nice 0: on a CPU both want, a nice 19 process
+# gets 15/1039 of it (the scheduler's weights), so it takes the CPU they leave idle (a cargo
+# build's serial stretches, downloads, the guest's idle vCPU) and barely slows them. No test of
+# the fidelity runs shares the CPU with it. It locks target/release and
+# target/TRIPLE/release, which nothing else uses meanwhile (the kmod guest builds debug). The
+# ppc64le step waits for it; if it failed, the guest scripts' own cross-build.sh calls build
+# again and say why. ITRACE_CROSS_BACKGROUND=0: no background build (the guest scripts build
+# their itrace themselves, as before).
+cross_build_pid=
+cross_build_log=target/cross-build-background.log
+cross_build_start() {
+    [ "${ITRACE_CROSS_BACKGROUND:-1}" != 0 ] || return 0
+    mkdir -p target
+    # its own session (setsid does not fork here: a background job is no group leader), so that
+    # cross_build_stop ends cargo and the compilers with it
+    setsid nice -n 19 scripts/cross-build.sh >"$cross_build_log" 2>&1 </dev/null &
+    cross_build_pid=$!
+    echo "=== test.sh: building the ppc64le and s390x itrace in the background (pid $cross_build_pid, nice 19, log $cross_build_log)"
+}
+cross_build_wait() {
+    [ -n "$cross_build_pid" ] || return 0
+    local t0 rc=0
+    t0=$(date +%s)
+    wait "$cross_build_pid" || rc=$?
+    cross_build_pid=
+    if [ "$rc" -eq 0 ]; then
+        echo "=== test.sh: the background cross build is done (waited $(($(date +%s) - t0)) s)"
+    else
+        echo "=== test.sh: the background cross build failed (exit $rc); the guest scripts build again. Its log's end:"
+        tail -n 20 "$cross_build_log" || true
+    fi
+}
+cross_build_stop() {
+    [ -n "$cross_build_pid" ] || return 0
+    kill -- "-$cross_build_pid" 2>/dev/null || true
+    wait "$cross_build_pid" 2>/dev/null || true
+    cross_build_pid=
+}
 
 step "scripts/install-test-deps.sh"
 scripts/install-test-deps.sh
@@ -96,7 +143,8 @@ ITRACE_BACKEND=ptrace cargo test --workspace --no-fail-fast \
     "${same_in_every_run[@]}" --skip ptrace_backend:: --skip ptrace_single_stepping_ \
     --skip qemu_backend_ --skip in_process_backend_ --skip gdb_stub_backend_
 
-step "scripts/fuzz-smoke.sh (fuzz/: each libFuzzer target 15 s on its corpus)"; scripts/fuzz-smoke.sh
+cross_build_start
+step "scripts/fuzz-smoke.sh (fuzz/: each libFuzzer target 15 s on its corpus, two at a time)"; scripts/fuzz-smoke.sh
 # On CI the fuzz build (about 1 GB) is not needed again: its disk goes to the guest tests.
 if [ -n "${CI:-}" ]; then rm -rf fuzz/target; fi
 
@@ -107,6 +155,7 @@ kmod-shim/test-in-guest.sh
 # The native PowerPC64 and s390x recorders, each in a booted guest (QEMU TCG; the scripts build
 # the static itrace of their architecture).
 step "ppc64le-guest/test-in-guest.sh"
+cross_build_wait
 ppc64le-guest/test-in-guest.sh
 step "s390x-guest/test-in-guest.sh"
 s390x-guest/test-in-guest.sh
