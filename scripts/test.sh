@@ -110,7 +110,8 @@ cargo test --workspace --no-fail-fast
 # costing time, never coverage.
 same_in_every_run=(
     --skip attach_block_stepping --skip attaches_with_a_duration_end
-    --skip the_translating_recorder_is_not_pinned
+    --skip the_translating_recorder_is_not_pinned --skip an_attach_again_reuses_the_code_cache
+    --skip an_attach_leaves_alone_a_region_the_program_replaced
     --skip inproc_backend:: --skip inproc_modes_with_small_buffers
     --skip attach_to_a_program_with_regions_translated
     --skip count_loop_block_step --skip branches_block_step --skip long_loop_block_step
@@ -133,7 +134,8 @@ ITRACE_STEP=instruction cargo test --workspace --no-fail-fast \
 # working) must record the same traces: the fidelity tests a third time with it, against the
 # same oracles. (A test that passes --backend or --step keeps its own.) Skipped besides: the
 # tests that pin `--backend ptrace` with the default step (region's ptrace_backend::, whose
-# default is this run's block stepping) or `--step instruction`, and inherit's that pin
+# default is this run's block stepping; attach's a_signal_before_the_attach_stop_is_the_programs,
+# which attaches with `--backend translate` and `--backend ptrace`) or `--step instruction`, and inherit's that pin
 # qemu, the gdb stub or the in-process recorder. tests/tests/program_traps.rs is not here: it
 # runs `--step auto`, `block` and `instruction` each time, and this run's auto is block.
 step "fidelity tests with ITRACE_BACKEND=ptrace (block stepping)"
@@ -141,6 +143,7 @@ ITRACE_BACKEND=ptrace cargo test --workspace --no-fail-fast \
     --test exact_counts --test libc_counts --test examples --test crash --test jit \
     --test modes --test region --test attach --test symbols_lines --test inherit -- \
     "${same_in_every_run[@]}" --skip ptrace_backend:: --skip ptrace_single_stepping_ \
+    --skip a_signal_before_the_attach_stop_is_the_programs \
     --skip qemu_backend_ --skip in_process_backend_ --skip gdb_stub_backend_
 
 cross_build_start

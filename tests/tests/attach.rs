@@ -383,8 +383,10 @@ fn the_translating_recorder_is_not_pinned() {
 /// translating recorder; after each detach its code cache regions (anonymous `r-xp` mappings
 /// of 8 MB) and thread-state blocks (anonymous `rw-p` from 64 GB up), counted in
 /// /proc/PID/maps, are those the first attach left. Before the fix each attach mapped new ones
-/// (two regions more per attach here: 20 regions, 160 MB, after ten). Each attach records the
-/// busy threads' work, and the program ends with its own check passed.
+/// (two regions more per attach here: 20 regions, 160 MB, after ten). The attaches that reuse
+/// the cache record the busy threads' work (read back in rounds 1, 5 and 9: a report of the
+/// first attach's 65 M records took 10 of the test's 33 s, and each other one 2 s), and the
+/// program ends with its own check passed.
 #[test]
 fn an_attach_again_reuses_the_code_cache_a_clean_detach_left() {
     let mix = program("attach_mix");
@@ -407,7 +409,11 @@ fn an_attach_again_reuses_the_code_cache_a_clean_detach_left() {
             left,
             "round {round}: the code cache mapped in the process changed (regions at their start addresses, state block bytes) since the first detach\n{said}"
         );
-        // Each attach records the busy threads' work, in the process's threads only.
+        // An attach that reused the cache records the busy threads' work, in the process's
+        // threads only (every fourth: the same check on the same program each time).
+        if round % 4 != 1 {
+            continue;
+        }
         let report = report_json(&trace);
         let own = report_self_counts(&report, &mix);
         assert!(own.get("worker").copied().unwrap_or(0) > 0, "round {round}: no instruction of worker: {own:?}");
