@@ -18,6 +18,11 @@ command -v c++ >/dev/null 2>&1 \
     || fail "no C++ compiler (c++): libfuzzer-sys builds libFuzzer with it; install g++ (scripts/install-test-deps.sh does)"
 
 secs=${FUZZ_SMOKE_SECS:-15}
+# The targets run FUZZ_SMOKE_JOBS at a time (default: the CPU count, at most 2): each libFuzzer
+# run is one process on one CPU for its SECS seconds, so two side by side each get what one
+# alone gets (the 2-core CI machines had one CPU idle for 4 x 15 s). Results in target order.
+jobs=${FUZZ_SMOKE_JOBS:-$(($(nproc) < 2 ? 1 : 2))}
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || fail "FUZZ_SMOKE_JOBS=$jobs: expected a number of runs at once, 1 or more"
 start=$(date +%s)
 log "building the targets (fuzz/fuzz.sh build)"
 fuzz/fuzz.sh build || fail "the fuzz targets do not build (fuzz/fuzz.sh build)"
@@ -52,10 +57,6 @@ smoke_one() {
     echo "$t: ${runs:-?} inputs in ${secs} s from $(find "$corpus" -type f | wc -l) corpus files and $fixed inputs of fixed findings, no crash"
 }
 
-# The targets run FUZZ_SMOKE_JOBS at a time (default: the CPU count, at most 2): each libFuzzer
-# run is one process on one CPU for its SECS seconds, so two side by side each get what one
-# alone gets (the 2-core CI machines had one CPU idle for 4 x 15 s). Results in target order.
-jobs=${FUZZ_SMOKE_JOBS:-$(($(nproc) < 2 ? 1 : 2))}
 mapfile -t targets < <(fuzz/fuzz.sh targets)
 failed=0
 for ((i = 0; i < ${#targets[@]}; i += jobs)); do
