@@ -186,64 +186,72 @@ fn which(tool: &str) -> bool {
 /// with room (timestamps and thread ids aside). The program runs on to its end, untraced: its
 /// output is the reference run's (the gdb backend, whose write failed while the stub ran the
 /// program, hung and left it a breakpoint to die of).
+///
+/// One test per backend (they ran one after the other in one test, the longest of this file:
+/// apart, the test threads share them out). Rounds: calls_loop's trace is about 17 bytes a
+/// round under qemu, 14 under ptrace, which takes 0.6 ms a round (the reference run is the long
+/// part of each). The gdb backend (qemu-user's stub) records 1,000 branches a second in 5 bytes
+/// each: a smaller program and 48 KiB free.
 #[test]
-fn nearly_full_disk_keeps_what_fits() {
+fn nearly_full_disk_keeps_what_fits_ptrace() {
+    nearly_full_disk_keeps_what_fits("ptrace", &["--backend", "ptrace"], "20000", 144);
+}
+
+/// [`nearly_full_disk_keeps_what_fits_ptrace`] under qemu with itrace's plugin.
+#[test]
+fn nearly_full_disk_keeps_what_fits_qemu() {
+    require_tool("qemu-x86_64");
+    nearly_full_disk_keeps_what_fits("qemu", &["--backend", "qemu"], "30000", 144);
+}
+
+/// [`nearly_full_disk_keeps_what_fits_ptrace`] through qemu-user's GDB stub.
+#[test]
+fn nearly_full_disk_keeps_what_fits_gdb() {
+    require_tool("qemu-x86_64");
+    nearly_full_disk_keeps_what_fits("gdb", &["--qemu", "x86_64"], "1000", 48);
+}
+
+fn nearly_full_disk_keeps_what_fits(backend: &str, options: &[&str], rounds: &str, free_kib: usize) {
     let prog = program("calls_loop");
-    let dir = test_dir("loss_bound-nearly-full-disk");
-    // Rounds: calls_loop's trace is about 17 bytes a round under qemu, 14 under ptrace, which
-    // takes 0.6 ms a round (the reference run is the long part of this test).
-    // The gdb backend (qemu-user's stub) records 1,000 branches a second in 5 bytes each: a
-    // smaller program and 48 KiB free.
-    let mut backends = vec![("ptrace", &["--backend", "ptrace"][..], "20000", 144)];
-    if which("qemu-x86_64") {
-        backends.push(("qemu", &["--backend", "qemu"], "30000", 144));
-        backends.push(("gdb", &["--qemu", "x86_64"], "1000", 48));
+    let dir = test_dir(&format!("loss_bound-nearly-full-disk-{backend}"));
+    let reference = dir.join(format!("{backend}-reference.itr"));
+    let untroubled = record(&reference, options, &prog, &[rounds]);
+    untroubled.assert_success();
+    let want = cpu_records(&reference);
+    let disk = SmallDisk::new(&dir, 1024);
+    std::fs::write(disk.0.join("filler"), vec![0u8; (1024 - free_kib) * 1024]).expect("fill the disk");
+    let free = free_bytes(&disk.0);
+    let trace = disk.0.join("t.itr");
+    let out = record(&trace, options, &prog, &[rounds]);
+    let line = out.assert_clean_error();
+    eprintln!("{backend}: {free} bytes free: {line}");
+    assert!(line.contains("the file system is full"), "{backend}: {line}");
+    assert_eq!(out.stdout, untroubled.stdout, "{backend}: the program's own output: {line}");
+    let kept = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
+    let reference_len = std::fs::metadata(&reference).expect("reference").len();
+    assert!(reference_len > 2 * free, "{backend}: the reference trace ({reference_len} bytes) must not fit");
+    // What fits, to within a few records and the page the last chunk did not fit in.
+    assert!(
+        kept + 4 * 1024 >= free,
+        "{backend}: {kept} bytes kept of {free} free on the disk (the chunk that did not fit was dropped \
+         whole?): {line}"
+    );
+    let copy = dir.join(format!("{backend}-kept.itr"));
+    std::fs::copy(&trace, &copy).expect("copy the kept trace");
+    drop(disk);
+    let info = itrace([OsStr::new("info"), copy.as_os_str()]);
+    info.assert_success();
+    for bad in ["truncat", "corrupt", "damage", "checksum"] {
+        assert!(!info.stdout.contains(bad) && !info.stderr.contains(bad), "{backend}: {}{}", info.stdout, info.stderr);
     }
-    for (backend, options, rounds, free_kib) in backends {
-        let reference = dir.join(format!("{backend}-reference.itr"));
-        let untroubled = record(&reference, options, &prog, &[rounds]);
-        untroubled.assert_success();
-        let want = cpu_records(&reference);
-        let disk = SmallDisk::new(&dir, 1024);
-        std::fs::write(disk.0.join("filler"), vec![0u8; (1024 - free_kib) * 1024]).expect("fill the disk");
-        let free = free_bytes(&disk.0);
-        let trace = disk.0.join("t.itr");
-        let out = record(&trace, options, &prog, &[rounds]);
-        let line = out.assert_clean_error();
-        eprintln!("{backend}: {free} bytes free: {line}");
-        assert!(line.contains("the file system is full"), "{backend}: {line}");
-        assert_eq!(out.stdout, untroubled.stdout, "{backend}: the program's own output: {line}");
-        let kept = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
-        let reference_len = std::fs::metadata(&reference).expect("reference").len();
-        assert!(reference_len > 2 * free, "{backend}: the reference trace ({reference_len} bytes) must not fit");
-        // What fits, to within a few records and the page the last chunk did not fit in.
-        assert!(
-            kept + 4 * 1024 >= free,
-            "{backend}: {kept} bytes kept of {free} free on the disk (the chunk that did not fit was dropped \
-             whole?): {line}"
-        );
-        let copy = dir.join(format!("{backend}-kept.itr"));
-        std::fs::copy(&trace, &copy).expect("copy the kept trace");
-        drop(disk);
-        let info = itrace([OsStr::new("info"), copy.as_os_str()]);
-        info.assert_success();
-        for bad in ["truncat", "corrupt", "damage", "checksum"] {
-            assert!(
-                !info.stdout.contains(bad) && !info.stderr.contains(bad),
-                "{backend}: {}{}",
-                info.stdout,
-                info.stderr
-            );
-        }
-        let report = report_json(&copy);
-        let (_, instructions, branches, _) = reached(&line);
-        assert_eq!(report["total_instructions"].as_u64(), Some(instructions), "{backend}: {line}");
-        assert_eq!(report["total_branches"].as_u64(), Some(branches), "{backend}: {line}");
-        let got = cpu_records(&copy);
-        assert!(got.len() as u64 > branches / 2 && got.len() < want.len(), "{backend}: {} records kept", got.len());
-        if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
-            panic!("{backend}: kept record {i} is `{}`; the reference run's is `{}`", got[i], want[i]);
-        }
+    let report = report_json(&copy);
+    let (_, instructions, branches, _) = reached(&line);
+    assert_eq!(report["total_instructions"].as_u64(), Some(instructions), "{backend}: {line}");
+    assert_eq!(report["total_branches"].as_u64(), Some(branches), "{backend}: {line}");
+    let got = cpu_records(&copy);
+    assert!(got.len() as u64 > branches / 2 && got.len() < want.len(), "{backend}: {} records kept", got.len());
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!("{backend}: kept record {i} is `{}`; the reference run's is `{}`", got[i], want[i]);
     }
 }
 
