@@ -20,6 +20,7 @@ fn attach_to_spinner() {
     let trace = dir.join("t.itr");
     record_pid(&trace, pid, "1").assert_success();
     // the spinner finishes normally with the right result
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
 
     let report = report_json(&trace);
@@ -55,6 +56,7 @@ fn attach_block_stepping() {
         rec.stderr.trim()
     );
     rec.assert_success();
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
     let report = report_json(&trace);
     let own = report_self_counts(&report, &spinner);
@@ -83,6 +85,14 @@ fn start_spinner(rounds: &str, sleep_us: &str) -> (KillOnDrop, BufReader<std::pr
     out.read_line(&mut first).expect("read start line");
     assert_eq!(first.trim_end(), format!("spinner: started pid={pid}"));
     (child, out, want)
+}
+
+/// Tells the spinner, which itrace has let go, to run its rounds left without waiting out
+/// their sleeps (SIGUSR2: see tests/programs/spinner.c; each round still runs, nanosleep
+/// included): the test need not wait seconds of sleeps it does not look at.
+fn hurry(child: &KillOnDrop) {
+    // SAFETY: kill(2) of our child, which KillOnDrop keeps from being reaped.
+    assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGUSR2) }, 0, "SIGUSR2 to the spinner");
 }
 
 /// The spinner runs to its end with the right result after itrace let it go.
@@ -141,6 +151,7 @@ fn sigterm_detaches() {
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
     let status = wait_with_guard(&mut rec, "itrace");
     assert!(status.success(), "itrace exited with {status} after SIGTERM");
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
     let report = report_json(&trace);
     assert!(report["total_instructions"].as_u64().unwrap_or(0) > 0, "no instructions: {report}");
@@ -205,6 +216,7 @@ fn kill_9_of_the_process_group_leaves_the_target_running() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
+    hurry(&child);
     finishes_undisturbed(child, out, &want);
 }
 
@@ -359,8 +371,10 @@ fn the_translating_recorder_is_not_pinned() {
 /// translating recorder; after each detach its code cache regions (anonymous `r-xp` mappings
 /// of 8 MB) and thread-state blocks (anonymous `rw-p` from 64 GB up), counted in
 /// /proc/PID/maps, are those the first attach left. Before the fix each attach mapped new ones
-/// (two regions more per attach here: 20 regions, 160 MB, after ten). Each attach records the
-/// busy threads' work, and the program ends with its own check passed.
+/// (two regions more per attach here: 20 regions, 160 MB, after ten). The attaches that reuse
+/// the cache record the busy threads' work (read back in rounds 1, 5 and 9: a report of the
+/// first attach's 65 M records took 10 of the test's 33 s, and each other one 2 s), and the
+/// program ends with its own check passed.
 #[test]
 fn an_attach_again_reuses_the_code_cache_a_clean_detach_left() {
     let mix = program("attach_mix");
@@ -383,7 +397,11 @@ fn an_attach_again_reuses_the_code_cache_a_clean_detach_left() {
             left,
             "round {round}: the code cache mapped in the process changed (regions at their start addresses, state block bytes) since the first detach\n{said}"
         );
-        // Each attach records the busy threads' work, in the process's threads only.
+        // An attach that reused the cache records the busy threads' work, in the process's
+        // threads only (every fourth: the same check on the same program each time).
+        if round % 4 != 1 {
+            continue;
+        }
         let report = report_json(&trace);
         let own = report_self_counts(&report, &mix);
         assert!(own.get("worker").copied().unwrap_or(0) > 0, "round {round}: no instruction of worker: {own:?}");

@@ -84,7 +84,19 @@ fn split(out: &str) -> (Vec<&str>, Vec<&str>) {
 /// signal lines as `signals_truth`, environment lines as the native run's. `added` is the
 /// variable the backend adds (documented), expected as the last one.
 fn same_as_untraced(name: &str, setup: Setup, options: &[&str], signals_truth: Option<&str>, added: Option<&str>) {
-    let prog = program("inherit");
+    same_program_as_untraced("inherit", name, setup, options, signals_truth, added);
+}
+
+/// [`same_as_untraced`] of the test program `program_name` (inherit, or inherit_static).
+fn same_program_as_untraced(
+    program_name: &str,
+    name: &str,
+    setup: Setup,
+    options: &[&str],
+    signals_truth: Option<&str>,
+    added: Option<&str>,
+) {
+    let prog = program(program_name);
     let native = output(setup, &[prog.as_os_str()]);
     let dir = test_dir(&format!("inherit-{name}"));
     let trace = dir.join("t.itr");
@@ -117,8 +129,13 @@ fn same_as_untraced(name: &str, setup: Setup, options: &[&str], signals_truth: O
 
 /// Plain qemu-user's output for the program under `setup`: qemu's own signal numbering.
 fn under_qemu(setup: Setup) -> String {
+    under_qemu_of("inherit", setup)
+}
+
+/// [`under_qemu`] of the test program `program_name`.
+fn under_qemu_of(program_name: &str, setup: Setup) -> String {
     let qemu = require_tool("qemu-x86_64");
-    output(setup, &[qemu.as_os_str(), program("inherit").as_os_str()]).stdout
+    output(setup, &[qemu.as_os_str(), program(program_name).as_os_str()]).stdout
 }
 
 #[test]
@@ -160,14 +177,16 @@ fn in_process_backend_gives_defaults_where_the_shell_had_them() {
 }
 
 /// `--qemu ARCH` (qemu's GDB stub): the program's environment is only what `--env` gives, in
-/// the order given (here: the same variables as the untraced run's, so the same lines).
+/// the order given (here: the same variables as the untraced run's, so the same lines). The
+/// program is inherit_static (the same source, linked statically, no libitrace): the stub steps
+/// every instruction from the first, and the dynamic one's loader made each test 20 s long.
 fn gdb_stub_backend(name: &str, setup: Setup) {
-    let truth = under_qemu(setup);
+    let truth = under_qemu_of("inherit_static", setup);
     let mut options = vec!["--qemu", "x86_64"];
     for kv in VARS {
         options.extend(["--env", kv]);
     }
-    same_as_untraced(name, setup, &options, Some(&truth), None);
+    same_program_as_untraced("inherit_static", name, setup, &options, Some(&truth), None);
 }
 
 #[test]
