@@ -245,10 +245,10 @@ fn record_into<'a>(opts: &'a RecordOptions<'a>, sink: Sink<'a>) -> Result<Record
         Target::Launch { program, args, aslr, env } => {
             s.launch(program, args, *aslr, env)?;
             // (after the fork: the program would inherit what the tracer sets for itself)
-            opts.step.tracer_settings();
+            opts.step.tracer_settings(s.sink.writer_tid());
         }
         Target::Attach { pid } => {
-            opts.step.tracer_settings();
+            opts.step.tracer_settings(s.sink.writer_tid());
             s.attach(*pid)?;
         }
     }

@@ -76,10 +76,11 @@ pub(super) struct StepOptions {
 
 impl StepOptions {
     /// The tracer's own settings for the session, once the program it launches is forked (it
-    /// would inherit them: its nice value), or before it attaches.
-    pub(super) fn tracer_settings(&self) {
+    /// would inherit them: its nice value), or before it attaches; `writer` is the buffers'
+    /// writer thread, if they have one.
+    pub(super) fn tracer_settings(&self, writer: Option<i32>) {
         if self.translate {
-            translate::raise_tracer_priority();
+            translate::raise_tracer_priority(writer);
         }
     }
 
