@@ -416,6 +416,9 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        if self.threads[&tid].arch.xl.detach_step {
+            return self.detach_step_stop(tid, sig);
+        }
         if sig == libc::SIGTRAP && self.stale_native_run_hit(tid) {
             // The breakpoint at the end of an rseq section's native run, hit as a stop of ours
             // (a group stop, our interrupt) ended the run: already counted there.
@@ -524,6 +527,10 @@ impl PtraceArch for Session<'_> {
     }
 
     fn at_interrupt(&mut self, _tid: i32) {}
+
+    fn ready_to_let_go(&mut self, tid: i32, sig: i32) -> Option<i32> {
+        self.cache_ready_to_let_go(tid, sig)
+    }
 
     fn at_exec(&mut self, tid: i32) {
         self.forget_trap_mask(tid);
