@@ -558,18 +558,18 @@ fn an_attach_leaves_alone_a_region_the_program_replaced() {
     busy.ends_checked("after three attaches and gdb's mmap");
 }
 
-/// A detach brings every thread out of the code cache with the registers the program keeps:
-/// a thread at a trap leaves where the trap's way out would take it (a full ring's puts back
-/// the rcx, and an indirect exit's rdx, that its record stub spilled), one interrupted inside
-/// a stub is single-stepped out of it from the recorder's main loop, several at once (issue
-/// 29). The truth is the program's own check: `xl_detach`'s workers keep rax, rcx, rdx and r11
-/// live across an indirect jump, a call, a return and a conditional branch, and check at each
-/// round that each holds what the round counter says. Twelve attaches of 50 to 300 ms, each
-/// ended as `--duration` ends them. Both ways out must have been taken (`ITRACE_STATS=1`): a
-/// worker is inside a stub about half the time, and waits at a full ring's trap while the
-/// recorder drains the others' (in a first look, 1 to 3 of the 4 at 8 of 13 detaches), so 48
-/// threads let go all elsewhere would be a chance of well under one in a thousand. The program
-/// must end with no error.
+/// A detach brings every thread out of the code cache with the registers the program keeps
+/// (issue 29): a thread at a trap leaves where the trap's way out would take it (a full ring's
+/// puts back the rcx, and an indirect exit's rdx, that its record stub spilled); one our
+/// interrupt caught inside a stub runs on, its unit's exits made traps, to the next one, where
+/// it leaves the same way. The truth is the program's own check: `xl_detach`'s workers keep
+/// rax, rcx, rdx and r11 live across an indirect jump, a call, a return and a conditional
+/// branch, and check at each round that each holds what the round counter says. Twelve
+/// attaches of 50 to 300 ms, each ended as `--duration` ends them. Both must have happened
+/// (`ITRACE_STATS=1`): a worker is inside a stub about half the time, and waits at a full
+/// ring's trap while the recorder drains the others' (in a first look, 1 to 4 of the 4 at 9
+/// of 10 detaches), so 48 threads let go all elsewhere would be a chance of well under one in
+/// a thousand. The program must end with no error.
 #[test]
 fn a_detach_leaves_every_register_as_the_program_keeps_it() {
     const ATTACHES: usize = 12;
@@ -588,7 +588,7 @@ fn a_detach_leaves_every_register_as_the_program_keeps_it() {
     let mut first = String::new();
     out.read_line(&mut first).expect("start line");
     assert_eq!(first.trim_end(), format!("xl_detach: started pid={pid}"));
-    let (mut at_traps, mut steps) = (0, 0);
+    let (mut at_traps, mut runs) = (0, 0);
     for n in 0..ATTACHES {
         let trace = dir.join("t.itr");
         let duration = ["0.05", "0.1", "0.3"][n % 3];
@@ -599,15 +599,15 @@ fn a_detach_leaves_every_register_as_the_program_keeps_it() {
         assert!(rec.success(), "attach {n}: itrace failed: {}", rec.stderr.trim());
         let what = format!("attach {n}");
         at_traps += stat_count(&what, &rec.stderr, " threads left from a trap");
-        steps += stat_count(&what, &rec.stderr, " single steps out of stubs");
+        runs += stat_count(&what, &rec.stderr, " runs to one from inside a stub");
         assert_eq!(
             live_untraced_threads(pid).map(|t| t.len()),
             Ok(5),
             "attach {n}: xl_detach's threads after the detach"
         );
     }
-    eprintln!("{ATTACHES} detaches: {at_traps} threads left from a trap, {steps} single steps out of stubs");
-    assert!(at_traps > 0 && steps > 0, "{ATTACHES} detaches: {at_traps} threads left from a trap, {steps} steps");
+    eprintln!("{ATTACHES} detaches: {at_traps} threads left from a trap, {runs} runs to one from inside a stub");
+    assert!(at_traps > 0 && runs > 0, "{ATTACHES} detaches: {at_traps} threads left from a trap, {runs} runs");
     drop(stdin);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).expect("read xl_detach's output");

@@ -93,6 +93,8 @@ pub(super) struct Stats {
     rewritten: u64,
     /// At the detach: threads that left the cache from a trap, at its way out's address.
     detach_way_outs: u64,
+    /// At the detach: threads stopped inside a stub, let run to their unit's next trap.
+    detach_runs: u64,
     /// At the detach: single steps of threads out of stubs (interrupted inside one).
     detach_steps: u64,
 }
@@ -101,7 +103,7 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated ({} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} single steps out of stubs",
+            "{} units translated ({} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs",
             self.units,
             self.checked,
             self.links,
@@ -115,6 +117,7 @@ impl std::fmt::Display for Stats {
             self.flush_evictions,
             self.rewritten,
             self.detach_way_outs,
+            self.detach_runs,
             self.detach_steps
         )
     }
@@ -543,21 +546,34 @@ impl Session<'_> {
 
     /// Tracing ends and the stopped thread is about to be let go with `sig`: out of the cache
     /// first, at an application instruction boundary. One stopped inside a stub (our interrupt
-    /// catches busy threads mostly there) is single-stepped towards it from the main wait loop,
-    /// not in a nested wait: the steps of every such thread are then under way at once, and
-    /// their round trips through the scheduler (milliseconds each on a loaded machine, for up
-    /// to 30 steps) overlap instead of adding up, thread after thread. `None`: a step is under
-    /// way (`detach_step_stop` takes its stop and calls the detach again), `sig` kept.
+    /// catches busy threads mostly there) is set going towards one from the main wait loop, not
+    /// in a nested wait, so that every such thread is under way at once and their waits for a
+    /// CPU overlap instead of adding up, thread after thread:
+    /// - with no signal to deliver, it runs on in the cache to the next trap of its unit
+    ///   (`run_to_a_trap`), where it leaves at the trap's way out: one round trip through the
+    ///   scheduler instead of up to 30 single steps (milliseconds each on a loaded machine);
+    /// - holding a signal to deliver at the detach, it is single-stepped through the stub
+    ///   (`start_detach_step`): run on, an application instruction could fault before the
+    ///   signal is delivered.
+    ///
+    /// `None`: it is under way (its next stop calls the detach again), `sig` kept.
     pub(in super::super) fn cache_ready_to_let_go(&mut self, tid: i32, sig: i32) -> Option<i32> {
         let t = self.threads.get_mut(&tid)?;
         t.arch.xl.detach_step = false;
         if sig != 0 {
-            t.arch.xl.detach_signal = sig;
+            if t.arch.xl.detach_signal == 0 {
+                t.arch.xl.detach_signal = sig;
+            } else {
+                t.arch.xl.detach_requeue.push(sig);
+            }
         }
-        let (pid, in_cache) = (t.pid, t.arch.xl.in_cache);
+        let (pid, in_cache, holding) = (t.pid, t.arch.xl.in_cache, t.arch.xl.detach_signal != 0);
         if in_cache {
-            let loc = getregs(tid).ok().and_then(|r| self.cache_of(pid).map(|c| c.locate(r.rip)));
-            if matches!(loc, Some(Loc::Inside { .. } | Loc::Check { .. })) && self.start_detach_step(tid) {
+            let rip = getregs(tid).map(|r| r.rip).unwrap_or(0);
+            let loc = self.cache_of(pid).map(|c| c.locate(rip));
+            if matches!(loc, Some(Loc::Inside { .. } | Loc::Check { .. }))
+                && ((!holding && self.run_to_a_trap(tid, pid, rip)) || self.start_detach_step(tid))
+            {
                 return None;
             }
             // At a boundary or a trap (or the step could not start: stepped here, nested).
@@ -572,18 +588,49 @@ impl Session<'_> {
         Some(sig)
     }
 
-    /// One single step of a thread inside a stub, at a detach, answered in the main wait loop.
-    /// The thread runs on any CPU it may untraced, at the raised priority of the detach's
-    /// interrupt (`begin_detach`: a thread stopped then had neither). False: it could not be
-    /// stepped (it is gone).
-    fn start_detach_step(&mut self, tid: i32) -> bool {
-        let t = self.threads.get_mut(&tid).expect("thread exists");
+    /// A thread stopped inside a stub (or an expansion, or a unit's check) at a detach runs on in
+    /// the cache until the next trap of its unit, answered in the main wait loop. Every way out
+    /// of a unit is a trap or an exit through a link slot or the thread's lookup table; the
+    /// unit's slots go back to their miss traps and the entries of the thread's table are
+    /// emptied, so that it stops at whichever exit it takes (at most a unit's instructions, 256,
+    /// and its stubs), or earlier at a full ring or a `Leave`. Other threads that take those
+    /// exits meanwhile stop there too (and leave as well): the tracing ends. False: nothing was
+    /// changed, or the thread could not be resumed.
+    fn run_to_a_trap(&mut self, tid: i32, pid: i32, rip: u64) -> bool {
+        let Some(state) = self.threads.get(&tid).map(|t| t.arch.xl.state) else { return false };
+        let Some(c) = self.cache_of(pid) else { return false };
+        if !matches!(c.unlink_unit_at(pid, rip), Ok(true)) || c.forget_table(pid, state).is_err() {
+            return false;
+        }
+        self.boost_for_detach(tid);
+        self.unblock_trap_for_resume(tid, 0);
+        if ptrace::sysemu(Pid::from_raw(tid), None).is_err() {
+            return false;
+        }
+        self.arch.xl_stats.detach_runs += 1;
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.stopped = false;
+        }
+        true
+    }
+
+    /// A thread set going at a detach (`run_to_a_trap`, `start_detach_step`) runs on any CPU
+    /// it may untraced, at the raised priority of the detach's interrupt (`begin_detach`: a
+    /// thread stopped then had neither).
+    fn boost_for_detach(&mut self, tid: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
         if !std::mem::replace(&mut t.arch.xl.detach_boosted, true) {
             if t.nice_before_detach.is_none() {
                 t.nice_before_detach = super::super::cpus::boost_to_stop(tid);
             }
             self.unpin_thread(tid);
         }
+    }
+
+    /// One single step of a thread inside a stub, at a detach, answered in the main wait loop.
+    /// False: it could not be stepped (it is gone).
+    fn start_detach_step(&mut self, tid: i32) -> bool {
+        self.boost_for_detach(tid);
         self.unblock_trap_for_resume(tid, 0);
         if ptrace::step(Pid::from_raw(tid), None).is_err() {
             return false;
@@ -669,10 +716,7 @@ impl Session<'_> {
                 match self.unit_entry(tid, pid, target) {
                     Some(entry) => {
                         if let Some(c) = self.cache_of(pid) {
-                            let mut e = [0u8; 16];
-                            e[..8].copy_from_slice(&target.to_le_bytes());
-                            e[8..].copy_from_slice(&entry.to_le_bytes());
-                            let _ = c.write(pid, state + table_entry(target), &e);
+                            let _ = c.fill_table(pid, state, target, entry);
                         }
                         Next::Run(entry)
                     }
