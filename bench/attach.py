@@ -21,6 +21,10 @@ Environment: ITRACE (default target/release/itrace, built with cargo unless BENC
 BENCH_REPS (3), BENCH_SECONDS (2: attach length for rates), BENCH_OUT (bench/build),
 BENCH_NO_FRIDA=1 (skip Frida; otherwise it is pip-installed into target/frida-venv if
 `import frida` fails, and the script says so), BENCH_FRIDA_TIMEOUT (120).
+
+`bench/attach.py --detach-only [BASELINE_ITRACE]`: only the detach (SIGTERM to itrace's exit, 8
+threads, 1 s attached), BENCH_REPS times; with a baseline binary, the two alternate on the same
+target (the machine's load changes between runs), each run of one followed by one of the other.
 """
 import json
 import os
@@ -153,6 +157,46 @@ def frida_attach(py, pid, secs):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def detach_once(itrace, target, trace):
+    """Attach with --backend translate for 1 s, then SIGTERM: the time to itrace's exit, in ms."""
+    p = subprocess.Popen([itrace, "record", "--backend", "translate", "-p", str(target.pid), "-o", trace],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    t_sig = time.monotonic_ns()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=120)
+    ms = (time.monotonic_ns() - t_sig) / 1e6
+    if p.returncode != 0:
+        FAILS.append(f"detach by SIGTERM: {itrace} exited with {p.returncode}")
+    if not target.threads_free():
+        FAILS.append(f"after SIGTERM ({itrace}): a thread still traced or stopped")
+    os.unlink(trace)
+    return ms
+
+
+def detach_only(baseline):
+    """SIGTERM to itrace's exit, 8 threads, REPS times (alternating with `baseline` if given)."""
+    exe = build()
+    bins = [ITRACE] + ([baseline] if baseline else [])
+    tmp = tempfile.mkdtemp(prefix="itrace-bench-detach-")
+    target = Target(exe, 8)
+    got = {b: [] for b in bins}
+    load = os.getloadavg()[0]
+    for rep in range(REPS):
+        for n, b in enumerate(bins):
+            got[b].append(detach_once(b, target, os.path.join(tmp, f"det-{n}-{rep}.itr")))
+    target.finish()
+    for b in bins:
+        best, med = best_med(got[b], min)
+        runs = " ".join(f"{x:.1f}" for x in got[b])
+        print(f"{b}: SIGTERM to itrace's exit (detach), 8 threads: best {best:.1f} ms, median {med:.1f} ms ({runs})")
+    print(f"load average: {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    if FAILS:
+        for f in FAILS:
+            print(f"bench: FAILED: {f}", file=sys.stderr)
+        sys.exit(1)
+
+
 def best_med(xs, best=max):
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -205,19 +249,7 @@ def main():
         first.append(None if fb is None else (fb - t0) / 1e6)
         all_on.append(None if on is None else (on - t0) / 1e6)
         os.unlink(trace)
-        trace = os.path.join(tmp, f"det-{rep}.itr")
-        p = subprocess.Popen([ITRACE, "record", "--backend", "translate", "-p", str(target.pid), "-o", trace],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)
-        t_sig = time.monotonic_ns()
-        p.send_signal(signal.SIGTERM)
-        p.wait(timeout=120)
-        detach.append((time.monotonic_ns() - t_sig) / 1e6)
-        if p.returncode != 0:
-            FAILS.append(f"detach by SIGTERM: itrace exited with {p.returncode}")
-        if not target.threads_free():
-            FAILS.append("after SIGTERM: a thread still traced or stopped")
-        os.unlink(trace)
+        detach.append(detach_once(ITRACE, target, os.path.join(tmp, f"det-{rep}.itr")))
     target.finish()
 
     def m(x):
@@ -254,4 +286,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if "--detach-only" in sys.argv[1:]:
+        rest = [a for a in sys.argv[1:] if a != "--detach-only"]
+        detach_only(rest[0] if rest else None)
+    else:
+        main()

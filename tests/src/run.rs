@@ -430,3 +430,17 @@ pub fn cache_mappings(pid: u32) -> CacheMappings {
     }
     out
 }
+
+/// From the translating recorder's statistics line (ITRACE_STATS=1): the number written before `key`.
+pub fn stat_count(what: &str, stderr: &str, key: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("itrace: translate: "))
+        .unwrap_or_else(|| panic!("{what}: no statistics line (ITRACE_STATS=1) in itrace's output:\n{stderr}"));
+    let at = line.find(key).unwrap_or_else(|| panic!("{what}: no {key:?} in the statistics line: {line}"));
+    line[..at]
+        .split_whitespace()
+        .last()
+        .and_then(|w| w.trim_start_matches('(').parse().ok())
+        .unwrap_or_else(|| panic!("{what}: no number before {key:?} in the statistics line: {line}"))
+}

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use itrace_tests::{
     cross_program, itrace, itrace_bin, normalized_dump, objdump_insns, program, record, report_calls, report_json,
-    report_self_counts, report_thread_ids, require_tool, run, test_dir, wait_until, wait_with_guard, KillOnDrop,
-    Output,
+    report_self_counts, report_thread_ids, require_tool, run, stat_count, test_dir, wait_until, wait_with_guard,
+    KillOnDrop, Output,
 };
 
 const TRANSLATE: &[&str] = &["--backend", "translate"];
@@ -751,20 +751,6 @@ fn per_thread_split() {
 /// which 32 KB take units (a region keeps room for the largest unit), and the statistics line.
 const TINY_CACHE: &[(&str, &str)] =
     &[("ITRACE_CACHE_REGIONS", "2"), ("ITRACE_CACHE_REGION_KB", "128"), ("ITRACE_STATS", "1")];
-
-/// From the statistics line (ITRACE_STATS=1): the number written before `key`.
-fn stat_count(what: &str, stderr: &str, key: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("itrace: translate: "))
-        .unwrap_or_else(|| panic!("{what}: no statistics line (ITRACE_STATS=1) in itrace's output:\n{stderr}"));
-    let at = line.find(key).unwrap_or_else(|| panic!("{what}: no {key:?} in the statistics line: {line}"));
-    line[..at]
-        .split_whitespace()
-        .last()
-        .and_then(|w| w.trim_start_matches('(').parse().ok())
-        .unwrap_or_else(|| panic!("{what}: no number before {key:?} in the statistics line: {line}"))
-}
 
 /// From the statistics line: (flushes of the full cache, other threads brought out of it).
 fn flush_counts(what: &str, stderr: &str) -> (u64, u64) {

@@ -44,6 +44,8 @@ struct Writer {
     error: Arc<Mutex<Option<String>>>,
     /// Closed by the writer when it has stored everything and returns.
     done: Receiver<()>,
+    /// The writer thread's id (for its priority: the recording thread's, `Sink::writer_tid`).
+    tid: i32,
 }
 
 /// What the writer thread is asked to do, in the order asked.
@@ -100,14 +102,18 @@ impl<'a> Sink<'a> {
         let (ops, ops_rx) = mpsc::sync_channel(QUEUED_OPS);
         let (spare_tx, spare) = mpsc::channel();
         let (done_tx, done) = mpsc::channel();
+        let (tid_tx, tid_rx) = mpsc::channel();
         let error = Arc::new(Mutex::new(None));
         let writer_error = Arc::clone(&error);
         scope.spawn(move || {
             block_every_signal();
+            // SAFETY: gettid has no preconditions.
+            let _ = tid_tx.send(unsafe { libc::gettid() });
             write_ops(buffers, &ops_rx, &spare_tx, &writer_error);
             drop(done_tx);
         });
-        Sink::with_store(Store::Threaded(Writer { ops: Some(ops), spare, error, done }), ncpu)
+        let tid = tid_rx.recv().unwrap_or(0);
+        Sink::with_store(Store::Threaded(Writer { ops: Some(ops), spare, error, done, tid }), ncpu)
     }
 
     fn with_store(store: Store<'a>, ncpu: usize) -> Self {
@@ -271,6 +277,15 @@ impl<'a> Sink<'a> {
         let _ = w.done.recv();
         let e = w.error.lock().map(|e| e.clone()).unwrap_or(None);
         let _ = self.writer_error(e);
+    }
+
+    /// The writer thread's id, if the buffers have one: the recording's own priority goes to it
+    /// too (every record it is handed must be written before a detach ends).
+    pub fn writer_tid(&self) -> Option<i32> {
+        match &self.store {
+            Store::Threaded(w) if w.tid > 0 => Some(w.tid),
+            _ => None,
+        }
     }
 
     /// The first error, if any: a failed write, or what a consumer reported with [`Sink::fail`].

@@ -245,10 +245,10 @@ fn record_into<'a>(opts: &'a RecordOptions<'a>, sink: Sink<'a>) -> Result<Record
         Target::Launch { program, args, aslr, env } => {
             s.launch(program, args, *aslr, env)?;
             // (after the fork: the program would inherit what the tracer sets for itself)
-            opts.step.tracer_settings();
+            opts.step.tracer_settings(s.sink.writer_tid());
         }
         Target::Attach { pid } => {
-            opts.step.tracer_settings();
+            opts.step.tracer_settings(s.sink.writer_tid());
             s.attach(*pid)?;
         }
     }
@@ -434,6 +434,17 @@ impl Session<'_> {
     }
 
     pub(super) fn detach_thread(&mut self, tid: i32, sig: i32) {
+        if !self.threads.contains_key(&tid) {
+            return;
+        }
+        let sig = match self.detaching {
+            Some(_) => match self.ready_to_let_go(tid, sig) {
+                Some(sig) => sig,
+                // On its way to where it may be let go: tried again at its next stop.
+                None => return,
+            },
+            None => sig,
+        };
         let Some(t) = self.threads.get_mut(&tid) else { return };
         if t.state != ThreadState::Finished {
             let reason = self.detaching.unwrap_or(StopReason::Detached);
@@ -529,6 +540,13 @@ pub(super) trait PtraceArch {
     fn at_event(&mut self, tid: i32);
     /// An interrupt stop (PTRACE_EVENT_STOP) of a traced thread, before it is resumed or detached.
     fn at_interrupt(&mut self, tid: i32);
+    /// Tracing ends and the stopped thread is about to be let go with `sig`: the signal to let
+    /// it go with, or `None` when it is not yet where it may be let go and was set going to get
+    /// there (x86_64's translating recorder steps a thread out of a stub); the detach is then
+    /// tried again at its next stop.
+    fn ready_to_let_go(&mut self, _tid: i32, sig: i32) -> Option<i32> {
+        Some(sig)
+    }
     /// An exec replaced the thread's program: forget what was planned in the old image.
     fn at_exec(&mut self, tid: i32);
     /// Region tracing: a thread starts stepping (at a trigger); the instruction set it runs,

@@ -108,7 +108,7 @@ pub(super) struct StepOptions {
 
 impl StepOptions {
     /// The tracer's own settings for the session: none here.
-    pub(super) fn tracer_settings(&self) {}
+    pub(super) fn tracer_settings(&self, _writer: Option<i32>) {}
 
     /// The buffers get a writer thread of their own: not here (a stop per block is far
     /// slower than the encoding).

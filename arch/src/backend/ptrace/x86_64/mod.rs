@@ -76,10 +76,11 @@ pub(super) struct StepOptions {
 
 impl StepOptions {
     /// The tracer's own settings for the session, once the program it launches is forked (it
-    /// would inherit them: its nice value), or before it attaches.
-    pub(super) fn tracer_settings(&self) {
+    /// would inherit them: its nice value), or before it attaches; `writer` is the buffers'
+    /// writer thread, if they have one.
+    pub(super) fn tracer_settings(&self, writer: Option<i32>) {
         if self.translate {
-            translate::raise_tracer_priority();
+            translate::raise_tracer_priority(writer);
         }
     }
 
@@ -415,6 +416,9 @@ impl PtraceArch for Session<'_> {
     }
 
     fn on_stepping_stop(&mut self, tid: i32, sig: i32) {
+        if self.threads[&tid].arch.xl.detach_step {
+            return self.detach_step_stop(tid, sig);
+        }
         if sig == libc::SIGTRAP && self.stale_native_run_hit(tid) {
             // The breakpoint at the end of an rseq section's native run, hit as a stop of ours
             // (a group stop, our interrupt) ended the run: already counted there.
@@ -523,6 +527,10 @@ impl PtraceArch for Session<'_> {
     }
 
     fn at_interrupt(&mut self, _tid: i32) {}
+
+    fn ready_to_let_go(&mut self, tid: i32, sig: i32) -> Option<i32> {
+        self.cache_ready_to_let_go(tid, sig)
+    }
 
     fn at_exec(&mut self, tid: i32) {
         self.forget_trap_mask(tid);

@@ -148,6 +148,9 @@ pub(in super::super) struct Cache {
     pub(super) flush_pending: bool,
     /// Code no region can be placed near was met (said once).
     pub(super) said_out_of_reach: bool,
+    /// The lookup-table entries itrace filled in each thread-state block (offsets from the
+    /// block), so that a detach can empty them (`forget_table`) without writing the whole table.
+    table_filled: rustc_hash::FxHashMap<u64, rustc_hash::FxHashSet<u64>>,
 }
 
 impl Cache {
@@ -176,6 +179,7 @@ impl Cache {
             branchy_sections: self.branchy_sections.clone(),
             flush_pending: self.flush_pending,
             said_out_of_reach: self.said_out_of_reach,
+            table_filled: self.table_filled.clone(),
         }
     }
 
@@ -269,6 +273,7 @@ impl Cache {
             r.used = r.floor;
         }
         self.flush_pending = false;
+        self.table_filled.clear();
         let empty = vec![0xffu8; (TABLE_ENTRIES * TABLE_ENTRY_BYTES) as usize];
         for s in self.states.clone() {
             self.write(pid, s + TABLE as u64, &empty)?;
@@ -336,6 +341,43 @@ impl Cache {
         self.entries.insert(unit.app_start, unit.cache_start);
         self.units.insert(unit.cache_start, unit);
         Ok(entry)
+    }
+
+    /// Fill the lookup-table entry of application address `target` in the thread-state block
+    /// `state`: the indirect branches of its thread to `target` go to `entry`.
+    pub(super) fn fill_table(&mut self, pid: i32, state: u64, target: u64, entry: u64) -> std::io::Result<()> {
+        let mut e = [0u8; 16];
+        e[..8].copy_from_slice(&target.to_le_bytes());
+        e[8..].copy_from_slice(&entry.to_le_bytes());
+        self.table_filled.entry(state).or_default().insert(table_entry(target));
+        self.write(pid, state + table_entry(target), &e)
+    }
+
+    /// Tracing ends: every direct exit of the unit holding cache address `addr` goes to its miss
+    /// trap again, so that a thread inside the unit stops at whichever exit it takes (the
+    /// others are let go meanwhile and never come back). False: no unit holds `addr`.
+    pub(super) fn unlink_unit_at(&mut self, pid: i32, addr: u64) -> std::io::Result<bool> {
+        let Some(u) = self.unit_at(addr) else { return Ok(false) };
+        let slots: Vec<(u64, u64)> = u.links.iter().map(|&(slot, miss, _)| (slot, miss)).collect();
+        for (slot, miss) in slots {
+            self.write(pid, slot, &miss.to_le_bytes())?;
+        }
+        Ok(true)
+    }
+
+    /// Tracing ends: every entry itrace filled in the lookup table of thread-state block `state`
+    /// is emptied, so that its thread's indirect exits all stop at their miss trap (the whole
+    /// table in one write when most of it was filled).
+    pub(super) fn forget_table(&mut self, pid: i32, state: u64) -> std::io::Result<()> {
+        let Some(filled) = self.table_filled.remove(&state) else { return Ok(()) };
+        if filled.len() as u64 * 16 > TABLE_ENTRIES {
+            let empty = vec![0xffu8; (TABLE_ENTRIES * TABLE_ENTRY_BYTES) as usize];
+            return self.write(pid, state + TABLE as u64, &empty);
+        }
+        for at in filled {
+            self.write(pid, state + at, &TABLE_EMPTY.to_le_bytes())?;
+        }
+        Ok(())
     }
 
     /// Link the direct exit whose slot is `slot` to `entry`.

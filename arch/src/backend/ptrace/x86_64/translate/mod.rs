@@ -57,16 +57,19 @@ const MAX_SETTLE_STEPS: u32 = 256;
 /// Nice value of the thread that serves the cache (where allowed: root or CAP_SYS_NICE).
 const TRACER_NICE: i32 = -10;
 
-/// Give the calling thread, the tracer, a larger share of the CPUs than the program's threads.
-/// Every record passes through it; with more busy threads than cores it got its fair share
-/// only (8 busy threads on 2 cores: about a quarter of a core), and every thread waited in its
-/// full-ring stop for it: 8 threads recorded less than one. Nothing of the program changes.
-pub(super) fn raise_tracer_priority() {
-    // SAFETY: gettid has no arguments; setpriority on our own thread id changes only this
-    // thread's nice value, and a refusal (EPERM, EACCES) leaves it as it was.
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, TRACER_NICE);
+/// Give the calling thread, the tracer, and the buffers' `writer` thread a larger share of the
+/// CPUs than the program's threads. Every record passes through both; with more busy threads
+/// than cores the tracer got its fair share only (8 busy threads on 2 cores: about a quarter of
+/// a core), and every thread waited in its full-ring stop for it: 8 threads recorded less than
+/// one. The writer at the program's priority kept a detach waiting for what it had queued
+/// (every thread let go is busy again): 20 ms of a 60 ms detach. Nothing of the program changes.
+pub(super) fn raise_tracer_priority(writer: Option<i32>) {
+    // SAFETY: gettid has no arguments.
+    let tracer = unsafe { libc::gettid() };
+    for tid in std::iter::once(tracer).chain(writer) {
+        // SAFETY: setpriority on one of our own thread ids changes only that thread's nice
+        // value, and a refusal (EPERM, EACCES) leaves it as it was.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, TRACER_NICE) };
     }
 }
 
@@ -88,13 +91,19 @@ pub(super) struct Stats {
     flush_evictions: u64,
     /// Units whose check found their code rewritten in place (translated again).
     rewritten: u64,
+    /// At the detach: threads that left the cache from a trap, at its way out's address.
+    detach_way_outs: u64,
+    /// At the detach: threads stopped inside a stub, let run to their unit's next trap.
+    detach_runs: u64,
+    /// At the detach: single steps of threads out of stubs (interrupted inside one).
+    detach_steps: u64,
 }
 
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated ({} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place",
+            "{} units translated ({} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs",
             self.units,
             self.checked,
             self.links,
@@ -106,7 +115,10 @@ impl std::fmt::Display for Stats {
             self.native_runs,
             self.flushes,
             self.flush_evictions,
-            self.rewritten
+            self.rewritten,
+            self.detach_way_outs,
+            self.detach_runs,
+            self.detach_steps
         )
     }
 }
@@ -119,7 +131,7 @@ pub(super) struct Buffers {
 }
 
 /// A thread's place in the cache.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct ThreadCache {
     /// Its state block in the process (0: none yet).
     pub(super) state: u64,
@@ -131,6 +143,16 @@ pub(super) struct ThreadCache {
     pub(super) drained_ns: u64,
     /// It is interrupted only to have its ring drained: it stays in the cache.
     pub(super) drain_only: bool,
+    /// Tracing ends: it is single-stepped out of a stub, from the main wait loop
+    /// (`cache_ready_to_let_go`); its next stop is that step's.
+    pub(in super::super) detach_step: bool,
+    /// The signal to let it go with, kept while it is stepped out of a stub.
+    detach_signal: i32,
+    /// Signals of the program's that stopped it while it was stepped out of a stub: the kernel
+    /// gets them again when it is out.
+    detach_requeue: Vec<i32>,
+    /// Its priority was raised and its pin lifted for those steps.
+    detach_boosted: bool,
 }
 
 /// What a cache trap leads to.
@@ -196,8 +218,8 @@ impl Session<'_> {
 
     pub(in super::super) fn run_in_cache(&mut self, tid: i32) {
         if self.detaching.is_some() {
-            // Tracing ends: bring it out, and let the engine let it go.
-            self.settle(tid, false, true);
+            // Tracing ends: the engine lets it go, once out of the cache
+            // (`cache_ready_to_let_go`).
             self.resume(tid, 0);
             return;
         }
@@ -225,18 +247,22 @@ impl Session<'_> {
         };
         // What the trap spilled; its registers stay as they are until the thread goes on (a
         // released thread then takes the way out after the `syscall`).
-        let Some(spilled) = self.trap_spills(tid, pid) else {
+        let Some(mut spilled) = self.trap_spills(tid, pid) else {
             return self.resume(tid, 0);
         };
         // At a trap the stub before it is done with the ring.
         self.drain(tid);
-        match self.on_trap(tid, pid, trap) {
+        match self.on_trap(tid, pid, trap, &mut spilled) {
             Next::Run(at) => {
                 self.out_of_trap(tid, spilled, at);
                 self.run_in_cache(tid);
             }
             Next::Leave { pc, count } => {
                 self.leave_cache(tid, pc, count, Some(spilled));
+                if self.detaching.is_some() {
+                    // Let go from this stop: the trap's call is skipped, and nothing is stepped.
+                    return self.resume(tid, 0);
+                }
                 // A native run goes from this stop: PTRACE_CONT from a PTRACE_SYSEMU entry stop
                 // skips the call with no exit stop and no step report (that stop is taken first
                 // only for a step, below).
@@ -374,7 +400,11 @@ impl Session<'_> {
             si.si_code > 0
                 && matches!(si.si_signo, libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP)
         });
+        if fault || self.detaching.is_none() {
+            // (Detaching, a thread inside a stub is stepped out of it before it is let go,
+            // with the signal: `cache_ready_to_let_go`.)
         self.settle(tid, fault, true);
+        }
         let mut inject = sig;
         if sig == libc::SIGTRAP {
             self.keep_or_release_trap(tid, &mut inject);
@@ -428,7 +458,8 @@ impl Session<'_> {
                     self.drain(tid);
                 }
                 return;
-            } else {
+            } else if self.detaching.is_none() {
+                // (Detaching: out of the cache before it is let go, `cache_ready_to_let_go`.)
                 self.settle(tid, false, true);
             }
         }
@@ -513,6 +544,117 @@ impl Session<'_> {
         true
     }
 
+    /// Tracing ends and the stopped thread is about to be let go with `sig`: out of the cache
+    /// first, at an application instruction boundary. One stopped inside a stub (our interrupt
+    /// catches busy threads mostly there) is set going towards one from the main wait loop, not
+    /// in a nested wait, so that every such thread is under way at once and their waits for a
+    /// CPU overlap instead of adding up, thread after thread:
+    /// - with no signal to deliver, it runs on in the cache to the next trap of its unit
+    ///   (`run_to_a_trap`), where it leaves at the trap's way out: one round trip through the
+    ///   scheduler instead of up to 30 single steps (milliseconds each on a loaded machine);
+    /// - holding a signal to deliver at the detach, it is single-stepped through the stub
+    ///   (`start_detach_step`): run on, an application instruction could fault before the
+    ///   signal is delivered.
+    ///
+    /// `None`: it is under way (its next stop calls the detach again), `sig` kept.
+    pub(in super::super) fn cache_ready_to_let_go(&mut self, tid: i32, sig: i32) -> Option<i32> {
+        let t = self.threads.get_mut(&tid)?;
+        t.arch.xl.detach_step = false;
+        if sig != 0 {
+            if t.arch.xl.detach_signal == 0 {
+                t.arch.xl.detach_signal = sig;
+            } else {
+                t.arch.xl.detach_requeue.push(sig);
+            }
+        }
+        let (pid, in_cache, holding) = (t.pid, t.arch.xl.in_cache, t.arch.xl.detach_signal != 0);
+        if in_cache {
+            let rip = getregs(tid).map(|r| r.rip).unwrap_or(0);
+            let loc = self.cache_of(pid).map(|c| c.locate(rip));
+            if matches!(loc, Some(Loc::Inside { .. } | Loc::Check { .. }))
+                && ((!holding && self.run_to_a_trap(tid, pid, rip)) || self.start_detach_step(tid))
+            {
+                return None;
+            }
+            // At a boundary or a trap (or the step could not start: stepped here, nested).
+            self.settle(tid, false, true);
+        }
+        let t = self.threads.get_mut(&tid)?;
+        let sig = std::mem::take(&mut t.arch.xl.detach_signal);
+        for requeued in std::mem::take(&mut t.arch.xl.detach_requeue) {
+            // SAFETY: tgkill with plain integers.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, requeued) };
+        }
+        Some(sig)
+    }
+
+    /// A thread stopped inside a stub (or an expansion, or a unit's check) at a detach runs on in
+    /// the cache until the next trap of its unit, answered in the main wait loop. Every way out
+    /// of a unit is a trap or an exit through a link slot or the thread's lookup table; the
+    /// unit's slots go back to their miss traps and the entries of the thread's table are
+    /// emptied, so that it stops at whichever exit it takes (at most a unit's instructions, 256,
+    /// and its stubs), or earlier at a full ring or a `Leave`. Other threads that take those
+    /// exits meanwhile stop there too (and leave as well): the tracing ends. False: nothing was
+    /// changed, or the thread could not be resumed.
+    fn run_to_a_trap(&mut self, tid: i32, pid: i32, rip: u64) -> bool {
+        let Some(state) = self.threads.get(&tid).map(|t| t.arch.xl.state) else { return false };
+        let Some(c) = self.cache_of(pid) else { return false };
+        if !matches!(c.unlink_unit_at(pid, rip), Ok(true)) || c.forget_table(pid, state).is_err() {
+            return false;
+        }
+        self.boost_for_detach(tid);
+        self.unblock_trap_for_resume(tid, 0);
+        if ptrace::sysemu(Pid::from_raw(tid), None).is_err() {
+            return false;
+        }
+        self.arch.xl_stats.detach_runs += 1;
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.stopped = false;
+        }
+        true
+    }
+
+    /// A thread set going at a detach (`run_to_a_trap`, `start_detach_step`) runs on any CPU
+    /// it may untraced, at the raised priority of the detach's interrupt (`begin_detach`: a
+    /// thread stopped then had neither).
+    fn boost_for_detach(&mut self, tid: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if !std::mem::replace(&mut t.arch.xl.detach_boosted, true) {
+            if t.nice_before_detach.is_none() {
+                t.nice_before_detach = super::super::cpus::boost_to_stop(tid);
+            }
+            self.unpin_thread(tid);
+        }
+    }
+
+    /// One single step of a thread inside a stub, at a detach, answered in the main wait loop.
+    /// False: it could not be stepped (it is gone).
+    fn start_detach_step(&mut self, tid: i32) -> bool {
+        self.boost_for_detach(tid);
+        self.unblock_trap_for_resume(tid, 0);
+        if ptrace::step(Pid::from_raw(tid), None).is_err() {
+            return false;
+        }
+        self.arch.xl_stats.detach_steps += 1;
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.stopped = false;
+        t.arch.xl.detach_step = true;
+        true
+    }
+
+    /// The stop after a detach's step out of a stub (`start_detach_step`): its SIGTRAP, or a
+    /// signal of the program's that came first (sent again once the thread is out). The
+    /// detach goes on from where the thread is now.
+    pub(in super::super) fn detach_step_stop(&mut self, tid: i32, sig: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.arch.xl.detach_step = false;
+        if sig != libc::SIGTRAP {
+            t.arch.xl.detach_requeue.push(sig);
+        }
+        self.restore_trap_mask(tid);
+        self.resume(tid, 0);
+    }
+
     /// Before a thread is let go: out of the cache.
     pub(in super::super) fn cache_leave_for_detach(&mut self, tid: i32) {
         if self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache) {
@@ -532,8 +674,9 @@ impl Session<'_> {
         }
     }
 
-    /// What an `int3` of the cache asks for (the ring was drained).
-    fn on_trap(&mut self, tid: i32, pid: i32, trap: Trap) -> Next {
+    /// What a trap of the cache asks for (the ring was drained). `spilled` is what the trap
+    /// spilled (rax, rcx, r11), to be put back when the thread goes on or leaves.
+    fn on_trap(&mut self, tid: i32, pid: i32, trap: Trap, spilled: &mut [u64; 3]) -> Next {
         let st = &mut self.arch.xl_stats;
         match trap {
             Trap::Leave { .. } => st.leaves += 1,
@@ -542,9 +685,15 @@ impl Session<'_> {
             Trap::IndirectMiss => st.indirect_misses += 1,
             Trap::Rewritten { .. } => st.rewritten += 1,
         }
+        if self.detaching.is_some() {
+            if let Some(pc) = self.way_out_at_detach(tid, pid, trap, spilled) {
+                self.arch.xl_stats.detach_way_outs += 1;
+                return Next::Leave { pc, count: 0 };
+            }
+        }
         match trap {
             Trap::Leave { pc, count } => Next::Leave { pc, count },
-            Trap::RingFull { resume } => Next::Run(resume),
+            Trap::RingFull { resume, .. } => Next::Run(resume),
             Trap::Link { exit, slot } => {
                 let Some(target) = self.cache_of(pid).and_then(|c| c.exits.get(exit as usize)).map(|e| e.to) else {
                     return Next::Leave { pc: 0, count: 0 };
@@ -567,10 +716,7 @@ impl Session<'_> {
                 match self.unit_entry(tid, pid, target) {
                     Some(entry) => {
                         if let Some(c) = self.cache_of(pid) {
-                            let mut e = [0u8; 16];
-                            e[..8].copy_from_slice(&target.to_le_bytes());
-                            e[8..].copy_from_slice(&entry.to_le_bytes());
-                            let _ = c.write(pid, state + table_entry(target), &e);
+                            let _ = c.fill_table(pid, state, target, entry);
                         }
                         Next::Run(entry)
                     }
@@ -592,6 +738,47 @@ impl Session<'_> {
                     Some(entry) => Next::Run(self.cache_of(pid).and_then(|c| c.first_instruction(pc)).unwrap_or(entry)),
                     None => Next::Leave { pc, count: 0 },
                 }
+            }
+        }
+    }
+
+    /// Tracing ends and the thread is at a trap: it leaves the cache where the trap's way out
+    /// would take it if itrace were gone (the trap stands for an application address with
+    /// nothing of it run), instead of translating, linking, or being single-stepped out of a
+    /// record stub from a full ring's resume point (three round trips through the scheduler
+    /// each, with 8 busy threads on 2 CPUs most of a detach's time: they wait at full rings).
+    /// Returns that address; the application's registers the stub spilled are put back in
+    /// `spilled` (rcx) and in the thread (an indirect exit's rdx). `None` for a trap that
+    /// leaves with a count of its own (`Trap::Leave`) or a state that cannot be read.
+    fn way_out_at_detach(&mut self, tid: i32, pid: i32, trap: Trap, spilled: &mut [u64; 3]) -> Option<u64> {
+        let state = self.threads.get(&tid)?.arch.xl.state;
+        let c = self.cache_of(pid)?;
+        match trap {
+            Trap::Leave { .. } => None,
+            // The record stub recorded the exit: the thread is at its target, with nothing of
+            // the next unit run.
+            Trap::Link { exit, .. } => c.exits.get(exit as usize).map(|e| e.to),
+            Trap::IndirectMiss => c.read_u64(pid, state + TARGET as u64).ok(),
+            // Nothing of the unit ran: the mismatch put rcx and rdx back before its trap.
+            Trap::Rewritten { unit } => c.rewritten(pid, unit).map(|(pc, _)| pc),
+            Trap::RingFull { to, .. } => {
+                // At a full ring's trap the record is written, and the stub holds the
+                // application's rcx (and an indirect exit's rdx) in its spill slots.
+                let mut raw = [0u8; 16];
+                c.read(pid, state + SPILL_RCX as u64, &mut raw).ok()?;
+                let word = |n: usize| u64::from_le_bytes(raw[n * 8..n * 8 + 8].try_into().expect("8 bytes"));
+                let pc = match to {
+                    Some(pc) => pc,
+                    None => {
+                        let target = c.read_u64(pid, state + TARGET as u64).ok()?;
+                        let mut regs = getregs(tid).ok()?;
+                        regs.rdx = word(1);
+                        ptrace::setregs(Pid::from_raw(tid), regs).ok()?;
+                        target
+                    }
+                };
+                spilled[1] = word(0);
+                Some(pc)
             }
         }
     }
@@ -637,9 +824,9 @@ impl Session<'_> {
                 }
                 Loc::Trap(trap) => {
                     // On a trap's `syscall` the stub before it is done with the ring.
-                    let Some(spilled) = self.trap_spills(tid, pid) else { break };
+                    let Some(mut spilled) = self.trap_spills(tid, pid) else { break };
                     self.drain(tid);
-                    match self.on_trap(tid, pid, trap) {
+                    match self.on_trap(tid, pid, trap, &mut spilled) {
                         Next::Run(at) => self.out_of_trap(tid, spilled, at),
                         Next::Leave { pc, count } => {
                             self.leave_cache(tid, pc, count, Some(spilled));
@@ -695,6 +882,9 @@ impl Session<'_> {
 
     /// One single step inside a stub; false if the thread is gone.
     fn step_in_stub(&mut self, tid: i32, requeue: &mut Vec<Signal>) -> bool {
+        if self.detaching.is_some() {
+            self.arch.xl_stats.detach_steps += 1;
+        }
         let p = Pid::from_raw(tid);
         self.unblock_trap_for_resume(tid, 0);
         if ptrace::step(p, None).is_err() {

@@ -74,8 +74,10 @@ pub(super) enum Trap {
     Link { exit: u32, slot: u64 },
     /// An indirect branch whose target is not in the thread's table (target in `TARGET`).
     IndirectMiss,
-    /// The ring is full: drain it, resume at `resume`.
-    RingFull { resume: u64 },
+    /// The ring is full: drain it, resume at `resume`. Its way out goes to `to`, the exit's
+    /// target (`None`: an indirect exit's, in `TARGET`), with the application's rcx (and an
+    /// indirect exit's rdx) in the record stub's spill slots.
+    RingFull { resume: u64, to: Option<u64> },
     /// The next instruction (at `pc`) is not run from the cache: leave it, with `count`
     /// instructions of the unit done.
     Leave { pc: u64, count: u32 },
@@ -578,7 +580,7 @@ struct Pending {
 enum PendingTrap {
     Link { exit: u32, slot: u64 },
     IndirectMiss,
-    RingFull { resume: u64 },
+    RingFull { resume: u64, to: Option<u64> },
     Leave { pc: u64, count: u32 },
     Rewritten,
 }
@@ -626,7 +628,7 @@ pub(super) fn translate(
             p.links.push((slot, miss, pc));
             p.traps.push((sc, PendingTrap::Link { exit, slot }));
             let f = b.full_trap(full, WayOut::FullTo(pc));
-            p.traps.push((f, PendingTrap::RingFull { resume: back }));
+            p.traps.push((f, PendingTrap::RingFull { resume: back, to: Some(pc) }));
             break;
         }
         let flow = itrace_decoders::x86::decode(64, pc, &bytes[..n]).flow;
@@ -694,7 +696,7 @@ pub(super) fn translate(
                 p.links.push((slot, miss, target));
                 p.traps.push((sc, PendingTrap::Link { exit, slot }));
                 let f = b.full_trap(full, WayOut::FullTo(target));
-                p.traps.push((f, PendingTrap::RingFull { resume: back }));
+                p.traps.push((f, PendingTrap::RingFull { resume: back, to: Some(target) }));
                 break;
             }
             Kind::IndirectJump | Kind::IndirectCall | Kind::Return { .. } => {
@@ -731,7 +733,7 @@ pub(super) fn translate(
                 let (back, full, miss) = b.record_indirect_and_lookup(exit);
                 p.traps.push((miss, PendingTrap::IndirectMiss));
                 let f = b.full_trap(full, WayOut::FullTarget);
-                p.traps.push((f, PendingTrap::RingFull { resume: back }));
+                p.traps.push((f, PendingTrap::RingFull { resume: back, to: None }));
                 break;
             }
         }
@@ -743,7 +745,7 @@ pub(super) fn translate(
         p.links.push((slot, miss, s.target));
         p.traps.push((sc, PendingTrap::Link { exit: s.exit, slot }));
         let f = b.full_trap(full, WayOut::FullTo(s.target));
-        p.traps.push((f, PendingTrap::RingFull { resume: back }));
+        p.traps.push((f, PendingTrap::RingFull { resume: back, to: Some(s.target) }));
     }
     // The check, for code that may change unseen: its mismatch trap goes at the end, the
     // check itself before the unit's first instruction (`check_insns`).
@@ -800,7 +802,7 @@ pub(super) fn translate(
         let t = match t {
             PendingTrap::Link { exit, slot } => Trap::Link { exit, slot: label_at(slot)? },
             PendingTrap::IndirectMiss => Trap::IndirectMiss,
-            PendingTrap::RingFull { resume } => Trap::RingFull { resume: label_at(resume)? },
+            PendingTrap::RingFull { resume, to } => Trap::RingFull { resume: label_at(resume)?, to },
             PendingTrap::Leave { pc, count } => Trap::Leave { pc, count },
             PendingTrap::Rewritten => Trap::Rewritten { unit: cache_at },
         };
