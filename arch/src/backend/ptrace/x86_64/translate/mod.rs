@@ -403,7 +403,7 @@ impl Session<'_> {
         if fault || self.detaching.is_none() {
             // (Detaching, a thread inside a stub is stepped out of it before it is let go,
             // with the signal: `cache_ready_to_let_go`.)
-        self.settle(tid, fault, true);
+            self.settle(tid, fault, true);
         }
         let mut inject = sig;
         if sig == libc::SIGTRAP {
