@@ -32,20 +32,17 @@ trap 'exit 143' TERM
 
 # The static PowerPC64 and s390x itrace the guest tests need (scripts/cross-build.sh: release
 # builds of the crate graph for two more targets, some 400 s of both CPUs, the longest part of
-# those tests) are built in the background from the fuzz smoke test on, at nice 19, into
-# target/cross-build-background.log. What runs then (the fuzz build and runs, the kmod guest's
-# build and boot) has no timed check and runs at nice 0: on a CPU both want, a nice 19 process
-# gets 15/1039 of it (the scheduler's weights), so it takes the CPU they leave idle (a cargo
-# build's serial stretches, downloads, the guest's idle vCPU) and barely slows them. No test of
-# the fidelity runs shares the CPU with it. It locks target/release and
-# target/TRIPLE/release, which nothing else uses meanwhile (the kmod guest builds debug). The
+# those tests) can be built in the background from the fuzz smoke test on, at nice 19, into
+# target/cross-build-background.log, with ITRACE_CROSS_BACKGROUND=1. Off by default: in a
+# fresh-clone CI run (2026-11-27) it saved the guests 290 s but cost the fuzz smoke test and
+# the kmod guest's preparation (its static itrace build) 440 s more, and left that guest with
+# less room under its time limit. It locks target/release and target/TRIPLE/release; the
 # ppc64le step waits for it; if it failed, the guest scripts' own cross-build.sh calls build
-# again and say why. ITRACE_CROSS_BACKGROUND=0: no background build (the guest scripts build
-# their itrace themselves, as before).
+# again and say why.
 cross_build_pid=
 cross_build_log=target/cross-build-background.log
 cross_build_start() {
-    [ "${ITRACE_CROSS_BACKGROUND:-1}" != 0 ] || return 0
+    [ "${ITRACE_CROSS_BACKGROUND:-0}" != 0 ] || return 0
     mkdir -p target
     # its own session (setsid does not fork here: a background job is no group leader), so that
     # cross_build_stop ends cargo and the compilers with it
