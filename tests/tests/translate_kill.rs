@@ -265,7 +265,25 @@ fn an_attach_after_a_kill_maps_a_new_code_cache_and_leaves_the_old_one_alone() {
         "the first cache's regions went: {first_left:?} then {killed_left:?}"
     );
 
-    let third_left = clean_attach("third", "1");
+    // The third attach must map a cache of its own. One in which no thread reached the cache
+    // (a loaded machine, 1 s) maps nothing at all, and is tried again; one that says it took
+    // an earlier attach's cache took the killed one's (the only one left).
+    let mut third_left = killed_left.clone();
+    for attempt in 0..4 {
+        let rec = run(Command::new(itrace_bin())
+            .args(["record", "--backend", "translate", "-p", &pid.to_string(), "--duration", "1", "-o"])
+            .arg(dir.join(format!("third-{attempt}.itr"))));
+        assert!(rec.success(), "third attach: itrace failed: {}", rec.stderr.trim());
+        assert!(
+            !rec.stderr.contains("were an earlier attach's"),
+            "after the kill, the next attach reused a cache: {}",
+            rec.stderr.trim()
+        );
+        third_left = cache_mappings(pid);
+        if third_left != killed_left {
+            break;
+        }
+    }
     let new_regions: Vec<&u64> = third_left.regions.iter().filter(|r| !killed_left.regions.contains(r)).collect();
     assert!(
         !new_regions.is_empty() && killed_left.regions.iter().all(|r| third_left.regions.contains(r)),
