@@ -334,8 +334,8 @@ impl Session<'_> {
             // A signal before the attach's interrupt stop, or before a launched program's exec:
             // the program's, passed on.
             ThreadState::New | ThreadState::Launching => self.pass_on_before_start(tid, sig),
-            // Not stepping yet (or finished): pass the signal on.
-            _ => self.resume(tid, sig),
+            // Its trace ended: the signal is passed on as it is let go.
+            ThreadState::Finished => self.resume(tid, sig),
         }
     }
 }
