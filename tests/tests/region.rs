@@ -270,7 +270,17 @@ fn inproc_modes_with_small_buffers() {
     assert_eq!((work, lost), (100 * per_call, 0), "continuous: every region, nothing lost");
     let (work, _, text) = run_mode("normal");
     assert!(work > 0 && work < 100 * per_call, "normal: tracing stopped early ({work})");
-    assert!(text.contains("trace buffer full at rl_work"), "normal: no buffer-full comment");
+    // The record the full buffer refused is one of the region's: rl_work's loop at every run
+    // on an idle machine, but where the 8K fill up varies (a record's size depends on its
+    // timestamp delta), and one fresh-clone run of the suite found no "full at rl_work": it may
+    // be another of the region's records, main's call into rl_work or to ITraceOff, or
+    // ITraceOff's PLT jump. Anything else fails, with where it was.
+    let full_at = text.lines().find_map(|l| l.split_once("trace buffer full at ")).map(|(_, at)| at);
+    let full_at = full_at.unwrap_or_else(|| panic!("normal: no buffer-full comment"));
+    assert!(
+        ["rl_work+", "main+", "ITraceOff"].iter().any(|f| full_at.starts_with(f)),
+        "normal: the buffer filled outside the region: {full_at}"
+    );
     let (work, lost, text) = run_mode("wrap");
     assert!(lost > 0 && work > 0 && work < 100 * per_call, "wrap: lost {lost}, rl_work {work}");
     let last_end = text.lines().rev().find(|l| l.starts_with("# end of trace")).unwrap_or("");
