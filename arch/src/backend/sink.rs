@@ -138,6 +138,15 @@ impl<'a> Sink<'a> {
         self
     }
 
+    /// The next branch record on `cpu`'s stream takes a clock reading of its own: a thread that
+    /// moved to that CPU must not get the stream's last shared reading, which may be older
+    /// than its own records on the CPU it left (readers merge the streams by time).
+    pub fn new_reading(&mut self, cpu: usize) {
+        if let Some(left) = self.ts_left.get_mut(cpu) {
+            *left = 0;
+        }
+    }
+
     /// The newest timestamp stored on `cpu`'s stream.
     pub fn last_ts(&self, cpu: usize) -> u64 {
         self.last_ts.get(cpu).copied().unwrap_or(0)
@@ -440,6 +449,54 @@ mod tests {
         let records = t.merged().map(|e| format!("{:?}", e.unwrap().record)).collect();
         let s = t.summary().unwrap();
         (records, s.records.clone(), s.lost.clone())
+    }
+
+    /// A thread that moves to another CPU's stream gets a clock reading of its own there: the
+    /// stream's last shared reading is older than the thread's records on the CPU it left, and
+    /// the file, merged by time, would put its later records first.
+    #[test]
+    fn a_new_reading_keeps_a_moved_thread_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("moved.itr");
+        let header = FileHeader {
+            endian: Endian::native(),
+            version_major: VERSION_MAJOR,
+            version_minor: VERSION_MINOR,
+            arch: Arch::X86_64,
+            mode: Mode::Continuous,
+            step_method: StepMethod::Translated,
+            ncpu: 2,
+            flags: FLAG_ICOUNT,
+            buffer_size: 0,
+            segment_size: 0,
+            start_realtime_ns: 1,
+            start_monotonic_ns: 2,
+        };
+        let w = TraceWriter::create(&path, &header).unwrap();
+        let cfg =
+            BufferConfig { mode: Mode::Continuous, ncpu: 2, buffer_size: 0, segment_size: 1 << 16, mte_size: 1 << 20 };
+        let mut buffers = Buffers::new(cfg, w).unwrap();
+        let at = |ts: u64, tid: u32, from: u64| Branch::user(ts, tid, from, from + 0x10, BranchKind::Jump, 0, 0);
+        {
+            let mut sink = Sink::new(&mut buffers).share_clock(4);
+            // Thread 8 on CPU 0 at time 50: that reading is CPU 0's for 3 more records.
+            assert_eq!(sink.branch(0, at(50, 8, 0x100)), Stored::Yes);
+            // Thread 7 on CPU 1 at 100, then moved to CPU 0, where it goes on at 200.
+            assert_eq!(sink.branch(1, at(100, 7, 0x200)), Stored::Yes);
+            sink.new_reading(0);
+            assert_eq!(sink.branch(0, at(200, 7, 0x300)), Stored::Yes);
+            assert_eq!(sink.last_ts(0), 200);
+        }
+        buffers.finish(Summary::default()).unwrap();
+        let t = TraceFile::open(&path).unwrap();
+        let thread7: Vec<u64> = t
+            .merged()
+            .filter_map(|e| match e.unwrap().record {
+                Record::Branch(b) if b.tid == 7 => Some(b.from),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(thread7, [0x200, 0x300], "thread 7's records in the file's order by time");
     }
 
     /// The same calls, through a sink writing the buffers itself and through one with a writer

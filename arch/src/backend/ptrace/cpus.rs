@@ -25,9 +25,23 @@ impl Session<'_> {
                 // Cannot pin (cpuset rules): report the CPU the tracer sees; mostly right for a ping-pong.
                 // SAFETY: sched_getcpu has no preconditions.
                 let c = unsafe { libc::sched_getcpu() };
-                t.cpu = c.max(0) as usize;
+                let cpu = c.max(0) as usize;
+                if t.cpu != cpu {
+                    t.cpu = cpu;
+                    self.sink.new_reading(cpu);
+                }
             }
         }
+    }
+
+    /// Move a traced thread to `cpu` (pinned there, its records that CPU's from now on).
+    pub(super) fn move_thread(&mut self, tid: i32, cpu: usize) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        if t.cpu != cpu {
+            t.cpu = cpu;
+            self.sink.new_reading(cpu);
+        }
+        self.pin_thread(tid);
     }
 
     /// Keep the tracer on the CPU of the (first) traced thread: a step is a ping-pong between

@@ -382,11 +382,10 @@ impl Session<'_> {
         if !unpinned || self.detaching.is_some() {
             return;
         }
-        let ran_on = crate::procfs::last_cpu(tid).filter(|c| self.cpus.contains(c));
-        if let (Some(cpu), Some(t)) = (ran_on, self.threads.get_mut(&tid)) {
-            t.cpu = cpu;
+        match crate::procfs::last_cpu(tid).filter(|c| self.cpus.contains(c)) {
+            Some(cpu) => self.move_thread(tid, cpu),
+            None => self.pin_thread(tid),
         }
-        self.pin_thread(tid);
     }
 
     /// A signal-delivery stop of a thread in the cache: a signal for the program.
