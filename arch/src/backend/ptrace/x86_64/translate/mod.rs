@@ -1026,8 +1026,9 @@ impl Session<'_> {
         let at = p.arch.cache.next_at(region);
         let first_exit = p.arch.cache.exits.len() as u32;
         let bps = &p.region.bps;
+        let code = std::cell::RefCell::new(super::super::tables::ReadAhead::new(pid));
         let mut fetch = |addr: u64, buf: &mut [u8]| {
-            let n = super::super::tables::read_mem(pid, addr, buf);
+            let n = code.borrow_mut().read(addr, buf);
             bps.unpatch(addr, &mut buf[..n]);
             n
         };
@@ -1043,7 +1044,7 @@ impl Session<'_> {
                 return false;
             }
             let mut fetch = |a: u64, buf: &mut [u8]| {
-                let n = super::super::tables::read_mem(pid, a, buf);
+                let n = code.borrow_mut().read(a, buf);
                 bps.unpatch(a, &mut buf[..n]);
                 n
             };
