@@ -9,6 +9,7 @@
 //! encoding then runs beside the drain and the traced program instead of between them.
 
 use itrace_format::{Branch, Buffers, Mode, Mte, Push, Record};
+use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,8 +73,11 @@ pub struct Sink<'a> {
     store: Store<'a>,
     ncpu: usize,
     last_ts: Vec<u64>,
-    /// Per stream: branch records still to take `last_ts` instead of their own reading.
-    ts_left: Vec<u32>,
+    /// Per thread, how its branch records share clock readings: the thread whose records came
+    /// last (most calls are for the same thread as the one before) and the others.
+    clock_tid: Option<u32>,
+    clock: ThreadClock,
+    clocks: HashMap<u32, ThreadClock>,
     /// Branch records that share one clock reading (1: each has its own).
     share_clock: u32,
     /// Taken branches stored, and the instructions they count.
@@ -121,7 +125,9 @@ impl<'a> Sink<'a> {
             store,
             ncpu,
             last_ts: Vec::new(),
-            ts_left: Vec::new(),
+            clock_tid: None,
+            clock: ThreadClock::default(),
+            clocks: HashMap::new(),
             share_clock: 1,
             error: None,
             branches: 0,
@@ -129,7 +135,7 @@ impl<'a> Sink<'a> {
         }
     }
 
-    /// Sparse timestamps: each stream's branch records share one clock reading for `records`
+    /// Sparse timestamps: each thread's branch records share one clock reading for `records`
     /// records (format 3.0 stores an unchanged time in no bytes; an exact reading at every
     /// stop cost the ptrace recorder 3 of its 4-6 bytes per branch). A control record starts
     /// a new reading.
@@ -138,29 +144,31 @@ impl<'a> Sink<'a> {
         self
     }
 
-    /// The next branch record on `cpu`'s stream takes a clock reading of its own: a thread that
-    /// moved to that CPU must not get the stream's last shared reading, which may be older
-    /// than its own records on the CPU it left (readers merge the streams by time).
-    pub fn new_reading(&mut self, cpu: usize) {
-        if let Some(left) = self.ts_left.get_mut(cpu) {
-            *left = 0;
-        }
-    }
-
     /// The newest timestamp stored on `cpu`'s stream.
     pub fn last_ts(&self, cpu: usize) -> u64 {
         self.last_ts.get(cpu).copied().unwrap_or(0)
     }
 
-    /// The timestamp `b` is stored with on `cpu`'s stream: no older than the stream's last,
-    /// or the last itself while records share a clock reading.
+    /// The timestamp `b` is stored with on `cpu`'s stream (see [`stamp_with`]).
     #[inline]
     fn stamp(&mut self, cpu: usize, b: &mut Branch) {
         if cpu >= self.last_ts.len() {
             self.last_ts.resize(cpu + 1, 0);
-            self.ts_left.resize(cpu + 1, 0);
         }
-        stamp_with(&mut self.last_ts[cpu], &mut self.ts_left[cpu], self.share_clock, b);
+        self.clock_for(b.tid);
+        stamp_with(&mut self.last_ts[cpu], &mut self.clock, self.share_clock, cpu, b);
+    }
+
+    /// Make `self.clock` thread `tid`'s.
+    #[inline]
+    fn clock_for(&mut self, tid: u32) {
+        if self.clock_tid != Some(tid) {
+            if let Some(t) = self.clock_tid {
+                self.clocks.insert(t, self.clock);
+            }
+            self.clock = self.clocks.remove(&tid).unwrap_or_default();
+            self.clock_tid = Some(tid);
+        }
     }
 
     /// Store a taken branch on `cpu`'s stream, its timestamp no older than the stream's last.
@@ -190,14 +198,19 @@ impl<'a> Sink<'a> {
         if bs.is_empty() {
             return (0, Stored::Yes);
         }
-        // `stamp` for each, with the stream's clock in registers (a call per record, with its
-        // checks, was 7 % of the translating recorder's time).
+        // `stamp` for each, with the stream's and the thread's clocks in registers (a call per
+        // record, with its checks, was 7 % of the translating recorder's time).
         self.stamp(cpu, &mut bs[0]);
-        let (mut last, mut left) = (self.last_ts[cpu], self.ts_left[cpu]);
+        let (mut last, mut clock, mut tid) = (self.last_ts[cpu], self.clock, bs[0].tid);
         for b in bs[1..].iter_mut() {
-            stamp_with(&mut last, &mut left, self.share_clock, b);
+            if b.tid != tid {
+                self.clock = clock;
+                self.clock_for(b.tid);
+                (clock, tid) = (self.clock, b.tid);
+            }
+            stamp_with(&mut last, &mut clock, self.share_clock, cpu, b);
         }
-        (self.last_ts[cpu], self.ts_left[cpu]) = (last, left);
+        (self.last_ts[cpu], self.clock) = (last, clock);
         match &mut self.store {
             Store::Direct(buffers) => match buffers.push_branches(cpu, bs) {
                 Ok(n) => {
@@ -218,8 +231,9 @@ impl<'a> Sink<'a> {
 
     /// Store a control record (trace on/off, lost) on `cpu`'s stream; never refused for space.
     pub fn control(&mut self, cpu: usize, r: &Record) -> Stored {
-        if let Some(left) = self.ts_left.get_mut(cpu) {
-            *left = 0;
+        self.clock.left = 0;
+        for c in self.clocks.values_mut() {
+            c.left = 0;
         }
         let pushed = match &mut self.store {
             Store::Direct(buffers) => buffers.push_control(cpu, r),
@@ -350,17 +364,39 @@ impl<'a> Sink<'a> {
     }
 }
 
-/// The timestamp `b` is stored with on a stream whose newest is `last`, `left` records still to
-/// share that reading: no older than `last`, or `last` itself while records share it.
+/// How a thread's branch records share clock readings.
+#[derive(Clone, Copy, Debug, Default)]
+struct ThreadClock {
+    /// Records still to take `last` instead of their own reading.
+    left: u32,
+    /// The thread's newest timestamp.
+    last: u64,
+    /// The stream of its newest record.
+    cpu: usize,
+}
+
+/// The timestamp `b` (of the thread of `clock`) is stored with on stream `cpu`, whose newest is
+/// `last`: its own clock reading, or while the thread's records share a reading, its newest
+/// timestamp; never older than the stream's newest or the thread's.
+///
+/// A thread that moved to another CPU goes on at least a nanosecond after its newest record on
+/// the one it left: readers merge the streams by time, and the new stream's last shared reading
+/// (another thread's) may be older, or the same (a tie that the merge may break either way). Its
+/// sharing goes on as it was, so that a thread's records get the same readings whether or not it
+/// moved (tests compare traces of a program, record for record, with records of the file's other
+/// stream placed among them by time).
 #[inline(always)]
-fn stamp_with(last: &mut u64, left: &mut u32, share_clock: u32, b: &mut Branch) {
-    if *left > 0 {
-        *left -= 1;
-        b.ts = *last;
+fn stamp_with(last: &mut u64, clock: &mut ThreadClock, share_clock: u32, cpu: usize, b: &mut Branch) {
+    let floor = if clock.cpu == cpu { clock.last } else { clock.last + 1 };
+    clock.cpu = cpu;
+    if clock.left > 0 {
+        clock.left -= 1;
+        b.ts = floor.max(*last);
     } else {
-        b.ts = b.ts.max(*last);
-        *left = share_clock - 1;
+        b.ts = b.ts.max(floor).max(*last);
+        clock.left = share_clock - 1;
     }
+    clock.last = b.ts;
     *last = b.ts;
 }
 
@@ -451,11 +487,11 @@ mod tests {
         (records, s.records.clone(), s.lost.clone())
     }
 
-    /// A thread that moves to another CPU's stream gets a clock reading of its own there: the
-    /// stream's last shared reading is older than the thread's records on the CPU it left, and
-    /// the file, merged by time, would put its later records first.
+    /// A thread that moves to another CPU's stream goes on after its records on the one it
+    /// left: with the stream's last shared reading (another thread's, older), the file, merged
+    /// by time, put its later records first.
     #[test]
-    fn a_new_reading_keeps_a_moved_thread_in_order() {
+    fn a_moved_thread_stays_in_order() {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("moved.itr");
         let header = FileHeader {
@@ -481,11 +517,16 @@ mod tests {
             let mut sink = Sink::new(&mut buffers).share_clock(4);
             // Thread 8 on CPU 0 at time 50: that reading is CPU 0's for 3 more records.
             assert_eq!(sink.branch(0, at(50, 8, 0x100)), Stored::Yes);
-            // Thread 7 on CPU 1 at 100, then moved to CPU 0, where it goes on at 200.
+            // Thread 7 on CPU 1 at 100 (a reading for 3 more records), then moved to CPU 0,
+            // where it goes on at 200, 300, 400 and 500.
             assert_eq!(sink.branch(1, at(100, 7, 0x200)), Stored::Yes);
-            sink.new_reading(0);
-            assert_eq!(sink.branch(0, at(200, 7, 0x300)), Stored::Yes);
-            assert_eq!(sink.last_ts(0), 200);
+            let mut stamps = Vec::new();
+            for (i, ts) in [200, 300, 400, 500].into_iter().enumerate() {
+                assert_eq!(sink.branch(0, at(ts, 7, 0x300 + 0x10 * i as u64)), Stored::Yes);
+                stamps.push(sink.last_ts(0));
+            }
+            // A nanosecond after its record on CPU 1, then that reading shared, then its own.
+            assert_eq!(stamps, [101, 101, 101, 500]);
         }
         buffers.finish(Summary::default()).unwrap();
         let t = TraceFile::open(&path).unwrap();
@@ -496,7 +537,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(thread7, [0x200, 0x300], "thread 7's records in the file's order by time");
+        assert_eq!(thread7, [0x200, 0x300, 0x310, 0x320, 0x330], "thread 7's records in the file's order by time");
     }
 
     /// The same calls, through a sink writing the buffers itself and through one with a writer

@@ -306,6 +306,10 @@ impl PtraceArch for Session<'_> {
             return self.resume_running(tid, sig);
         }
         t.injected = (sig != 0).then_some(sig);
+        if self.opts.step.translate {
+            self.thread_follows_tracer(tid);
+        }
+        let Some(t) = self.threads.get(&tid) else { return };
         if self.opts.step.translate && sig == 0 {
             if t.arch.xl.in_cache {
                 // Stopped only to have its ring drained: it goes on in the cache.

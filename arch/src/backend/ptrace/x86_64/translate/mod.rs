@@ -224,6 +224,7 @@ impl Session<'_> {
             return;
         }
         self.unblock_trap_for_resume(tid, 0);
+        self.thread_follows_tracer(tid);
         if let Some(t) = self.threads.get_mut(&tid) {
             t.stopped = false;
         }
