@@ -19,18 +19,26 @@ pub(super) const MAX_UNIT_BYTES: u64 = 96 << 10;
 /// Regions per process: the cache's bound (the cache is flushed when it is full).
 pub(super) const MAX_REGIONS: usize = 128;
 
-/// The cache's bounds: regions per process and the size of one. `REGION_BYTES` and
-/// `MAX_REGIONS` unless a test or a debugging session makes the cache tiny
-/// (`ITRACE_CACHE_REGIONS`, `ITRACE_CACHE_REGION_KB`), so that it fills and is flushed often.
+/// Units translated ahead at most per unit translated for a stop (`Session::translate_ahead`).
+pub(super) const AHEAD_UNITS: usize = 16;
+/// The most `ITRACE_TRANSLATE_AHEAD` may ask for.
+const MAX_AHEAD_UNITS: usize = 1024;
+
+/// The cache's bounds: regions per process and the size of one, and how many units are
+/// translated ahead per stop. `REGION_BYTES`, `MAX_REGIONS` and `AHEAD_UNITS` unless a test or a
+/// debugging session makes the cache tiny (`ITRACE_CACHE_REGIONS`, `ITRACE_CACHE_REGION_KB`), so
+/// that it fills and is flushed often, or changes what is translated ahead
+/// (`ITRACE_TRANSLATE_AHEAD`, 0: nothing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheLimits {
     pub regions: usize,
     pub region_bytes: u64,
+    pub ahead_units: usize,
 }
 
 impl Default for CacheLimits {
     fn default() -> Self {
-        CacheLimits { regions: MAX_REGIONS, region_bytes: REGION_BYTES }
+        CacheLimits { regions: MAX_REGIONS, region_bytes: REGION_BYTES, ahead_units: AHEAD_UNITS }
     }
 }
 
@@ -61,6 +69,12 @@ impl CacheLimits {
                 .ok_or_else(|| {
                     format!("ITRACE_CACHE_REGION_KB={v}: expected a code cache region size in KB, a power of two from {lo} to {hi}")
                 })?;
+        }
+        if let Some(v) = std::env::var_os("ITRACE_TRANSLATE_AHEAD").filter(|v| !v.is_empty()) {
+            let v = v.to_string_lossy();
+            l.ahead_units = v.parse().ok().filter(|n| *n <= MAX_AHEAD_UNITS).ok_or_else(|| {
+                format!("ITRACE_TRANSLATE_AHEAD={v}: expected a number of units to translate ahead per stop, from 0 to {MAX_AHEAD_UNITS}")
+            })?;
         }
         Ok(l)
     }
@@ -151,6 +165,82 @@ pub(in super::super) struct Cache {
     /// The lookup-table entries itrace filled in each thread-state block (offsets from the
     /// block), so that a detach can empty them (`forget_table`) without writing the whole table.
     table_filled: rustc_hash::FxHashMap<u64, rustc_hash::FxHashSet<u64>>,
+    /// Pages of read-only executable code as the program has them, read once for the
+    /// translator (`CodePages`).
+    pub(super) code_pages: CodePages,
+}
+
+/// The bytes of pages of the program's read-only executable mappings, as the translator read
+/// them (region triggers' breakpoints taken out): a unit's instructions were read one by one, a
+/// system call each, most of the translator's time after the encoder. Such code changes only by
+/// a system call that changes its mapping (`mmap`, `mprotect`, `munmap`: `Cache::invalidate`
+/// forgets the pages of the range, as it drops their units), so a page is read once; the
+/// stepping engine keeps decoded instructions of the same mappings on the same terms.
+#[derive(Default)]
+pub(super) struct CodePages {
+    pages: rustc_hash::FxHashMap<u64, Box<[u8]>>,
+}
+
+const PAGE: u64 = 4096;
+
+impl CodePages {
+    /// Read `buf.len()` bytes of code at `addr` (fewer where the memory ends), as the program
+    /// has them: `unpatch` takes itrace's breakpoints out of bytes read from the process. Pages
+    /// of read-only mappings in `maps` (executable, in address order) come from here, read
+    /// whole the first time; other code is read each time (`read`).
+    pub(super) fn fetch(
+        &mut self,
+        maps: &[crate::procfs::Mapping],
+        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+        unpatch: &dyn Fn(u64, &mut [u8]),
+        addr: u64,
+        buf: &mut [u8],
+    ) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = addr + done as u64;
+            let page = at & !(PAGE - 1);
+            let i = maps.partition_point(|m| m.end <= at);
+            let read_only = maps.get(i).is_some_and(|m| m.start <= page && page + PAGE <= m.end && !m.writable());
+            let want = (buf.len() - done).min((page + PAGE - at) as usize);
+            let out = &mut buf[done..done + want];
+            if !read_only {
+                let n = read(at, out);
+                unpatch(at, &mut out[..n]);
+                return done + n;
+            }
+            let bytes = match self.pages.entry(page) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let mut bytes = vec![0u8; PAGE as usize].into_boxed_slice();
+                    if read(page, &mut bytes) != PAGE as usize {
+                        let n = read(at, out);
+                        unpatch(at, &mut out[..n]);
+                        return done + n;
+                    }
+                    unpatch(page, &mut bytes);
+                    v.insert(bytes)
+                }
+            };
+            let o = (at - page) as usize;
+            out.copy_from_slice(&bytes[o..o + want]);
+            done += want;
+        }
+        done
+    }
+
+    /// Code in `start..end` changed: its pages are read again.
+    fn forget(&mut self, start: u64, end: u64) {
+        if end - start < 64 * PAGE {
+            let mut page = start & !(PAGE - 1);
+            while page < end {
+                self.pages.remove(&page);
+                page += PAGE;
+            }
+        } else {
+            self.pages.retain(|&page, _| page + PAGE <= start || page >= end);
+        }
+    }
 }
 
 impl Cache {
@@ -180,6 +270,7 @@ impl Cache {
             flush_pending: self.flush_pending,
             said_out_of_reach: self.said_out_of_reach,
             table_filled: self.table_filled.clone(),
+            code_pages: CodePages::default(),
         }
     }
 
@@ -353,6 +444,12 @@ impl Cache {
         self.write(pid, state + table_entry(target), &e)
     }
 
+    /// Whether the lookup-table entry of `target` in thread-state block `state` holds nothing
+    /// itrace put there (since the last flush or detach): filling it evicts no other target.
+    pub(super) fn table_free(&self, state: u64, target: u64) -> bool {
+        self.table_filled.get(&state).is_none_or(|filled| !filled.contains(&table_entry(target)))
+    }
+
     /// Tracing ends: every direct exit of the unit holding cache address `addr` goes to its miss
     /// trap again, so that a thread inside the unit stops at whichever exit it takes (the
     /// others are let go meanwhile and never come back). False: no unit holds `addr`.
@@ -390,6 +487,7 @@ impl Cache {
     pub(in super::super) fn invalidate(&mut self, start: u64, end: u64) {
         // The code of a native run changed: it is looked for again.
         self.native_runs.retain(|_, r| r.end <= start || r.lea >= end);
+        self.code_pages.forget(start, end);
         // Nothing was written to a process whose memory was never opened.
         let Some(pid) = self.mem.as_ref().map(|(p, _)| *p) else { return };
         // A unit holds at most MAX_UNIT_INSNS instructions of at most 15 bytes.
