@@ -2,13 +2,15 @@
 # Start-up of the translating recorder (docs/translate.md, "Where the time goes"): small real
 # programs whose time under `itrace record --backend translate` is mostly the stops that
 # translate their code. Each program is recorded with each value of ITRACE_TRANSLATE_AHEAD
-# (units translated ahead per stop; 0: none, as before translation ahead), alternating, BENCH_REPS
-# times; prints the best and median wall time of each and the stops of its last run
-# (ITRACE_STATS=1). A benchmark, not a test: it exits non-zero only if a run failed or its output
-# differed from the program's native output.
+# (units translated ahead per stop; 0: none), and with another itrace binary if BENCH_BASE names
+# one (an earlier build), alternating, BENCH_REPS times; prints the best and median wall time of
+# each, the peak RSS of the largest process of its last run (itrace's, here) and the stops of
+# that run (ITRACE_STATS=1). A benchmark, not a test: it exits non-zero only if a run failed or
+# its output differed from the program's native output.
 # Knobs (environment):
 #   BENCH_REPS=7               runs of each configuration
 #   BENCH_AHEAD="0 16"         the ITRACE_TRANSLATE_AHEAD values compared
+#   BENCH_BASE=path            an itrace binary run too ("base"), e.g. one built before a change
 #   ITRACE=path                itrace binary (default target/release/itrace; not built here)
 set -u -o pipefail
 export LC_ALL=C
@@ -45,32 +47,37 @@ PROGS=(
     "sha256sum 20 KB|sha256sum $S/text20k"
     "workload 1|$S/workload 1"
 )
-stat() { # stat KEY FILE: the number before KEY in the statistics line
-    grep '^itrace: translate: ' "$2" | sed "s/$1.*//" | awk '{ print $NF }' | tr -d '('
+stat() { # stat KEY FILE: the number before KEY in the statistics line (-: none)
+    grep '^itrace: translate: ' "$2" | grep -e "$1" | sed "s/$1.*//" | awk '{ print $NF }' | tr -d '(' | grep . || echo -
 }
 median() { sort -g | awk '{ a[++n] = $1 } END { if (n % 2) print a[(n + 1) / 2]; else print (a[n / 2] + a[n / 2 + 1]) / 2 }'; }
-printf '%-18s %6s %9s %9s %7s %7s %7s %9s %7s\n' program ahead "best s" "median s" units ahead links "ind.miss" "ret.fill"
+CONFIGS=()
+[ -n "${BENCH_BASE:-}" ] && CONFIGS+=("base|$BENCH_BASE|")
+for a in $AHEAD; do CONFIGS+=("$a|$ITRACE|$a"); done
+printf '%-18s %6s %9s %9s %8s %7s %7s %7s %9s %7s\n' program ahead "best s" "median s" "RSS KB" units ahead links "ind.miss" "ret.fill"
 for p in "${PROGS[@]}"; do
     name=${p%%|*}; cmd=${p#*|}
     # shellcheck disable=SC2086
     $cmd > "$S/native.out" 2>/dev/null
     for r in $(seq "$REPS"); do
-        for a in $AHEAD; do
+        for c in "${CONFIGS[@]}"; do
+            a=${c%%|*}; rest=${c#*|}; bin=${rest%%|*}; ahead=${rest#*|}
             t0=$(date +%s.%N)
             # shellcheck disable=SC2086
-            ITRACE_STATS=1 ITRACE_TRANSLATE_AHEAD=$a "$ITRACE" record --backend translate -o "$S/t.itrace" -- $cmd \
-                > "$S/out" 2> "$S/err.$a"
+            ITRACE_STATS=1 ITRACE_TRANSLATE_AHEAD=$ahead /usr/bin/time -o "$S/time.$a" -f '%M' \
+                "$bin" record --backend translate -o "$S/t.itrace" -- $cmd > "$S/out" 2> "$S/err.$a"
             rc=$?
             t1=$(date +%s.%N)
             if [ $rc -ne 0 ] || ! cmp -s "$S/out" "$S/native.out"; then
-                echo "bench: FAILED: $name, ahead $a (exit $rc):" >&2; cat "$S/err.$a" >&2; FAILS=$((FAILS + 1))
+                echo "bench: FAILED: $name, $a (exit $rc):" >&2; cat "$S/err.$a" >&2; FAILS=$((FAILS + 1))
             fi
             awk "BEGIN { print $t1 - $t0 }" >> "$S/times.$a"
         done
     done
-    for a in $AHEAD; do
-        printf '%-18s %6s %9.3f %9.3f %7s %7s %7s %9s %7s\n' "$name" "$a" \
-            "$(sort -g "$S/times.$a" | head -1)" "$(median < "$S/times.$a")" \
+    for c in "${CONFIGS[@]}"; do
+        a=${c%%|*}
+        printf '%-18s %6s %9.3f %9.3f %8s %7s %7s %7s %9s %7s\n' "$name" "$a" \
+            "$(sort -g "$S/times.$a" | head -1)" "$(median < "$S/times.$a")" "$(cat "$S/time.$a")" \
             "$(stat ' units translated' "$S/err.$a")" "$(stat ' ahead of their first run' "$S/err.$a")" \
             "$(stat ' links,' "$S/err.$a")" "$(stat ' indirect misses' "$S/err.$a")" \
             "$(stat ' return addresses put' "$S/err.$a")"
