@@ -514,3 +514,87 @@ impl Cache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::Mapping;
+    use itrace_format::prot;
+
+    fn mapping(start: u64, end: u64, prot: u32) -> Mapping {
+        Mapping { start, end, prot, offset: 0, path: String::new() }
+    }
+
+    /// A process's memory for `CodePages::fetch`: byte `a` holds `a as u8` (plus `bump` after a
+    /// "rewrite"), up to `end`; every read is counted.
+    struct Memory {
+        end: u64,
+        bump: u8,
+        reads: std::cell::Cell<usize>,
+    }
+
+    impl Memory {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+            self.reads.set(self.reads.get() + 1);
+            let n = (self.end.saturating_sub(addr) as usize).min(buf.len());
+            for (k, b) in buf[..n].iter_mut().enumerate() {
+                *b = (addr + k as u64) as u8 ^ self.bump;
+            }
+            n
+        }
+    }
+
+    #[test]
+    fn code_pages_are_read_once_and_again_after_a_change() {
+        // Read-only code at 0x1000..0x3000, writable code at 0x3000..0x4000; a breakpoint (0xcc
+        // in memory) at 0x1ffe that `unpatch` takes out.
+        let maps = [
+            mapping(0x1000, 0x3000, prot::READ | prot::EXEC),
+            mapping(0x3000, 0x4000, prot::READ | prot::WRITE | prot::EXEC),
+        ];
+        let mut mem = Memory { end: 0x4000, bump: 0, reads: Default::default() };
+        let unpatch = |a: u64, buf: &mut [u8]| {
+            if (a..a + buf.len() as u64).contains(&0x1ffe) {
+                buf[(0x1ffe - a) as usize] = 0x90;
+            }
+        };
+        let mut pages = CodePages::default();
+        let want = |at: u64, n: usize, bump: u8| -> Vec<u8> {
+            (at..at + n as u64).map(|a| if a == 0x1ffe { 0x90 } else { a as u8 ^ bump }).collect()
+        };
+        let fetch = |pages: &mut CodePages, mem: &Memory, at: u64, n: usize| -> Vec<u8> {
+            let mut buf = vec![0u8; n];
+            let got = pages.fetch(&maps, &mut |a, b| mem.read(a, b), &unpatch, at, &mut buf);
+            buf.truncate(got);
+            buf
+        };
+        // Straddling the two read-only pages: each read whole, once.
+        assert_eq!(fetch(&mut pages, &mem, 0x1ff8, 15), want(0x1ff8, 15, 0));
+        assert_eq!(mem.reads.get(), 2);
+        assert_eq!(fetch(&mut pages, &mem, 0x1010, 15), want(0x1010, 15, 0));
+        assert_eq!(fetch(&mut pages, &mem, 0x2ff1, 15), want(0x2ff1, 15, 0));
+        assert_eq!(mem.reads.get(), 2, "cached pages are not read again");
+        // Writable code is read each time.
+        assert_eq!(fetch(&mut pages, &mem, 0x3010, 15), want(0x3010, 15, 0));
+        assert_eq!(fetch(&mut pages, &mem, 0x3010, 15), want(0x3010, 15, 0));
+        assert_eq!(mem.reads.get(), 4);
+        // From read-only into writable code: the rest is read, not kept.
+        assert_eq!(fetch(&mut pages, &mem, 0x2ffc, 8), want(0x2ffc, 8, 0));
+        assert_eq!(mem.reads.get(), 5);
+        // The code changes (an mprotect, say, of the second page): that page is read again.
+        mem.bump = 0x5a;
+        pages.forget(0x2000, 0x3000);
+        assert_eq!(fetch(&mut pages, &mem, 0x2100, 15), want(0x2100, 15, 0x5a));
+        assert_eq!(fetch(&mut pages, &mem, 0x1100, 15), want(0x1100, 15, 0), "the other page is kept");
+        assert_eq!(mem.reads.get(), 6);
+        // A large range forgets by walking the pages kept.
+        pages.forget(0, 1 << 40);
+        assert_eq!(fetch(&mut pages, &mem, 0x1100, 15), want(0x1100, 15, 0x5a));
+        assert_eq!(mem.reads.get(), 7);
+        // Memory that ends inside a read-only page: what is there, nothing kept.
+        mem.end = 0x1800;
+        pages.forget(0x1000, 0x2000);
+        assert_eq!(fetch(&mut pages, &mem, 0x17fc, 15), want(0x17fc, 4, 0x5a));
+        assert!(pages.pages.is_empty());
+    }
+}
