@@ -1138,8 +1138,9 @@ impl Session<'_> {
     /// without a link stop at each. The instruction after a call that ends a unit is translated
     /// too and put in the thread's lookup table (where no entry itrace filled is), so that the
     /// return finds it without a stop. The taken sides of conditional branches are left to
-    /// their link stops: translated ahead too, they doubled the units made (most never ran) and
-    /// cost more time than the stops they saved (docs/translate.md, "Where the time goes").
+    /// their link stops: translated ahead too, they doubled the units made (the extra half
+    /// never ran), and the time was more than with the last exits only (docs/translate.md,
+    /// "Where the time goes").
     /// Only code of the read-only executable mapping that holds `root` (a program's or a
     /// library's code: nothing there changes without a system call that drops its units), only
     /// into regions with room (no region is mapped, nothing flushed for it), and only while the
