@@ -11,7 +11,13 @@
  *                                  first part or in its loop, which a jump leads to), called
  *                                  CALLS times after each rewrite;
  *   xl_jit rx-loop ROUNDS CALLS    the same, the page RX while run and RW while written.
- * Prints the sum of the results; exit 0 if every call returned what the code it ran computes. */
+ * Prints the sum of the results; exit 0 if every call returned what the code it ran computes.
+ *
+ *   xl_jit ahead   in an RX page, `f(x)`: `x == 0` returns 1, else jumps to `g`, which returns
+ *                  an immediate; f(0) is called (g is not run, but the translator may have
+ *                  translated it ahead, as the jump's target), g's immediate rewritten with
+ *                  mprotect around the write, then f(1). Prints both results; exit 0 if they
+ *                  are 1 then 2222. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +31,37 @@ static void xl_jit_emit(unsigned char *at, int imm)
 }
 
 __attribute__((noinline)) int xl_jit_call(unsigned char *at) { return ((int (*)(void))at)(); }
+
+__attribute__((noinline)) int xl_jit_call_with(unsigned char *at, int x) { return ((int (*)(int))at)(x); }
+
+/* f(x) and g of `xl_jit ahead`: f: 0: test %edi,%edi ; 2: jz 9 ; 4: jmp 10 (g) ; 9: mov $1,%eax ;
+ * e: ret ; f: nop ; g: 10: mov $imm,%eax (the immediate at 11) ; 15: ret */
+static const unsigned char xl_jit_ahead_code[] = {
+    0x85, 0xff, 0x74, 0x05, 0xe9, 0x07, 0, 0, 0, 0xb8, 1, 0, 0, 0, 0xc3, 0x90, 0xb8, 0, 0, 0, 0, 0xc3,
+};
+enum { XL_G_IMM = 0x11 };
+
+static int xl_jit_ahead(void)
+{
+    unsigned char *page = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED)
+        return 2;
+    int imm = 1111;
+    memcpy(page, xl_jit_ahead_code, sizeof xl_jit_ahead_code);
+    memcpy(page + XL_G_IMM, &imm, 4);
+    if (mprotect(page, 4096, PROT_READ | PROT_EXEC) != 0)
+        return 3;
+    int first = xl_jit_call_with(page, 0);
+    if (mprotect(page, 4096, PROT_READ | PROT_WRITE) != 0)
+        return 3;
+    imm = 2222;
+    memcpy(page + XL_G_IMM, &imm, 4);
+    if (mprotect(page, 4096, PROT_READ | PROT_EXEC) != 0)
+        return 3;
+    int second = xl_jit_call_with(page, 1);
+    printf("xl_jit ahead: %d then %d\n", first, second);
+    return first == 1 && second == 2222 ? 0 : 1;
+}
 
 /* The loop function: a + n * b (or a - n * b), in two parts (the jump ends the first; the loop
  * is the second):
@@ -104,6 +141,8 @@ int main(int argc, char **argv)
         unsigned calls = argc > 3 ? (unsigned)strtoul(argv[3], 0, 0) : 3;
         return xl_jit_loop(mode[1] == 'w', rounds, calls);
     }
+    if (strcmp(mode, "ahead") == 0)
+        return xl_jit_ahead();
     int rwx = strcmp(mode, "rwx") == 0;
     int prot = PROT_READ | PROT_WRITE | (rwx ? PROT_EXEC : 0);
     unsigned char *page = mmap(0, 4096, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

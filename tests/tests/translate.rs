@@ -399,6 +399,53 @@ fn code_rewritten_in_place_again_and_again_is_retranslated_each_time() {
     assert_eq!(checked, 41, "units of the RWX page (with a check): {}", stats.out.stderr);
 }
 
+/// Translation ahead (docs/translate.md, "Where the time goes"): a unit translated for a stop
+/// brings the units a thread that runs it through goes to next (a direct jump's or call's
+/// target, the return site after a call, which goes into the thread's lookup table). xl_ahead's
+/// stops are counted by hand in its source: with nothing translated ahead
+/// (`ITRACE_TRANSLATE_AHEAD=0`) 3 link stops and 3 indirect misses; by default none, the same
+/// 8 units (6 of them ahead, 3 return sites in the table); 2 leaves (its system calls) either
+/// way. Both traces are `--step instruction`'s. On a recorder without translation ahead the
+/// default run stops as the first.
+#[test]
+fn translation_ahead_saves_the_stops_counted_by_hand() {
+    let bin = program("xl_ahead");
+    let dir = test_dir("translate-ahead");
+    let nat = native(&bin, &[]);
+    assert!(nat.success(), "xl_ahead natively: {}", nat.status);
+    let stepped = recording(&dir, "step", STEP, &bin, &[]);
+    assert_same_behaviour("xl_ahead (--step instruction)", &nat, &stepped);
+    // (ahead units, links, indirect misses, return sites filled ahead) by hand.
+    for (tag, ahead, want) in [("none", "0", (0, 3, 3, 0)), ("default", "", (6, 0, 0, 3))] {
+        let env = [("ITRACE_STATS", "1"), ("ITRACE_TRANSLATE_AHEAD", ahead)];
+        let rec = recording_with_env(&dir, tag, TRANSLATE, &env, &bin, &[]);
+        assert_same_behaviour(&format!("xl_ahead ({tag})"), &nat, &rec);
+        let err = &rec.out.stderr;
+        let count = |key: &str| stat_count("xl_ahead", err, key);
+        assert_eq!(count(" units translated"), 8, "xl_ahead ({tag}): units: {err}");
+        assert_eq!(count(" leaves"), 2, "xl_ahead ({tag}): leaves: {err}");
+        let got = (
+            count(" ahead of their first run"),
+            count(" links"),
+            count(" indirect misses"),
+            count(" return addresses"),
+        );
+        assert_eq!(got, want, "xl_ahead ({tag}): (ahead, links, indirect misses, return sites filled): {err}");
+        assert_same_trace(&format!("xl_ahead ({tag})"), &dir, &rec, &stepped);
+    }
+}
+
+/// A unit translated ahead and never run, from a page whose code is then replaced (mprotect
+/// around the write), is dropped with the page's other units and bytes: `xl_jit ahead` calls
+/// f(0), whose unit ends in a jump to g (translated ahead, not run), rewrites g's immediate and
+/// calls f(1), which must return the new one, as natively; the trace is `--step instruction`'s.
+#[test]
+fn a_unit_translated_ahead_is_dropped_when_its_code_is_replaced() {
+    let nat = native(&program("xl_jit"), &["ahead"]);
+    assert_eq!(nat.stdout, "xl_jit ahead: 1 then 2222\n");
+    invisible("xl_jit", &["ahead"], &[], false);
+}
+
 /// Item 3d: The same rewrites with the page RX while run (mprotect around each write): units are
 /// dropped at the system call, and code that is not writable has no check (none in the process:
 /// its other code, the program's and its libraries', is read-only too).
@@ -811,6 +858,8 @@ fn cache_knobs_refuse_bad_values() {
         ("ITRACE_CACHE_REGIONS", "many"),
         ("ITRACE_CACHE_REGION_KB", "100"),
         ("ITRACE_CACHE_REGION_KB", "64"),
+        ("ITRACE_TRANSLATE_AHEAD", "many"),
+        ("ITRACE_TRANSLATE_AHEAD", "2000"),
     ] {
         let mut cmd = Command::new(itrace_bin());
         cmd.arg("record").arg("-o").arg(&trace).args(TRANSLATE).arg("--").arg(program("count_loop"));

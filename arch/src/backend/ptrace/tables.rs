@@ -90,44 +90,6 @@ impl Session<'_> {
     }
 }
 
-/// Reads of a process's code that go one after the other, as a decoder's do: each is served
-/// from a window read ahead (up to [`ReadAhead::WINDOW`] bytes, within the page when the
-/// instruction fits), as [`read_mem`] would serve it (fewer bytes where the mapping ends).
-/// The translator's decoding read an instruction at a time: a system call per instruction
-/// (`python3 -c pass`, translated: 626 k of itrace's 1.56 M system calls). Keep one only while
-/// the process is stopped, for one translation: code may change when it runs.
-pub(super) struct ReadAhead {
-    pid: i32,
-    base: u64,
-    bytes: Vec<u8>,
-}
-
-impl ReadAhead {
-    pub(super) const WINDOW: usize = 512;
-
-    pub(super) fn new(pid: i32) -> Self {
-        ReadAhead { pid, base: 0, bytes: Vec::new() }
-    }
-
-    /// Up to `buf.len()` bytes at `addr`; how many there were.
-    pub(super) fn read(&mut self, addr: u64, buf: &mut [u8]) -> usize {
-        let inside = addr >= self.base && addr.saturating_add(buf.len() as u64) <= self.base + self.bytes.len() as u64;
-        if !inside {
-            // To the page's end, unless that cuts the read: a second page costs a second call.
-            let page_left = (0x1000 - (addr & 0xfff)) as usize;
-            let len = if page_left >= buf.len() { page_left.min(Self::WINDOW) } else { Self::WINDOW };
-            self.bytes.resize(len.max(buf.len()), 0);
-            let n = read_mem(self.pid, addr, &mut self.bytes);
-            self.bytes.truncate(n);
-            self.base = addr;
-        }
-        let off = (addr - self.base) as usize;
-        let n = buf.len().min(self.bytes.len().saturating_sub(off));
-        buf[..n].copy_from_slice(&self.bytes[off..off + n]);
-        n
-    }
-}
-
 /// Read up to `buf.len()` bytes of `pid`'s memory at `addr`; returns how many were read.
 pub(super) fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> usize {
     // Stop at the page end first so an unmapped next page cannot fail the whole read.
@@ -151,48 +113,4 @@ pub(super) fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> usize {
         }
     }
     done
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{read_mem, ReadAhead};
-
-    /// Read ahead serves what `read_mem` reads, byte for byte, wherever the reads go: forward,
-    /// back, across a page, and up to the end of a mapping (fewer bytes there, as read_mem).
-    #[test]
-    fn read_ahead_reads_what_read_mem_reads() {
-        // Two pages of our own memory, the second unmapped: a mapping that ends.
-        // SAFETY: a fresh anonymous mapping of two pages, used only through the returned pointer
-        // while mapped; the second page is unmapped before any read, never touched after.
-        let base = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                0x2000,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            for i in 0..0x1000 {
-                *(p as *mut u8).add(i) = (i * 7 + 3) as u8;
-            }
-            assert_eq!(libc::munmap((p as *mut u8).add(0x1000).cast(), 0x1000), 0);
-            p as u64
-        };
-        let pid = std::process::id() as i32;
-        let mut ahead = ReadAhead::new(pid);
-        let offsets = [0x10, 0x12, 0x20, 0x5, 0x200, 0x3f8, 0x7f0, 0x9f5, 0xff0, 0xff9, 0xffe, 0x400];
-        for off in offsets {
-            for len in [1usize, 8, 15, 16] {
-                let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
-                let n = ahead.read(base + off, &mut a);
-                let m = read_mem(pid, base + off, &mut b);
-                assert_eq!((n, &a[..n]), (m, &b[..m]), "{len} bytes at +{off:#x}");
-                assert_eq!(n, len.min(0x1000 - off as usize), "{len} bytes at +{off:#x}");
-            }
-        }
-        // SAFETY: the first page, mapped above and not used after this.
-        unsafe { libc::munmap(base as *mut libc::c_void, 0x1000) };
-    }
 }

@@ -19,18 +19,26 @@ pub(super) const MAX_UNIT_BYTES: u64 = 96 << 10;
 /// Regions per process: the cache's bound (the cache is flushed when it is full).
 pub(super) const MAX_REGIONS: usize = 128;
 
-/// The cache's bounds: regions per process and the size of one. `REGION_BYTES` and
-/// `MAX_REGIONS` unless a test or a debugging session makes the cache tiny
-/// (`ITRACE_CACHE_REGIONS`, `ITRACE_CACHE_REGION_KB`), so that it fills and is flushed often.
+/// Units translated ahead at most per unit translated for a stop (`Session::translate_ahead`).
+pub(super) const AHEAD_UNITS: usize = 16;
+/// The most `ITRACE_TRANSLATE_AHEAD` may ask for.
+const MAX_AHEAD_UNITS: usize = 1024;
+
+/// The cache's bounds: regions per process and the size of one, and how many units are
+/// translated ahead per stop. `REGION_BYTES`, `MAX_REGIONS` and `AHEAD_UNITS` unless a test or a
+/// debugging session makes the cache tiny (`ITRACE_CACHE_REGIONS`, `ITRACE_CACHE_REGION_KB`), so
+/// that it fills and is flushed often, or changes what is translated ahead
+/// (`ITRACE_TRANSLATE_AHEAD`, 0: nothing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheLimits {
     pub regions: usize,
     pub region_bytes: u64,
+    pub ahead_units: usize,
 }
 
 impl Default for CacheLimits {
     fn default() -> Self {
-        CacheLimits { regions: MAX_REGIONS, region_bytes: REGION_BYTES }
+        CacheLimits { regions: MAX_REGIONS, region_bytes: REGION_BYTES, ahead_units: AHEAD_UNITS }
     }
 }
 
@@ -61,6 +69,12 @@ impl CacheLimits {
                 .ok_or_else(|| {
                     format!("ITRACE_CACHE_REGION_KB={v}: expected a code cache region size in KB, a power of two from {lo} to {hi}")
                 })?;
+        }
+        if let Some(v) = std::env::var_os("ITRACE_TRANSLATE_AHEAD").filter(|v| !v.is_empty()) {
+            let v = v.to_string_lossy();
+            l.ahead_units = v.parse().ok().filter(|n| *n <= MAX_AHEAD_UNITS).ok_or_else(|| {
+                format!("ITRACE_TRANSLATE_AHEAD={v}: expected a number of units to translate ahead per stop, from 0 to {MAX_AHEAD_UNITS}")
+            })?;
         }
         Ok(l)
     }
@@ -151,6 +165,82 @@ pub(in super::super) struct Cache {
     /// The lookup-table entries itrace filled in each thread-state block (offsets from the
     /// block), so that a detach can empty them (`forget_table`) without writing the whole table.
     table_filled: rustc_hash::FxHashMap<u64, rustc_hash::FxHashSet<u64>>,
+    /// Pages of read-only executable code as the program has them, read once for the
+    /// translator (`CodePages`).
+    pub(super) code_pages: CodePages,
+}
+
+/// The bytes of pages of the program's read-only executable mappings, as the translator read
+/// them (region triggers' breakpoints taken out): a unit's instructions were read one by one, a
+/// system call each, most of the translator's time after the encoder. Such code changes only by
+/// a system call that changes its mapping (`mmap`, `mprotect`, `munmap`: `Cache::invalidate`
+/// forgets the pages of the range, as it drops their units), so a page is read once; the
+/// stepping engine keeps decoded instructions of the same mappings on the same terms.
+#[derive(Default)]
+pub(super) struct CodePages {
+    pages: rustc_hash::FxHashMap<u64, Box<[u8]>>,
+}
+
+const PAGE: u64 = 4096;
+
+impl CodePages {
+    /// Read `buf.len()` bytes of code at `addr` (fewer where the memory ends), as the program
+    /// has them: `unpatch` takes itrace's breakpoints out of bytes read from the process. Pages
+    /// of read-only mappings in `maps` (executable, in address order) come from here, read
+    /// whole the first time; other code is read each time (`read`).
+    pub(super) fn fetch(
+        &mut self,
+        maps: &[crate::procfs::Mapping],
+        read: &mut dyn FnMut(u64, &mut [u8]) -> usize,
+        unpatch: &dyn Fn(u64, &mut [u8]),
+        addr: u64,
+        buf: &mut [u8],
+    ) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = addr + done as u64;
+            let page = at & !(PAGE - 1);
+            let i = maps.partition_point(|m| m.end <= at);
+            let read_only = maps.get(i).is_some_and(|m| m.start <= page && page + PAGE <= m.end && !m.writable());
+            let want = (buf.len() - done).min((page + PAGE - at) as usize);
+            let out = &mut buf[done..done + want];
+            if !read_only {
+                let n = read(at, out);
+                unpatch(at, &mut out[..n]);
+                return done + n;
+            }
+            let bytes = match self.pages.entry(page) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let mut bytes = vec![0u8; PAGE as usize].into_boxed_slice();
+                    if read(page, &mut bytes) != PAGE as usize {
+                        let n = read(at, out);
+                        unpatch(at, &mut out[..n]);
+                        return done + n;
+                    }
+                    unpatch(page, &mut bytes);
+                    v.insert(bytes)
+                }
+            };
+            let o = (at - page) as usize;
+            out.copy_from_slice(&bytes[o..o + want]);
+            done += want;
+        }
+        done
+    }
+
+    /// Code in `start..end` changed: its pages are read again.
+    fn forget(&mut self, start: u64, end: u64) {
+        if end - start < 64 * PAGE {
+            let mut page = start & !(PAGE - 1);
+            while page < end {
+                self.pages.remove(&page);
+                page += PAGE;
+            }
+        } else {
+            self.pages.retain(|&page, _| page + PAGE <= start || page >= end);
+        }
+    }
 }
 
 impl Cache {
@@ -180,6 +270,7 @@ impl Cache {
             flush_pending: self.flush_pending,
             said_out_of_reach: self.said_out_of_reach,
             table_filled: self.table_filled.clone(),
+            code_pages: CodePages::default(),
         }
     }
 
@@ -353,6 +444,12 @@ impl Cache {
         self.write(pid, state + table_entry(target), &e)
     }
 
+    /// Whether the lookup-table entry of `target` in thread-state block `state` holds nothing
+    /// itrace put there (since the last flush or detach): filling it evicts no other target.
+    pub(super) fn table_free(&self, state: u64, target: u64) -> bool {
+        self.table_filled.get(&state).is_none_or(|filled| !filled.contains(&table_entry(target)))
+    }
+
     /// Tracing ends: every direct exit of the unit holding cache address `addr` goes to its miss
     /// trap again, so that a thread inside the unit stops at whichever exit it takes (the
     /// others are let go meanwhile and never come back). False: no unit holds `addr`.
@@ -390,6 +487,7 @@ impl Cache {
     pub(in super::super) fn invalidate(&mut self, start: u64, end: u64) {
         // The code of a native run changed: it is looked for again.
         self.native_runs.retain(|_, r| r.end <= start || r.lea >= end);
+        self.code_pages.forget(start, end);
         // Nothing was written to a process whose memory was never opened.
         let Some(pid) = self.mem.as_ref().map(|(p, _)| *p) else { return };
         // A unit holds at most MAX_UNIT_INSNS instructions of at most 15 bytes.
@@ -414,5 +512,89 @@ impl Cache {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::Mapping;
+    use itrace_format::prot;
+
+    fn mapping(start: u64, end: u64, prot: u32) -> Mapping {
+        Mapping { start, end, prot, offset: 0, path: String::new() }
+    }
+
+    /// A process's memory for `CodePages::fetch`: byte `a` holds `a as u8` (plus `bump` after a
+    /// "rewrite"), up to `end`; every read is counted.
+    struct Memory {
+        end: u64,
+        bump: u8,
+        reads: std::cell::Cell<usize>,
+    }
+
+    impl Memory {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+            self.reads.set(self.reads.get() + 1);
+            let n = (self.end.saturating_sub(addr) as usize).min(buf.len());
+            for (k, b) in buf[..n].iter_mut().enumerate() {
+                *b = (addr + k as u64) as u8 ^ self.bump;
+            }
+            n
+        }
+    }
+
+    #[test]
+    fn code_pages_are_read_once_and_again_after_a_change() {
+        // Read-only code at 0x1000..0x3000, writable code at 0x3000..0x4000; a breakpoint (0xcc
+        // in memory) at 0x1ffe that `unpatch` takes out.
+        let maps = [
+            mapping(0x1000, 0x3000, prot::READ | prot::EXEC),
+            mapping(0x3000, 0x4000, prot::READ | prot::WRITE | prot::EXEC),
+        ];
+        let mut mem = Memory { end: 0x4000, bump: 0, reads: Default::default() };
+        let unpatch = |a: u64, buf: &mut [u8]| {
+            if (a..a + buf.len() as u64).contains(&0x1ffe) {
+                buf[(0x1ffe - a) as usize] = 0x90;
+            }
+        };
+        let mut pages = CodePages::default();
+        let want = |at: u64, n: usize, bump: u8| -> Vec<u8> {
+            (at..at + n as u64).map(|a| if a == 0x1ffe { 0x90 } else { a as u8 ^ bump }).collect()
+        };
+        let fetch = |pages: &mut CodePages, mem: &Memory, at: u64, n: usize| -> Vec<u8> {
+            let mut buf = vec![0u8; n];
+            let got = pages.fetch(&maps, &mut |a, b| mem.read(a, b), &unpatch, at, &mut buf);
+            buf.truncate(got);
+            buf
+        };
+        // Straddling the two read-only pages: each read whole, once.
+        assert_eq!(fetch(&mut pages, &mem, 0x1ff8, 15), want(0x1ff8, 15, 0));
+        assert_eq!(mem.reads.get(), 2);
+        assert_eq!(fetch(&mut pages, &mem, 0x1010, 15), want(0x1010, 15, 0));
+        assert_eq!(fetch(&mut pages, &mem, 0x2ff1, 15), want(0x2ff1, 15, 0));
+        assert_eq!(mem.reads.get(), 2, "cached pages are not read again");
+        // Writable code is read each time.
+        assert_eq!(fetch(&mut pages, &mem, 0x3010, 15), want(0x3010, 15, 0));
+        assert_eq!(fetch(&mut pages, &mem, 0x3010, 15), want(0x3010, 15, 0));
+        assert_eq!(mem.reads.get(), 4);
+        // From read-only into writable code: the rest is read, not kept.
+        assert_eq!(fetch(&mut pages, &mem, 0x2ffc, 8), want(0x2ffc, 8, 0));
+        assert_eq!(mem.reads.get(), 5);
+        // The code changes (an mprotect, say, of the second page): that page is read again.
+        mem.bump = 0x5a;
+        pages.forget(0x2000, 0x3000);
+        assert_eq!(fetch(&mut pages, &mem, 0x2100, 15), want(0x2100, 15, 0x5a));
+        assert_eq!(fetch(&mut pages, &mem, 0x1100, 15), want(0x1100, 15, 0), "the other page is kept");
+        assert_eq!(mem.reads.get(), 6);
+        // A large range forgets by walking the pages kept.
+        pages.forget(0, 1 << 40);
+        assert_eq!(fetch(&mut pages, &mem, 0x1100, 15), want(0x1100, 15, 0x5a));
+        assert_eq!(mem.reads.get(), 7);
+        // Memory that ends inside a read-only page: what is there, nothing kept.
+        mem.end = 0x1800;
+        pages.forget(0x1000, 0x2000);
+        assert_eq!(fetch(&mut pages, &mem, 0x17fc, 15), want(0x17fc, 4, 0x5a));
+        assert!(pages.pages.is_empty());
     }
 }

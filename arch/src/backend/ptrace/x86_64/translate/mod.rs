@@ -79,6 +79,10 @@ pub(super) struct Stats {
     units: u64,
     /// Units translated from code that may change unseen: they check their bytes at entry.
     checked: u64,
+    /// Units translated ahead (`Session::translate_ahead`), no thread at their address yet.
+    ahead: u64,
+    /// Return addresses put in a thread's lookup table before its return reached them.
+    returns_ahead: u64,
     links: u64,
     indirect_misses: u64,
     ring_full: u64,
@@ -103,8 +107,10 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated ({} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs",
+            "{} units translated ({} ahead of their first run, {} return addresses put in a lookup table ahead; {} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs",
             self.units,
+            self.ahead,
+            self.returns_ahead,
             self.checked,
             self.links,
             self.indirect_misses,
@@ -153,6 +159,16 @@ pub(super) struct ThreadCache {
     detach_requeue: Vec<i32>,
     /// Its priority was raised and its pin lifted for those steps.
     detach_boosted: bool,
+}
+
+/// A unit just translated (`Session::translate_unit`).
+struct Translated {
+    /// Its entry in the cache.
+    entry: u64,
+    /// Where its last instruction goes, if it is a direct jump or call (`Unit::goes_on_to`).
+    goes_on_to: Option<u64>,
+    /// Where a return from the call that ends it goes.
+    returns_to: Option<u64>,
 }
 
 /// What a cache trap leads to.
@@ -1000,18 +1016,32 @@ impl Session<'_> {
         self.arch.xl_buffers = Buffers { raw, branches: out };
     }
 
-    /// The cache entry of application address `pc`, translating it if needed. `None`: the
-    /// thread steps there.
+    /// The cache entry of application address `pc`, translating it if needed (and the code it
+    /// goes to directly, ahead: `translate_ahead`). `None`: the thread steps there.
     fn unit_entry(&mut self, tid: i32, pid: i32, pc: u64) -> Option<u64> {
         let p = self.procs.get_mut(&pid)?;
         if p.region.bps.kind_at(pc).is_some() {
             // A region trigger: the engine handles it where the thread steps.
             return None;
         }
-        let c = &mut p.arch.cache;
-        if let Some(e) = c.entry(pc) {
+        if let Some(e) = p.arch.cache.entry(pc) {
             return Some(e);
         }
+        let translated = self.translate_unit(tid, pid, pc, false)?;
+        self.translate_ahead(tid, pid, pc, &translated);
+        Some(translated.entry)
+    }
+
+    /// Translate the unit at application address `pc` (it has none) and put it in the cache.
+    /// `ahead`: no thread waits for it (`translate_ahead`), so it is made only where that costs
+    /// no system call in the process (a region near it has room) and needs no check of its
+    /// bytes at entry; `None` otherwise, as for code not translatable.
+    fn translate_unit(&mut self, tid: i32, pid: i32, pc: u64, ahead: bool) -> Option<Translated> {
+        let p = self.procs.get_mut(&pid)?;
+        if p.region.bps.kind_at(pc).is_some() {
+            return None;
+        }
+        let c = &mut p.arch.cache;
         if c.disabled.is_some() || c.flush_pending {
             return None;
         }
@@ -1021,18 +1051,23 @@ impl Session<'_> {
         }
         let region = match self.cache_of(pid)?.region_for(pc) {
             Some(r) => r,
+            None if ahead => return None,
             None => self.new_region(tid, pid, pc)?,
         };
         let p = self.procs.get_mut(&pid)?;
         let at = p.arch.cache.next_at(region);
         let first_exit = p.arch.cache.exits.len() as u32;
         let bps = &p.region.bps;
-        let code = std::cell::RefCell::new(super::super::tables::ReadAhead::new(pid));
-        let mut fetch = |addr: u64, buf: &mut [u8]| {
-            let n = code.borrow_mut().read(addr, buf);
-            bps.unpatch(addr, &mut buf[..n]);
-            n
+        // The program's code, read-only pages once (`CodePages`); out of the cache's tables for
+        // the translation (the closures below borrow the rest of them).
+        let pages = std::cell::RefCell::new(std::mem::take(&mut p.arch.cache.code_pages));
+        let maps = &p.maps;
+        let unpatch = |a: u64, buf: &mut [u8]| bps.unpatch(a, buf);
+        let fetch_code = |a: u64, buf: &mut [u8]| {
+            let mut read = |a: u64, buf: &mut [u8]| super::super::tables::read_mem(pid, a, buf);
+            pages.borrow_mut().fetch(maps, &mut read, &unpatch, a, buf)
         };
+        let mut fetch = fetch_code;
         let runs = &p.arch.cache.native_runs;
         let branchy = &p.arch.cache.branchy_sections;
         // Sections found on the way (a unit ends before their `lea`).
@@ -1044,11 +1079,7 @@ impl Session<'_> {
             if !rseq::may_be_lea_rip(bytes) {
                 return false;
             }
-            let mut fetch = |a: u64, buf: &mut [u8]| {
-                let n = code.borrow_mut().read(a, buf);
-                bps.unpatch(a, &mut buf[..n]);
-                n
-            };
+            let mut fetch = fetch_code;
             match rseq::find_at(addr, &mut fetch) {
                 rseq::Found::Nothing => false,
                 rseq::Found::Branchy(start) => {
@@ -1067,9 +1098,12 @@ impl Session<'_> {
         // its run: its units check their bytes at entry (`unit::Check`). The mappings are the
         // ones read at the last system call that may change them, where the units of a range
         // that changed were dropped.
-        let maps = &p.maps;
         let may_change = |start: u64, end: u64| may_change_unseen(maps, start, end);
         let translated = unit::translate(pc, at, first_exit, &mut fetch, &stop_before, &may_change);
+        let pages = pages.into_inner();
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.arch.cache.code_pages = pages;
+        }
         for f in found.into_inner() {
             self.add_native_run(pid, f);
         }
@@ -1083,11 +1117,18 @@ impl Session<'_> {
             }
         };
         let checked = unit.check.is_some();
+        if ahead && checked {
+            // Code that may change unseen is translated when it runs, from its bytes then.
+            return None;
+        }
+        let goes_on_to = unit.goes_on_to();
+        let returns_to = unit.returns_to();
         match p.arch.cache.insert(pid, region, unit) {
             Ok(entry) => {
                 self.arch.xl_stats.units += 1;
                 self.arch.xl_stats.checked += checked as u64;
-                Some(entry)
+                self.arch.xl_stats.ahead += ahead as u64;
+                Some(Translated { entry, goes_on_to, returns_to })
             }
             Err(e) => {
                 let why = format!("cannot write the code cache of process {pid}: {e}");
@@ -1098,15 +1139,79 @@ impl Session<'_> {
         }
     }
 
+    /// A unit was translated for a stop at `root`: translate ahead where a thread that runs it
+    /// through goes next (the target of the direct jump or call that ends it, then that unit's,
+    /// breadth first, at most `ahead_units` units), linked at once, so that the thread runs on
+    /// without a link stop at each. The instruction after a call that ends a unit is translated
+    /// too and put in the thread's lookup table (where no entry itrace filled is), so that the
+    /// return finds it without a stop. The taken sides of conditional branches are left to
+    /// their link stops: translated ahead too, they doubled the units made (the extra half
+    /// never ran), and the time was more than with the last exits only (docs/translate.md,
+    /// "Where the time goes").
+    /// Only code of the read-only executable mapping that holds `root` (a program's or a
+    /// library's code: nothing there changes without a system call that drops its units), only
+    /// into regions with room (no region is mapped, nothing flushed for it), and only while the
+    /// cache may still map another region: from there on only code that runs takes room.
+    /// Whatever would not be translated for a stop there (a region trigger, an rseq section,
+    /// code that does not decode) is not, and traps when reached as before. No record changes:
+    /// the units are the ones the stops would have made.
+    fn translate_ahead(&mut self, tid: i32, pid: i32, root: u64, first: &Translated) {
+        let limits = cache::limits();
+        if limits.ahead_units == 0 || self.detaching.is_some() {
+            return;
+        }
+        let Some(p) = self.procs.get(&pid) else { return };
+        if p.arch.cache.regions.len() >= limits.regions {
+            return;
+        }
+        let maps = &p.maps;
+        let Some(m) = maps.get(maps.partition_point(|m| m.end <= root)).filter(|m| m.start <= root && !m.writable())
+        else {
+            return;
+        };
+        let mapping = m.start..m.end;
+        let state = self.threads.get(&tid).map_or(0, |t| t.arch.xl.state);
+        // (address, a return goes there: fill the thread's table).
+        let mut queue = std::collections::VecDeque::new();
+        let next = |queue: &mut std::collections::VecDeque<(u64, bool)>, t: &Translated| {
+            queue.extend(t.goes_on_to.map(|to| (to, false)));
+            queue.extend(t.returns_to.map(|to| (to, true)));
+        };
+        next(&mut queue, first);
+        let mut tried = rustc_hash::FxHashSet::default();
+        let mut made = 0;
+        while let Some((at, returned_to)) = queue.pop_front() {
+            if !mapping.contains(&at) || !tried.insert((at, returned_to)) {
+                continue;
+            }
+            let entry = match self.cache_of(pid).and_then(|c| c.entry(at)) {
+                Some(entry) => entry,
+                None if made >= limits.ahead_units => break,
+                None => {
+                    let Some(t) = self.translate_unit(tid, pid, at, true) else { continue };
+                    made += 1;
+                    next(&mut queue, &t);
+                    t.entry
+                }
+            };
+            if returned_to && state != 0 {
+                let Some(c) = self.cache_of(pid) else { return };
+                if c.table_free(state, at) && c.fill_table(pid, state, at, entry).is_ok() {
+                    self.arch.xl_stats.returns_ahead += 1;
+                }
+            }
+        }
+    }
+
     /// Whether `pc` is the `lea` of an rseq critical section that runs natively (then it is
     /// known from here on).
     fn find_native_run(&mut self, pid: i32, pc: u64) -> bool {
-        let Some(p) = self.procs.get(&pid) else { return false };
-        let bps = &p.region.bps;
+        let Some(p) = self.procs.get_mut(&pid) else { return false };
+        let (bps, maps, pages) = (&p.region.bps, &p.maps, &mut p.arch.cache.code_pages);
+        let unpatch = |a: u64, buf: &mut [u8]| bps.unpatch(a, buf);
         let mut fetch = |a: u64, buf: &mut [u8]| {
-            let n = super::super::tables::read_mem(pid, a, buf);
-            bps.unpatch(a, &mut buf[..n]);
-            n
+            let mut read = |a: u64, buf: &mut [u8]| super::super::tables::read_mem(pid, a, buf);
+            pages.fetch(maps, &mut read, &unpatch, a, buf)
         };
         let found = match rseq::find_at(pc, &mut fetch) {
             rseq::Found::Nothing => return false,

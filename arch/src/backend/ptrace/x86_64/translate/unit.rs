@@ -144,6 +144,23 @@ impl Unit {
     pub(super) fn cache_end(&self) -> u64 {
         self.cache_start + self.code.len() as u64
     }
+
+    /// Where its last instruction goes, if it is a direct jump or call (or the size limit's
+    /// fall-through): where a thread that runs the unit through goes next.
+    pub(super) fn goes_on_to(&self) -> Option<u64> {
+        self.exits
+            .last()
+            .filter(|e| !e.indirect && matches!(e.kind, None | Some(BranchKind::Jump | BranchKind::Call)))
+            .map(|e| e.to)
+    }
+
+    /// Where a return from the call that ends the unit goes: the instruction after the call
+    /// (the unit's last), if a call ends it.
+    pub(super) fn returns_to(&self) -> Option<u64> {
+        // A call is the unit's last instruction and its last exit (the taken sides of its
+        // conditional branches come before it).
+        self.exits.last().filter(|e| e.kind == Some(BranchKind::Call)).map(|_| self.app_end)
+    }
 }
 
 /// Why a unit could not be made (the thread is stepped there instead).
