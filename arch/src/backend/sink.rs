@@ -235,6 +235,14 @@ impl<'a> Sink<'a> {
         for c in self.clocks.values_mut() {
             c.left = 0;
         }
+        // A thread's trace ends: its clock goes (a program making threads all along would
+        // otherwise grow the map with every thread it ever had).
+        if let Record::TraceOff(off) = r {
+            if self.clock_tid == Some(off.tid) {
+                (self.clock_tid, self.clock) = (None, ThreadClock::default());
+            }
+            self.clocks.remove(&off.tid);
+        }
         let pushed = match &mut self.store {
             Store::Direct(buffers) => buffers.push_control(cpu, r),
             Store::Threaded(_) => return self.send(Op::Control(cpu, r.clone()), 0, 0),
@@ -538,6 +546,39 @@ mod tests {
             })
             .collect();
         assert_eq!(thread7, [0x200, 0x300, 0x310, 0x320, 0x330], "thread 7's records in the file's order by time");
+    }
+
+    /// The clocks of threads whose trace ended are dropped: a program that makes thread after
+    /// thread keeps the sink's memory constant.
+    #[test]
+    fn a_finished_thread_leaves_no_clock() {
+        let d = tempfile::tempdir().unwrap();
+        let header = FileHeader {
+            endian: Endian::native(),
+            version_major: VERSION_MAJOR,
+            version_minor: VERSION_MINOR,
+            arch: Arch::X86_64,
+            mode: Mode::Continuous,
+            step_method: StepMethod::Translated,
+            ncpu: 1,
+            flags: FLAG_ICOUNT,
+            buffer_size: 0,
+            segment_size: 0,
+            start_realtime_ns: 1,
+            start_monotonic_ns: 2,
+        };
+        let w = TraceWriter::create(&d.path().join("threads.itr"), &header).unwrap();
+        let cfg =
+            BufferConfig { mode: Mode::Continuous, ncpu: 1, buffer_size: 0, segment_size: 1 << 16, mte_size: 1 << 20 };
+        let mut buffers = Buffers::new(cfg, w).unwrap();
+        let mut sink = Sink::new(&mut buffers).share_clock(64);
+        for tid in 100..1100u32 {
+            let ts = 1000 + tid as u64;
+            assert_eq!(sink.branch(0, Branch::user(ts, tid, 0x1000, 0x1010, BranchKind::Jump, 0, 0)), Stored::Yes);
+            let off = TraceOff { ts, reason: StopReason::Exited, pid: 100, tid, icount: 0, pc: 0x1010, value: 0 };
+            assert_eq!(sink.control(0, &Record::TraceOff(off)), Stored::Yes);
+        }
+        assert_eq!((sink.clocks.len(), sink.clock_tid), (0, None), "clocks left after 1,000 threads ended");
     }
 
     /// The same calls, through a sink writing the buffers itself and through one with a writer
