@@ -495,13 +495,8 @@ mod tests {
         (records, s.records.clone(), s.lost.clone())
     }
 
-    /// A thread that moves to another CPU's stream goes on after its records on the one it
-    /// left: with the stream's last shared reading (another thread's, older), the file, merged
-    /// by time, put its later records first.
-    #[test]
-    fn a_moved_thread_stays_in_order() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("moved.itr");
+    /// Continuous-mode buffers of `ncpu` streams writing a translated x86_64 trace to `path`.
+    fn continuous_buffers(path: &std::path::Path, ncpu: u16) -> Buffers {
         let header = FileHeader {
             endian: Endian::native(),
             version_major: VERSION_MAJOR,
@@ -509,17 +504,28 @@ mod tests {
             arch: Arch::X86_64,
             mode: Mode::Continuous,
             step_method: StepMethod::Translated,
-            ncpu: 2,
+            ncpu,
             flags: FLAG_ICOUNT,
             buffer_size: 0,
             segment_size: 0,
             start_realtime_ns: 1,
             start_monotonic_ns: 2,
         };
-        let w = TraceWriter::create(&path, &header).unwrap();
+        let w = TraceWriter::create(path, &header).unwrap();
+        let ncpu = ncpu as usize;
         let cfg =
-            BufferConfig { mode: Mode::Continuous, ncpu: 2, buffer_size: 0, segment_size: 1 << 16, mte_size: 1 << 20 };
-        let mut buffers = Buffers::new(cfg, w).unwrap();
+            BufferConfig { mode: Mode::Continuous, ncpu, buffer_size: 0, segment_size: 1 << 16, mte_size: 1 << 20 };
+        Buffers::new(cfg, w).unwrap()
+    }
+
+    /// A thread that moves to another CPU's stream goes on after its records on the one it
+    /// left: with the stream's last shared reading (another thread's, older), the file, merged
+    /// by time, put its later records first.
+    #[test]
+    fn a_moved_thread_stays_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("moved.itr");
+        let mut buffers = continuous_buffers(&path, 2);
         let at = |ts: u64, tid: u32, from: u64| Branch::user(ts, tid, from, from + 0x10, BranchKind::Jump, 0, 0);
         {
             let mut sink = Sink::new(&mut buffers).share_clock(4);
@@ -553,24 +559,7 @@ mod tests {
     #[test]
     fn a_finished_thread_leaves_no_clock() {
         let d = tempfile::tempdir().unwrap();
-        let header = FileHeader {
-            endian: Endian::native(),
-            version_major: VERSION_MAJOR,
-            version_minor: VERSION_MINOR,
-            arch: Arch::X86_64,
-            mode: Mode::Continuous,
-            step_method: StepMethod::Translated,
-            ncpu: 1,
-            flags: FLAG_ICOUNT,
-            buffer_size: 0,
-            segment_size: 0,
-            start_realtime_ns: 1,
-            start_monotonic_ns: 2,
-        };
-        let w = TraceWriter::create(&d.path().join("threads.itr"), &header).unwrap();
-        let cfg =
-            BufferConfig { mode: Mode::Continuous, ncpu: 1, buffer_size: 0, segment_size: 1 << 16, mte_size: 1 << 20 };
-        let mut buffers = Buffers::new(cfg, w).unwrap();
+        let mut buffers = continuous_buffers(&d.path().join("threads.itr"), 1);
         let mut sink = Sink::new(&mut buffers).share_clock(64);
         for tid in 100..1100u32 {
             let ts = 1000 + tid as u64;
