@@ -149,11 +149,22 @@ impl<'a> Sink<'a> {
         self.last_ts.get(cpu).copied().unwrap_or(0)
     }
 
-    /// The timestamp `b` is stored with on `cpu`'s stream (see [`stamp_with`]).
+    /// The timestamp `b` is stored with on `cpu`'s stream: its own reading, no older than the
+    /// stream's last; when records share readings, see [`stamp_with`]. (Each record its own
+    /// reading, as the in-process, kernel and GDB recorders stamp them, stays as it was before
+    /// readings were shared per thread: while their records went through the threads' clocks,
+    /// the in-process recorder's calibration tests twice found a hook call more than the
+    /// profiler logged, never before; the cause was not found.)
     #[inline]
     fn stamp(&mut self, cpu: usize, b: &mut Branch) {
         if cpu >= self.last_ts.len() {
             self.last_ts.resize(cpu + 1, 0);
+        }
+        if self.share_clock == 1 {
+            // Every record its own reading: no thread's reading to keep.
+            b.ts = b.ts.max(self.last_ts[cpu]);
+            self.last_ts[cpu] = b.ts;
+            return;
         }
         self.clock_for(b.tid);
         stamp_with(&mut self.last_ts[cpu], &mut self.clock, self.share_clock, cpu, b);
@@ -169,6 +180,22 @@ impl<'a> Sink<'a> {
             self.clock = self.clocks.remove(&tid).unwrap_or_default();
             self.clock_tid = Some(tid);
         }
+    }
+
+    /// [`Sink::stamp`] for each of `bs` when records share clock readings, with the stream's
+    /// and the thread's clocks in registers.
+    fn stamp_shared(&mut self, cpu: usize, bs: &mut [Branch]) {
+        self.stamp(cpu, &mut bs[0]);
+        let (mut last, mut clock, mut tid) = (self.last_ts[cpu], self.clock, bs[0].tid);
+        for b in bs[1..].iter_mut() {
+            if b.tid != tid {
+                self.clock = clock;
+                self.clock_for(b.tid);
+                (clock, tid) = (self.clock, b.tid);
+            }
+            stamp_with(&mut last, &mut clock, self.share_clock, cpu, b);
+        }
+        (self.last_ts[cpu], self.clock) = (last, clock);
     }
 
     /// Store a taken branch on `cpu`'s stream, its timestamp no older than the stream's last.
@@ -198,19 +225,15 @@ impl<'a> Sink<'a> {
         if bs.is_empty() {
             return (0, Stored::Yes);
         }
-        // `stamp` for each, with the stream's and the thread's clocks in registers (a call per
-        // record, with its checks, was 7 % of the translating recorder's time).
-        self.stamp(cpu, &mut bs[0]);
-        let (mut last, mut clock, mut tid) = (self.last_ts[cpu], self.clock, bs[0].tid);
-        for b in bs[1..].iter_mut() {
-            if b.tid != tid {
-                self.clock = clock;
-                self.clock_for(b.tid);
-                (clock, tid) = (self.clock, b.tid);
+        // `stamp` for each; shared readings (the translating recorder's drains) with the clocks
+        // in registers (a call per record, with its checks, was 7 % of its time).
+        if self.share_clock == 1 {
+            for b in bs.iter_mut() {
+                self.stamp(cpu, b);
             }
-            stamp_with(&mut last, &mut clock, self.share_clock, cpu, b);
+        } else {
+            self.stamp_shared(cpu, bs);
         }
-        (self.last_ts[cpu], self.clock) = (last, clock);
         match &mut self.store {
             Store::Direct(buffers) => match buffers.push_branches(cpu, bs) {
                 Ok(n) => {
