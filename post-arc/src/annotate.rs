@@ -11,7 +11,7 @@
 
 use crate::funcname::FunctionQuery;
 use crate::names::printable;
-use crate::replay::{replay, Block, Sink, Where};
+use crate::replay::{replay, Block, GapCause, Sink, Where};
 use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
 use crate::{PostError, Trace};
@@ -353,7 +353,7 @@ impl Sink for AnnotateSink<'_> {
         Ok(())
     }
 
-    fn gap(&mut self, _cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+    fn gap(&mut self, _cpu: u16, tids: &[u32], _cause: GapCause) -> Result<(), PostError> {
         for tid in tids {
             self.next_start.remove(tid);
         }

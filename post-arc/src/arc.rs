@@ -2,7 +2,7 @@
 //! Format: docs/arc-and-report.md.
 
 use crate::names::printable;
-use crate::replay::{replay, Block, Sink, Where};
+use crate::replay::{replay, Block, GapCause, Sink, Where};
 use crate::resolve::{Location, Resolver};
 use crate::threads::Names;
 use crate::{PostError, Trace};
@@ -256,8 +256,21 @@ impl<W: Write> Sink for ArcSink<W> {
         Ok(())
     }
 
-    fn gap(&mut self, cpu: u16, _tids: &[u32]) -> Result<(), PostError> {
-        writeln!(self.buf, "# cpu {cpu}: records lost to a damaged chunk of the trace before this point")?;
+    fn gap(&mut self, cpu: u16, tids: &[u32], cause: GapCause) -> Result<(), PostError> {
+        match cause {
+            GapCause::Damaged => {
+                writeln!(self.buf, "# cpu {cpu}: records lost to a damaged chunk of the trace before this point")?
+            }
+            GapCause::StreamCut => {
+                let tids: Vec<String> = tids.iter().map(u32::to_string).collect();
+                writeln!(
+                    self.buf,
+                    "# cpu {cpu}: what thread {} did on it before this point may be lost (the trace was cut and its \
+                     records end earlier)",
+                    tids.join(",")
+                )?
+            }
+        }
         Ok(())
     }
 }

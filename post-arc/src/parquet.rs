@@ -7,7 +7,7 @@
 //! whatever the trace's length. String columns are dictionary-encoded by the writer; pages are
 //! zstd-compressed.
 
-use crate::replay::{replay, Block, Sink, Where};
+use crate::replay::{replay, Block, GapCause, Sink, Where};
 use crate::resolve::{Location, Resolver};
 use crate::stacks::{CallStacks, Collect, Opened};
 use crate::threads::Names;
@@ -543,8 +543,8 @@ impl<W: Write + Send> Sink for ParquetSink<W> {
         self.stacks.lost(cpu, lost)
     }
 
-    fn gap(&mut self, cpu: u16, tids: &[u32]) -> Result<(), PostError> {
-        self.stacks.gap(cpu, tids)?;
+    fn gap(&mut self, cpu: u16, tids: &[u32], cause: GapCause) -> Result<(), PostError> {
+        self.stacks.gap(cpu, tids, cause)?;
         self.stats.calls_without_row += self.stacks.drain_calls().count() as u64;
         Ok(())
     }

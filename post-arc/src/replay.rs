@@ -47,11 +47,21 @@ pub trait Sink {
     ) -> Result<(), PostError>;
     /// Records were lost on `cpu` (wrap mode overwrote them).
     fn lost(&mut self, cpu: u16, lost: &Lost) -> Result<(), PostError>;
-    /// Records of `cpu` were lost to a damaged chunk here: what threads `tids` did in it is
+    /// Records of `cpu` were lost here (`cause` says how): what threads `tids` did in them is
     /// unknown (their stacks, where their next block starts). Nothing by default.
-    fn gap(&mut self, _cpu: u16, _tids: &[u32]) -> Result<(), PostError> {
+    fn gap(&mut self, _cpu: u16, _tids: &[u32], _cause: GapCause) -> Result<(), PostError> {
         Ok(())
     }
+}
+
+/// Why records of a CPU stream are missing at a [`Sink::gap`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GapCause {
+    /// A damaged chunk of the stream was skipped.
+    Damaged,
+    /// The stream ends early (a cut file, a recording that did not finish) and a thread last
+    /// seen on it goes on on another CPU after that end: what it did in between may be lost.
+    StreamCut,
 }
 
 /// Replay `trace` into `sink`; `progress` gets the file offset reached now and then.
@@ -90,6 +100,13 @@ pub fn replay(
     // stream cuts the threads that may have run in what was lost (kept only then: a lookup
     // per record otherwise spent for nothing).
     let damaged = !trace.damage().is_empty();
+    // In a trace whose streams may end early (a cut file): where each CPU stream ends. A
+    // thread that moves off a stream after its end may have run on it in what is lost, so its
+    // records on the other CPU do not continue its block (that would join two blocks a
+    // hole apart); one moving before the end moved for real, as the stream's records up to
+    // its end are all there.
+    let stream_ends = trace.stream_ends_may_be_cut().then(|| trace.stream_last_ts());
+    let follow_threads = damaged || stream_ends.is_some();
     let mut thread_stream: FxHashMap<u32, u16> = FxHashMap::default();
     let ncpu = trace.header().ncpu;
     let mut n = 0u64;
@@ -98,13 +115,14 @@ pub fn replay(
         while let Some(ev) = merged.next_ref() {
             let ev = ev?;
             n += 1;
-            if damaged && ev.stream < ncpu {
+            if follow_threads && ev.stream < ncpu {
                 let tid = match ev.record {
                     Record::Branch(b) => Some(b.tid),
                     Record::TraceOn(on) => Some(on.tid),
                     Record::TraceOff(off) => Some(off.tid),
                     _ => None,
                 };
+                let mut cut_here = false;
                 if ev.after_gap {
                     let mut tids: Vec<u32> =
                         thread_stream.iter().filter(|&(_, &s)| s == ev.stream).map(|(&t, _)| t).collect();
@@ -113,9 +131,17 @@ pub fn replay(
                     for t in &tids {
                         block_start.remove(t);
                     }
-                    sink.gap(ev.stream, &tids)?;
+                    cut_here = tid.is_some();
+                    sink.gap(ev.stream, &tids, GapCause::Damaged)?;
                 }
                 if let Some(t) = tid {
+                    if let (Some(ends), Some(&was), false) = (&stream_ends, thread_stream.get(&t), cut_here) {
+                        // Past the end of the stream it was last seen on: see `stream_ends`.
+                        if was != ev.stream && ends.get(&was).is_none_or(|&end| end < ev.record.ts()) {
+                            block_start.remove(&t);
+                            sink.gap(was, &[t], GapCause::StreamCut)?;
+                        }
+                    }
                     thread_stream.insert(t, ev.stream);
                 }
             }

@@ -25,7 +25,7 @@
 //! also told as a [`StackEvent`], for the caller to take after each record
 //! ([`CallStacks::drain_events`]).
 
-use crate::replay::{replay, Block, Sink, Where};
+use crate::replay::{replay, Block, GapCause, Sink, Where};
 use crate::resolve::{Location, Resolver};
 use crate::symbols::PltPart;
 use crate::threads::Names;
@@ -323,9 +323,9 @@ impl Sink for OneThread<'_> {
         self.stacks.lost(cpu, lost)
     }
 
-    fn gap(&mut self, cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+    fn gap(&mut self, cpu: u16, tids: &[u32], cause: GapCause) -> Result<(), PostError> {
         if tids.contains(&self.tid) {
-            self.stacks.gap(cpu, &[self.tid])?;
+            self.stacks.gap(cpu, &[self.tid], cause)?;
         }
         Ok(())
     }
@@ -809,7 +809,7 @@ impl Sink for CallStacks {
 
     /// The stack state of `tids` is unknown after a gap: close their frames (counted as cut),
     /// never carry them across it; what they run next opens root frames.
-    fn gap(&mut self, _cpu: u16, tids: &[u32]) -> Result<(), PostError> {
+    fn gap(&mut self, _cpu: u16, tids: &[u32], _cause: GapCause) -> Result<(), PostError> {
         for &tid in tids {
             if self.threads.get(&tid).is_some_and(|t| !t.stack.is_empty()) {
                 self.pop_to(tid, 0);

@@ -20,7 +20,7 @@
 //! minimum are merged into the span they ran in ([`SpanSelection`]), the minimum chosen from
 //! a first replay that measures the spans when the trace may not fit.
 
-use crate::replay::{replay, Block, Sink, Where};
+use crate::replay::{replay, Block, GapCause, Sink, Where};
 use crate::resolve::{Location, Resolver};
 use crate::stacks::{CallStacks, Collect, Opened, StackEvent};
 use crate::threads::Names;
@@ -608,8 +608,8 @@ impl Sink for TimelineSink<'_> {
         self.stacks.lost(cpu, lost)
     }
 
-    fn gap(&mut self, cpu: u16, tids: &[u32]) -> Result<(), PostError> {
-        self.stacks.gap(cpu, tids)?;
+    fn gap(&mut self, cpu: u16, tids: &[u32], cause: GapCause) -> Result<(), PostError> {
+        self.stacks.gap(cpu, tids, cause)?;
         self.take_events(None);
         Ok(())
     }
