@@ -555,33 +555,18 @@ impl TraceFile {
         DamageLoss { records, instructions, mte_records: mte.and_then(|m| s.mte_records.checked_sub(m)) }
     }
 
-    /// Whether a CPU stream's last record may come before the recording's end, with records
-    /// of it lost after: the file was cut, or the recording never wrote its end summary
-    /// (itrace killed, disk full), so the chunks it wrote last are missing or partial.
-    pub fn stream_ends_may_be_cut(&self) -> bool {
-        self.truncated_at.is_some() || self.summary.is_none()
-    }
-
-    /// The timestamp of each CPU stream's last readable record, by stream (streams without a
-    /// readable record are left out). Only each stream's last chunks are read, from the end
-    /// back to the first that holds a record: a compact chunk decodes on its own.
-    pub fn stream_last_ts(&self) -> std::collections::BTreeMap<StreamId, u64> {
-        let mut last_chunks: std::collections::BTreeMap<StreamId, Vec<&ChunkInfo>> = Default::default();
-        for c in self.chunks.iter().filter(|c| c.stream < self.header.ncpu) {
-            last_chunks.entry(c.stream).or_default().push(c);
-        }
-        let mut ends = std::collections::BTreeMap::new();
-        for (stream, chunks) in last_chunks {
-            let last = chunks.iter().rev().find_map(|&c| {
-                // Records that do not decode end the chunk here, as they end a merged read.
-                let records = StreamRecords::new(self, vec![c.clone()]).map_while(Result::ok);
-                records.map(|(_, r)| r.ts()).max()
-            });
-            if let Some(ts) = last {
-                ends.insert(stream, ts);
-            }
-        }
-        ends
+    /// The CPU stream whose last chunk the file's end cuts, and the timestamp of its last
+    /// readable record: records of that stream after it are lost (and a thread last seen on it
+    /// may have run on it meanwhile). `None` for a file not cut inside a CPU chunk, or when the
+    /// stream has no readable record. Only that stream's chunks are read, from the end back to
+    /// the first that holds a record (a compact chunk decodes on its own).
+    pub fn cut_stream_end(&self) -> Option<(StreamId, u64)> {
+        let cut = self.chunks.last().filter(|c| c.truncated && c.stream < self.header.ncpu)?;
+        let last = self.chunks.iter().rev().filter(|c| c.stream == cut.stream).find_map(|c| {
+            // Records that do not decode end the chunk there, as they end a merged read.
+            StreamRecords::new(self, vec![c.clone()]).map_while(Result::ok).map(|(_, r)| r.ts()).max()
+        })?;
+        Some((cut.stream, last))
     }
 
     /// The end summary; `None` when the recording did not finish writing (crash of itrace, full disk, truncation).

@@ -59,8 +59,8 @@ pub trait Sink {
 pub enum GapCause {
     /// A damaged chunk of the stream was skipped.
     Damaged,
-    /// The stream ends early (a cut file, a recording that did not finish) and a thread last
-    /// seen on it goes on on another CPU after that end: what it did in between may be lost.
+    /// The file's end cuts the stream's last chunk, and a thread last seen on it goes on on
+    /// another CPU after its last readable record: what it did in between may be lost.
     StreamCut,
 }
 
@@ -100,13 +100,15 @@ pub fn replay(
     // stream cuts the threads that may have run in what was lost (kept only then: a lookup
     // per record otherwise spent for nothing).
     let damaged = !trace.damage().is_empty();
-    // In a trace whose streams may end early (a cut file): where each CPU stream ends. A
-    // thread that moves off a stream after its end may have run on it in what is lost, so its
-    // records on the other CPU do not continue its block (that would join two blocks a
-    // hole apart); one moving before the end moved for real, as the stream's records up to
-    // its end are all there.
-    let stream_ends = trace.stream_ends_may_be_cut().then(|| trace.stream_last_ts());
-    let follow_threads = damaged || stream_ends.is_some();
+    // In a file cut inside a CPU chunk: that stream and where its records end. A thread last
+    // seen on it that goes on on another CPU after that end may have run on it in what is
+    // lost, so its records there do not continue its block (that would join two blocks a hole
+    // apart); one moving before the end moved for real, as the stream's records up to its end
+    // are all there. (Other streams may have lost whole chunks after the cut too: nothing in
+    // the file says so, and a lone thread moves between CPUs at every start under the
+    // translating recorder, so they are not suspected.)
+    let cut_stream = trace.cut_stream_end();
+    let follow_threads = damaged || cut_stream.is_some();
     let mut thread_stream: FxHashMap<u32, u16> = FxHashMap::default();
     let ncpu = trace.header().ncpu;
     let mut n = 0u64;
@@ -135,9 +137,9 @@ pub fn replay(
                     sink.gap(ev.stream, &tids, GapCause::Damaged)?;
                 }
                 if let Some(t) = tid {
-                    if let (Some(ends), Some(&was), false) = (&stream_ends, thread_stream.get(&t), cut_here) {
-                        // Past the end of the stream it was last seen on: see `stream_ends`.
-                        if was != ev.stream && ends.get(&was).is_none_or(|&end| end < ev.record.ts()) {
+                    if let (Some((cut, end)), Some(&was), false) = (cut_stream, thread_stream.get(&t), cut_here) {
+                        // Past the end of the cut stream it was last seen on: see `cut_stream`.
+                        if was == cut && ev.stream != cut && end < ev.record.ts() {
                             block_start.remove(&t);
                             sink.gap(was, &[t], GapCause::StreamCut)?;
                         }

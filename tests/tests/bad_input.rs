@@ -299,10 +299,9 @@ fn check_cut_in_the_last_cpu_chunk(dir: &Path, trace: &Path) {
     // Each CPU stream is read up to its own end: the cut one's last blocks are lost, the other
     // CPU's are all there (the recorder moves a lone thread to the CPU itrace runs on, so its
     // blocks may be on both). So the cut arc is the full one without the cut CPU's last blocks.
-    // Where the thread goes on on one CPU after the end of the other's records, what it did in
-    // between may be lost (in a cut file, any stream may have had chunks after the cut): the
-    // arc says so with a mark, and the block after it is placed at its branch (its start is
-    // unknown), not where the thread last was.
+    // Where the thread goes on on the other CPU after the end of the cut one's records, what it
+    // did in between may be lost: the arc says so with a mark, and the block after it is placed
+    // at its branch (its start is unknown), not where the thread last was.
     let cut_cpu = u32::from(cut_cpu);
     let kept_on_cut_cpu = part.iter().filter(|p| p.cpu == cut_cpu).count();
     let mut on_cut_cpu = 0;
@@ -323,6 +322,7 @@ fn check_cut_in_the_last_cpu_chunk(dir: &Path, trace: &Path) {
     let mut blocks = 0;
     for l in out.stdout.lines() {
         if l.starts_with("# cpu ") && l.contains("(the trace was cut") {
+            assert!(l.starts_with(&format!("# cpu {cut_cpu}: ")), "a mark for a stream that is whole: {l}");
             if let Some(next) = after_mark.get_mut(blocks) {
                 *next = true;
             }
