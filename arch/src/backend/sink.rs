@@ -520,20 +520,8 @@ mod tests {
 
     /// Continuous-mode buffers of `ncpu` streams writing a translated x86_64 trace to `path`.
     fn continuous_buffers(path: &std::path::Path, ncpu: u16) -> Buffers {
-        let header = FileHeader {
-            endian: Endian::native(),
-            version_major: VERSION_MAJOR,
-            version_minor: VERSION_MINOR,
-            arch: Arch::X86_64,
-            mode: Mode::Continuous,
-            step_method: StepMethod::Translated,
-            ncpu,
-            flags: FLAG_ICOUNT,
-            buffer_size: 0,
-            segment_size: 0,
-            start_realtime_ns: 1,
-            start_monotonic_ns: 2,
-        };
+        let header =
+            FileHeader::starting_now(Arch::X86_64, Mode::Continuous, StepMethod::Translated, ncpu, FLAG_ICOUNT, 0, 0);
         let w = TraceWriter::create(path, &header).unwrap();
         let ncpu = ncpu as usize;
         let cfg =
