@@ -80,6 +80,13 @@ pub struct Slot {
 const _: () = assert!(std::mem::size_of::<Slot>() == 48);
 const _: () = assert!(std::mem::size_of::<CpuCtl>() == 64);
 
+/// Normal mode: the slots at the end of each ring kept for trace-on and trace-off records
+/// (branches are refused once only these are left), so that a thread stopped by a full ring
+/// can record why. A few threads may race into them at the moment the ring fills.
+pub fn normal_reserve(slots: u64) -> u64 {
+    (slots / 16).clamp(2, 64).min(slots / 2)
+}
+
 /// Where the parts are, for `ncpu` CPUs of `slots` slots.
 pub fn layout(ncpu: usize, slots: usize) -> (usize, usize, usize) {
     let ctl = 4096;

@@ -346,9 +346,12 @@ pub(crate) fn off() -> u32 {
     with_state(|ts| {
         ts.depth = ts.depth.saturating_sub(1);
         if ts.depth == 0 && ts.active {
+            // A ring that filled since the thread's last step stopped tracing everywhere: its
+            // region ends for that, not at this call (its next step would have said so).
+            let reason = if ring::full() { StopReason::BufferFull } else { StopReason::RegionEnd };
             emit(
                 shm::SLOT_TRACE_OFF,
-                StopReason::RegionEnd as u16,
+                reason as u16,
                 ts.pid,
                 crate::entry::ITraceOff as *const () as u64,
                 0,

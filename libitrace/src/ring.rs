@@ -85,6 +85,19 @@ pub(crate) fn emit(kind: u16, code: u16, aux: u32, from: u64, to: u64, tid: u32,
     // (checked by `map`).
     let ctl = unsafe { &*(base.add(ctl_at + cpu * std::mem::size_of::<CpuCtl>()) as *const CpuCtl) };
     let slots = hdr.slots;
+    // Normal mode: branches stop short of the ring's end, whose last slots are kept for region
+    // starts and ends. A thread that a full ring stops says so in a trace-off record; without
+    // the reserve that record was refused like the branch that filled the ring, and a ring that
+    // filled at a region's start left no trace of why tracing stopped.
+    let control = kind == shm::SLOT_TRACE_ON || kind == shm::SLOT_TRACE_OFF;
+    if hdr.mode == shm::MODE_NORMAL
+        && !control
+        && ctl.head.load(Ordering::Acquire) >= slots - shm::normal_reserve(slots)
+    {
+        hdr.full.store(1, Ordering::Release);
+        ctl.lost.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     let idx = ctl.head.fetch_add(1, Ordering::AcqRel);
     match hdr.mode {
         shm::MODE_NORMAL if idx >= slots => {

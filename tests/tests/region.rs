@@ -288,6 +288,44 @@ fn inproc_modes_with_small_buffers() {
     assert!(last_end.contains("region ended at ITraceOff"), "wrap keeps the end of the run: {last_end}");
 }
 
+/// Normal mode, wherever the in-process recorder's ring fills (a sweep of ring sizes, in slots
+/// of 48 bytes, over more than one region's worth of records, so that the refused record is in
+/// turn every record of a region: its start, its branches, its end, the next region's start),
+/// the arc says that the buffer filled and where, and the program runs on to its end. The
+/// program and itrace are pinned to one CPU, so that one ring fills. Before the ring kept slots
+/// for region starts and ends, a ring that filled at a region's start left no record of why
+/// tracing stopped (a fresh-clone run of `inproc_modes_with_small_buffers` found no buffer-full
+/// comment once).
+#[test]
+fn inproc_normal_mode_says_where_the_buffer_filled_wherever_it_fills() {
+    let bin = program("region_loop");
+    let per_call = callgrind_profile(&bin, &["1", "0"], false).self_counts_in(&bin)["rl_work"];
+    let dir = test_dir("region-inproc-fill-sweep");
+    // A region is about 55 records (rl_work's 50 loops and its calls); 64 sizes cover them all.
+    for slots in 300..364usize {
+        let trace = dir.join(format!("t{slots}.itr"));
+        let size = (slots * 48).to_string();
+        let mut cmd = std::process::Command::new("taskset");
+        cmd.args(["-c", "0"]).arg(itrace_tests::itrace_bin()).arg("record").arg("-o").arg(&trace);
+        cmd.args(["--region", "--backend", "inproc", "--mode", "normal", "--buffer-size", &size]);
+        cmd.arg("--").arg(&bin).args(["20", "0"]);
+        let rec = run(&mut cmd);
+        rec.assert_success();
+        assert!(rec.stdout.contains("result="), "{slots} slots: the program did not finish: {}", rec.stdout);
+        let work = report_self_counts(&report_json(&trace), &bin).get("rl_work").copied().unwrap_or(0);
+        assert!(work > 0 && work < 20 * per_call, "{slots} slots: tracing did not stop early ({work})");
+        let text = arc_text(&trace);
+        let fulls: Vec<&str> =
+            text.lines().filter_map(|l| l.split_once("trace buffer full at ")).map(|(_, at)| at).collect();
+        assert_eq!(fulls.len(), 1, "{slots} slots: one thread, one buffer-full end: {fulls:?}");
+        assert!(
+            ["rl_work+", "main+", "ITraceOff"].iter().any(|f| fulls[0].starts_with(f)),
+            "{slots} slots: the buffer filled outside the region: {}",
+            fulls[0]
+        );
+    }
+}
+
 /// exec inside a region ends it; the new image runs untraced and normally. A thread that exits
 /// inside its region ends it (the in-process recorder stops at the raw rt_sigprocmask glibc makes
 /// on the way out, which would otherwise kill the process). Both backends count the same.
