@@ -3,7 +3,8 @@
  *   attach_mix MODE      MODE: busy | churn | signals [TIMER_US] | blocked
  *
  * Prints "attach_mix: started pid=N", then works until its standard input reaches end of
- * file, then prints "attach_mix: MODE items=N errors=E [extra]" and exits with status 0 when
+ * file (a line "map ADDR SIZE", hex, on it maps SIZE bytes of anonymous r-x zeros at ADDR with
+ * MAP_FIXED and answers "attach_mix: mapped ADDR", 0 if that failed), then prints "attach_mix: MODE items=N errors=E [extra]" and exits with status 0 when
  * E is 0, 3 otherwise.  Every work item checks itself against an independent computation
  * (a closed form, or the same value computed by other code), so a register, flag or stack
  * slot that a tracer disturbs shows as an error, not as a different number.
@@ -25,6 +26,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -310,6 +312,16 @@ int main(int argc, char **argv)
         }
         if (r < 0 && strcmp(mode, "signals"))
             failure(E_MAIN); /* EINTR without a handler */
+        unsigned long at, size;
+        if (r > 0 && r < (ssize_t)sizeof buf) {
+            buf[r] = 0;
+            if (sscanf(buf, "map %lx %lx", &at, &size) == 2) {
+                /* A mapping of the program's own over [at, at + size): anonymous, r-x, zeros. */
+                void *p = mmap((void *)at, size, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+                printf("attach_mix: mapped %lx\n", p == MAP_FAILED ? 0ul : (unsigned long)p);
+                fflush(stdout);
+            }
+        }
     }
     if (!strcmp(mode, "signals")) {
         struct itimerval off = { { 0, 0 }, { 0, 0 } };
