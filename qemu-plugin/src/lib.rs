@@ -801,8 +801,14 @@ pub(crate) fn stop_tracing() {
 /// A thread that watches for the end itrace asks for: the `ctl` file appearing, or itrace
 /// going away (the parent changes), which ends the trace the same way rather than kill the
 /// program. It polls (20 times a second): qemu-user gives a plugin no event loop, and a pipe
-/// or signal would be visible to the program.
+/// or signal would be visible to the program. A file there already (a stop that came while
+/// itrace was starting) ends the trace at the program's first block: the first look is made
+/// here, before the program runs, since a short program can end within the first 50 ms.
 fn watch_for_stop(ctl: PathBuf) {
+    if ctl.exists() {
+        stop_tracing();
+        return;
+    }
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     let _ = std::thread::Builder::new().name("itrace-ctl".into()).spawn(move || loop {

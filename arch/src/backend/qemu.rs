@@ -403,12 +403,19 @@ impl Recorder for QemuRecorder {
                 Ok(())
             });
         }
+        // A stop asked while itrace was starting: the plugin finds the file before the program's
+        // first block (a short program under qemu could end before the first look after it).
+        let mut asked: Option<std::time::Instant> = None;
+        if stop.load(Ordering::Relaxed) {
+            std::fs::File::create(&ctl.0)
+                .map_err(|e| BackendError::io(format!("cannot create {}", ctl.0.display()), e))?;
+            asked = Some(std::time::Instant::now());
+        }
         let mut child = qcmd.spawn().map_err(|e| BackendError::io(format!("cannot run {}", qemu.display()), e))?;
         // The plugin writes the file: the status line shows its size, and the instructions and
         // branches the plugin's writer puts in the live file a few times a second. A stop request
         // (Ctrl-C, SIGTERM, --duration) creates the ctl file: the plugin ends the trace at the
         // program's next block and leaves it running under qemu, untraced.
-        let mut asked: Option<std::time::Instant> = None;
         let mut told = false;
         // Its end seen at once (a sleep between looks added up to 50 ms to every run).
         let pidfd = crate::procfs::pidfd_open(child.id() as i32);
