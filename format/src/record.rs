@@ -422,6 +422,30 @@ impl Record {
         }
     }
 
+    /// Set the record's timestamp (a recorder keeping a stream's records in time order).
+    pub fn set_ts(&mut self, to: u64) {
+        match self {
+            Record::Branch(b) => b.ts = to,
+            Record::TraceOn(r) => r.ts = to,
+            Record::TraceOff(r) => r.ts = to,
+            Record::Lost(r) => r.ts = to,
+            Record::Summary(s) => s.ts = to,
+            Record::Unknown { ts, .. } => *ts = to,
+            Record::Mte(
+                Mte::Segment { ts, .. }
+                | Mte::Unmap { ts, .. }
+                | Mte::ProcessName { ts, .. }
+                | Mte::ThreadName { ts, .. }
+                | Mte::Exec { ts, .. }
+                | Mte::JitSymbol { ts, .. }
+                | Mte::VdsoImage { ts, .. }
+                | Mte::ModuleId { ts, .. }
+                | Mte::Recording { ts, .. }
+                | Mte::Clone { ts, .. },
+            ) => *ts = to,
+        }
+    }
+
     /// Append the encoded record (native byte order) to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), FormatError> {
         let start = out.len();

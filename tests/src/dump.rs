@@ -99,3 +99,24 @@ mod tests {
         assert_ne!(normalized_dump(on_cpu0), normalized_dump(&fewer));
     }
 }
+
+/// Panics unless each CPU stream of `trace` is in time order, as readers need: they merge the
+/// streams by time, so a record older than the one before it on its stream is read out of its
+/// thread's order (docs/trace-format.md). Read with the format crate, not with itrace.
+pub fn assert_streams_in_time_order(trace: &std::path::Path) {
+    let t = itrace_format::TraceFile::open(trace).unwrap_or_else(|e| panic!("{}: {e}", trace.display()));
+    for cpu in 0..t.header().ncpu {
+        let mut last: Option<(u64, String)> = None;
+        for item in t.stream(cpu) {
+            let (_, record) = item.unwrap_or_else(|e| panic!("{} stream {cpu}: {e}", trace.display()));
+            if let Some((ts, before)) = &last {
+                assert!(
+                    record.ts() >= *ts,
+                    "{} stream {cpu} goes back in time: {before} then {record:?}",
+                    trace.display()
+                );
+            }
+            last = Some((record.ts(), format!("{record:?}")));
+        }
+    }
+}

@@ -4,7 +4,10 @@
 //! record, whose command line names the --step, aside).
 //! Skipped (with a message) where the probe finds the breakpoints do not work.
 
-use itrace_tests::{itrace, normalized_dump, program, record, report_calls, report_json, report_self_counts, test_dir};
+use itrace_tests::{
+    assert_streams_in_time_order, itrace, normalized_dump, program, record, report_calls, report_json,
+    report_self_counts, test_dir,
+};
 
 /// Block stepping is what these tests are about: where the probe finds the debug registers
 /// unusable, they fail, saying so (never skip).
@@ -45,6 +48,7 @@ fn same_trace_with_args(name: &str, bin: &std::path::Path, options: &[&str], arg
         let dump = itrace([std::ffi::OsStr::new("dump"), trace.as_os_str()]);
         dump.assert_success();
         std::fs::write(dir.join(format!("{step}.dump")), &dump.stdout).unwrap();
+        assert_streams_in_time_order(&trace);
         dumps.push(normalized_dump(&dump.stdout));
     }
     let (single, block) = (&dumps[0], &dumps[1]);

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use itrace_tests::{
-    cross_program, itrace, itrace_bin, normalized_dump, objdump_insns, program, record, report_calls, report_json,
-    report_self_counts, report_thread_ids, require_tool, run, stat_count, test_dir, wait_until, wait_with_guard,
-    KillOnDrop, Output,
+    assert_streams_in_time_order, cross_program, itrace, itrace_bin, normalized_dump, objdump_insns, program, record,
+    report_calls, report_json, report_self_counts, report_thread_ids, require_tool, run, stat_count, test_dir,
+    wait_until, wait_with_guard, KillOnDrop, Output,
 };
 
 const TRANSLATE: &[&str] = &["--backend", "translate"];
@@ -64,6 +64,7 @@ fn recording_with_env(
     let dump = itrace([std::ffi::OsStr::new("dump"), trace.as_os_str()]);
     dump.assert_success();
     std::fs::write(dir.join(format!("{tag}.dump")), &dump.stdout).unwrap();
+    assert_streams_in_time_order(&trace);
     Recording { out, trace, dump: dump.stdout }
 }
 

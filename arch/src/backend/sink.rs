@@ -258,6 +258,29 @@ impl<'a> Sink<'a> {
         for c in self.clocks.values_mut() {
             c.left = 0;
         }
+        // The stream stays in time order, as for branches: readers merge the streams by time.
+        // A control record is stamped when it is made, and records stored after it may carry an
+        // older reading (a system call's records, stamped at its entry and stored at its exit,
+        // after the trace-off of a thread that ended meanwhile): those go on at its time. A
+        // thread's own records after its trace-on follow it on any stream.
+        if cpu >= self.last_ts.len() {
+            self.last_ts.resize(cpu + 1, 0);
+        }
+        let ts = r.ts().max(self.last_ts[cpu]);
+        self.last_ts[cpu] = ts;
+        let mut stamped;
+        let r = if ts == r.ts() {
+            r
+        } else {
+            stamped = r.clone();
+            stamped.set_ts(ts);
+            &stamped
+        };
+        if let Record::TraceOn(on) = r {
+            self.clock_for(on.tid);
+            self.clock.last = self.clock.last.max(ts);
+            self.clock.cpu = cpu;
+        }
         // A thread's trace ends: its clock goes (a program making threads all along would
         // otherwise grow the map with every thread it ever had).
         if let Record::TraceOff(off) = r {
@@ -563,6 +586,43 @@ mod tests {
             })
             .collect();
         assert_eq!(thread7, [0x200, 0x300, 0x310, 0x320, 0x330], "thread 7's records in the file's order by time");
+    }
+
+    /// A control record stamped later than records stored after it on its stream (a system
+    /// call's records are stamped at its entry and stored at its exit: a thread that ended
+    /// meanwhile put its trace-off between) keeps the stream in time order. Before, thread 7's
+    /// record went into the stream older than the trace-off before it, and its next record, on
+    /// the other CPU, was merged before it (xl_rseq's main once counted a loop's 5 instructions
+    /// in the wrong block).
+    #[test]
+    fn a_control_record_keeps_its_stream_in_time_order() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("control.itr");
+        let mut buffers = continuous_buffers(&path, 2);
+        let at = |ts: u64, tid: u32, from: u64| Branch::user(ts, tid, from, from + 0x10, BranchKind::Jump, 0, 0);
+        {
+            let mut sink = Sink::new(&mut buffers).share_clock(4);
+            assert_eq!(sink.branch(0, at(100, 7, 0x100)), Stored::Yes);
+            let off = TraceOff { ts: 500, reason: StopReason::Exited, pid: 7, tid: 9, icount: 0, pc: 0x900, value: 0 };
+            assert_eq!(sink.control(0, &Record::TraceOff(off)), Stored::Yes);
+            // Made at 200 (a system call's entry), stored now; then the thread on CPU 1 at 300.
+            assert_eq!(sink.branch(0, at(200, 7, 0x200)), Stored::Yes);
+            assert_eq!(sink.branch(1, at(300, 7, 0x300)), Stored::Yes);
+        }
+        buffers.finish(Summary::default()).unwrap();
+        let t = TraceFile::open(&path).unwrap();
+        for cpu in 0..2 {
+            let stamps: Vec<u64> = t.stream(cpu).map(|r| r.unwrap().1.ts()).collect();
+            assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "stream {cpu} goes back in time: {stamps:?}");
+        }
+        let thread7: Vec<u64> = t
+            .merged()
+            .filter_map(|e| match e.unwrap().record {
+                Record::Branch(b) if b.tid == 7 => Some(b.from),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(thread7, [0x100, 0x200, 0x300], "thread 7's records in the file's order by time");
     }
 
     /// The clocks of threads whose trace ended are dropped: a program that makes thread after
