@@ -80,26 +80,6 @@ fn sum_per_cpu(line: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::normalized_dump;
-
-    #[test]
-    fn a_thread_moved_to_another_cpu_normalises_to_the_same_dump() {
-        let on_cpu0 = "0x00001ee2 cpu0 49750244078885 U Jump flags=0 aux=0 0x10 -> 0x20 tid=14231 n=8\n\
-                       0x00001ee8 cpu0 49750244078886 U Jump flags=0 aux=0 0x30 -> 0x40 tid=14231 n=7\n\
-                       # summary Summary { ts: 5, stop_reason: 0, instructions: 15, records: [2, 0], lost: [0, 0], mte_records: 1, totals: [] }";
-        let moved = "0x00001ee2 cpu0 49750244078885 U Jump flags=0 aux=0 0x10 -> 0x20 tid=14231 n=8\n\
-                     0x00001ef0 cpu1 49750244078886 U Jump flags=0 aux=0 0x30 -> 0x40 tid=14231 n=7\n\
-                     # summary Summary { ts: 6, stop_reason: 0, instructions: 15, records: [1, 1], lost: [0, 0], mte_records: 1, totals: [] }";
-        assert_eq!(normalized_dump(on_cpu0), normalized_dump(moved));
-        let other = on_cpu0.replace("n=7", "n=6");
-        assert_ne!(normalized_dump(on_cpu0), normalized_dump(&other));
-        let fewer = on_cpu0.replace("records: [2, 0]", "records: [1, 0]");
-        assert_ne!(normalized_dump(on_cpu0), normalized_dump(&fewer));
-    }
-}
-
 /// Panics unless each CPU stream of `trace` is in time order, as readers need: they merge the
 /// streams by time, so a record older than the one before it on its stream is read out of its
 /// thread's order (docs/trace-format.md). Read with the format crate, not with itrace.
@@ -118,5 +98,25 @@ pub fn assert_streams_in_time_order(trace: &std::path::Path) {
             }
             last = Some((record.ts(), format!("{record:?}")));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalized_dump;
+
+    #[test]
+    fn a_thread_moved_to_another_cpu_normalises_to_the_same_dump() {
+        let on_cpu0 = "0x00001ee2 cpu0 49750244078885 U Jump flags=0 aux=0 0x10 -> 0x20 tid=14231 n=8\n\
+                       0x00001ee8 cpu0 49750244078886 U Jump flags=0 aux=0 0x30 -> 0x40 tid=14231 n=7\n\
+                       # summary Summary { ts: 5, stop_reason: 0, instructions: 15, records: [2, 0], lost: [0, 0], mte_records: 1, totals: [] }";
+        let moved = "0x00001ee2 cpu0 49750244078885 U Jump flags=0 aux=0 0x10 -> 0x20 tid=14231 n=8\n\
+                     0x00001ef0 cpu1 49750244078886 U Jump flags=0 aux=0 0x30 -> 0x40 tid=14231 n=7\n\
+                     # summary Summary { ts: 6, stop_reason: 0, instructions: 15, records: [1, 1], lost: [0, 0], mte_records: 1, totals: [] }";
+        assert_eq!(normalized_dump(on_cpu0), normalized_dump(moved));
+        let other = on_cpu0.replace("n=7", "n=6");
+        assert_ne!(normalized_dump(on_cpu0), normalized_dump(&other));
+        let fewer = on_cpu0.replace("records: [2, 0]", "records: [1, 0]");
+        assert_ne!(normalized_dump(on_cpu0), normalized_dump(&fewer));
     }
 }
