@@ -552,6 +552,22 @@ mod tests {
         Buffers::new(cfg, w).unwrap()
     }
 
+    /// A user jump of thread `tid` at time `ts` from `from`.
+    fn jump_at(ts: u64, tid: u32, from: u64) -> Branch {
+        Branch::user(ts, tid, from, from + 0x10, BranchKind::Jump, 0, 0)
+    }
+
+    /// The sources of thread `tid`'s branch records in the file at `path`, merged by time.
+    fn thread_sources(path: &std::path::Path, tid: u32) -> Vec<u64> {
+        let t = TraceFile::open(path).unwrap();
+        t.merged()
+            .filter_map(|e| match e.unwrap().record {
+                Record::Branch(b) if b.tid == tid => Some(b.from),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// A thread that moves to another CPU's stream goes on after its records on the one it
     /// left: with the stream's last shared reading (another thread's, older), the file, merged
     /// by time, put its later records first.
@@ -560,31 +576,23 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("moved.itr");
         let mut buffers = continuous_buffers(&path, 2);
-        let at = |ts: u64, tid: u32, from: u64| Branch::user(ts, tid, from, from + 0x10, BranchKind::Jump, 0, 0);
         {
             let mut sink = Sink::new(&mut buffers).share_clock(4);
             // Thread 8 on CPU 0 at time 50: that reading is CPU 0's for 3 more records.
-            assert_eq!(sink.branch(0, at(50, 8, 0x100)), Stored::Yes);
+            assert_eq!(sink.branch(0, jump_at(50, 8, 0x100)), Stored::Yes);
             // Thread 7 on CPU 1 at 100 (a reading for 3 more records), then moved to CPU 0,
             // where it goes on at 200, 300, 400 and 500.
-            assert_eq!(sink.branch(1, at(100, 7, 0x200)), Stored::Yes);
+            assert_eq!(sink.branch(1, jump_at(100, 7, 0x200)), Stored::Yes);
             let mut stamps = Vec::new();
             for (i, ts) in [200, 300, 400, 500].into_iter().enumerate() {
-                assert_eq!(sink.branch(0, at(ts, 7, 0x300 + 0x10 * i as u64)), Stored::Yes);
+                assert_eq!(sink.branch(0, jump_at(ts, 7, 0x300 + 0x10 * i as u64)), Stored::Yes);
                 stamps.push(sink.last_ts(0));
             }
             // A nanosecond after its record on CPU 1, then that reading shared, then its own.
             assert_eq!(stamps, [101, 101, 101, 500]);
         }
         buffers.finish(Summary::default()).unwrap();
-        let t = TraceFile::open(&path).unwrap();
-        let thread7: Vec<u64> = t
-            .merged()
-            .filter_map(|e| match e.unwrap().record {
-                Record::Branch(b) if b.tid == 7 => Some(b.from),
-                _ => None,
-            })
-            .collect();
+        let thread7 = thread_sources(&path, 7);
         assert_eq!(thread7, [0x200, 0x300, 0x310, 0x320, 0x330], "thread 7's records in the file's order by time");
     }
 
@@ -599,15 +607,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("control.itr");
         let mut buffers = continuous_buffers(&path, 2);
-        let at = |ts: u64, tid: u32, from: u64| Branch::user(ts, tid, from, from + 0x10, BranchKind::Jump, 0, 0);
         {
             let mut sink = Sink::new(&mut buffers).share_clock(4);
-            assert_eq!(sink.branch(0, at(100, 7, 0x100)), Stored::Yes);
+            assert_eq!(sink.branch(0, jump_at(100, 7, 0x100)), Stored::Yes);
             let off = TraceOff { ts: 500, reason: StopReason::Exited, pid: 7, tid: 9, icount: 0, pc: 0x900, value: 0 };
             assert_eq!(sink.control(0, &Record::TraceOff(off)), Stored::Yes);
             // Made at 200 (a system call's entry), stored now; then the thread on CPU 1 at 300.
-            assert_eq!(sink.branch(0, at(200, 7, 0x200)), Stored::Yes);
-            assert_eq!(sink.branch(1, at(300, 7, 0x300)), Stored::Yes);
+            assert_eq!(sink.branch(0, jump_at(200, 7, 0x200)), Stored::Yes);
+            assert_eq!(sink.branch(1, jump_at(300, 7, 0x300)), Stored::Yes);
         }
         buffers.finish(Summary::default()).unwrap();
         let t = TraceFile::open(&path).unwrap();
@@ -615,14 +622,7 @@ mod tests {
             let stamps: Vec<u64> = t.stream(cpu).map(|r| r.unwrap().1.ts()).collect();
             assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "stream {cpu} goes back in time: {stamps:?}");
         }
-        let thread7: Vec<u64> = t
-            .merged()
-            .filter_map(|e| match e.unwrap().record {
-                Record::Branch(b) if b.tid == 7 => Some(b.from),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(thread7, [0x100, 0x200, 0x300], "thread 7's records in the file's order by time");
+        assert_eq!(thread_sources(&path, 7), [0x100, 0x200, 0x300], "thread 7's records in the file's order by time");
     }
 
     /// The clocks of threads whose trace ended are dropped: a program that makes thread after
