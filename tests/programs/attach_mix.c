@@ -4,8 +4,8 @@
  *
  * Prints "attach_mix: started pid=N", then works until its standard input reaches end of
  * file (a line "map ADDR SIZE", hex, on it maps SIZE bytes of anonymous r-x zeros at ADDR with
- * MAP_FIXED and answers "attach_mix: mapped ADDR", 0 if that failed), then prints "attach_mix: MODE items=N errors=E [extra]" and exits with status 0 when
- * E is 0, 3 otherwise.  Every work item checks itself against an independent computation
+ * MAP_FIXED and answers "attach_mix: mapped ADDR", 0 if that failed), then prints
+ * "attach_mix: MODE items=N errors=E [extra]" and exits with status 0 when E is 0, 3 otherwise.  Every work item checks itself against an independent computation
  * (a closed form, or the same value computed by other code), so a register, flag or stack
  * slot that a tracer disturbs shows as an error, not as a different number.
  *
