@@ -68,14 +68,16 @@ fn info_from_the_summary_totals_is_what_decoding_every_record_says() {
         for s in cpus {
             assert_eq!(counted[s], dumped[s], "{name}: records of {s}: info against dump\n{fast}");
         }
+        // Totals summed over several chunks of a stream: which CPU's stream gets them is the
+        // scheduler's choice (one run on an Intel host put 23 k of 30 k records on cpu1, and
+        // cpu0's fitted in one chunk).
         let chunks: u64 = fast
             .lines()
-            .find(|l| l.starts_with("cpu0 "))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(chunks > 1, "{name}: want several chunks:\n{fast}");
+            .filter(|l| l.starts_with("cpu"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .max()
+            .unwrap_or(0);
+        assert!(chunks > 1, "{name}: want several chunks in a CPU stream:\n{fast}");
     }
 }
 
