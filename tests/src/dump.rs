@@ -86,17 +86,17 @@ fn sum_per_cpu(line: &str) -> String {
 pub fn assert_streams_in_time_order(trace: &std::path::Path) {
     let t = itrace_format::TraceFile::open(trace).unwrap_or_else(|e| panic!("{}: {e}", trace.display()));
     for cpu in 0..t.header().ncpu {
-        let mut last: Option<(u64, String)> = None;
+        let mut last: Option<itrace_format::Record> = None;
         for item in t.stream(cpu) {
             let (_, record) = item.unwrap_or_else(|e| panic!("{} stream {cpu}: {e}", trace.display()));
-            if let Some((ts, before)) = &last {
+            if let Some(before) = &last {
                 assert!(
-                    record.ts() >= *ts,
-                    "{} stream {cpu} goes back in time: {before} then {record:?}",
+                    record.ts() >= before.ts(),
+                    "{} stream {cpu} goes back in time: {before:?} then {record:?}",
                     trace.display()
                 );
             }
-            last = Some((record.ts(), format!("{record:?}")));
+            last = Some(record);
         }
     }
 }

@@ -79,6 +79,7 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("stty", "coreutils"),
     ("seq", "coreutils"),
     ("script", "bsdutils"),
+    ("taskset", "util-linux"),
     ("chromium", "chromium"),
 ];
 

@@ -6,7 +6,8 @@
 
 use itrace_tests::{
     arc_lines, arc_text, callgrind_profile, checked_arc, itrace, objdump_insns, program, record, report_calls,
-    report_json, report_self_counts, run, test_dir, trailing_comments, wait_with_guard, KillOnDrop, Output, Symbols,
+    report_json, report_self_counts, require_tool, run, test_dir, trailing_comments, wait_with_guard, KillOnDrop,
+    Output, Symbols,
 };
 use std::collections::HashMap;
 
@@ -305,7 +306,7 @@ fn inproc_normal_mode_says_where_the_buffer_filled_wherever_it_fills() {
     for slots in 300..364usize {
         let trace = dir.join(format!("t{slots}.itr"));
         let size = (slots * 48).to_string();
-        let mut cmd = std::process::Command::new("taskset");
+        let mut cmd = std::process::Command::new(require_tool("taskset"));
         cmd.args(["-c", "0"]).arg(itrace_tests::itrace_bin()).arg("record").arg("-o").arg(&trace);
         cmd.args(["--region", "--backend", "inproc", "--mode", "normal", "--buffer-size", &size]);
         cmd.arg("--").arg(&bin).args(["20", "0"]);
