@@ -403,22 +403,28 @@ fn check_write_failure(out: &Output, trace: &Path) {
     );
 }
 
-/// Runs itrace with a file size limit; SIGXFSZ is ignored so that writes
-/// fail with EFBIG instead of killing itrace.
-fn record_with_fsize_limit(trace: &Path, options: &[&str], limit: u64) -> Output {
-    let mut cmd = Command::new(itrace_bin());
-    cmd.arg("record").arg("-o").arg(trace).args(options);
+/// `itrace record OPTIONS -o TRACE -- calls_loop 20000` pinned to CPU 0 (itrace and the program),
+/// with a file size limit of `limit` bytes if given; SIGXFSZ is ignored so that writes fail with
+/// EFBIG instead of killing itrace. On one CPU the trace is one CPU stream, whose first chunk is
+/// the first written: on two, the thread's records were spread over both streams, and once the
+/// first chunk to fill (and be written) was the second stream's, so the partial trace started in
+/// `_dl_sysdep_parse_arguments`, the loader's entry in a chunk the disk never took.
+fn record_full_disk(trace: &Path, limit: Option<u64>) -> Output {
+    let mut cmd = Command::new(require_tool("taskset"));
+    cmd.args(["-c", "0"]).arg(itrace_bin()).arg("record").arg("-o").arg(trace).args(FULL_DISK_OPTIONS);
     cmd.arg("--").arg(program(FULL_DISK_PROGRAM)).arg(FULL_DISK_ROUNDS);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            let lim = libc::rlimit { rlim_cur: limit as libc::rlim_t, rlim_max: limit as libc::rlim_t };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+    if let Some(limit) = limit {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let lim = libc::rlimit { rlim_cur: limit as libc::rlim_t, rlim_max: limit as libc::rlim_t };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
     run(&mut cmd)
 }
@@ -427,7 +433,7 @@ fn record_with_fsize_limit(trace: &Path, options: &[&str], limit: u64) -> Output
 fn file_size_limit() {
     let dir = test_dir("bad_input-file_size_limit");
     let trace = dir.join("t.itr");
-    let out = record_with_fsize_limit(&trace, FULL_DISK_OPTIONS, 16 * 1024);
+    let out = record_full_disk(&trace, Some(16 * 1024));
     check_write_failure(&out, &trace);
 }
 
@@ -464,7 +470,7 @@ fn disk_full() {
         let trace = mnt.join("t.itr");
         // small segments, so that some whole segments fit before the disk
         // is full
-        let out = record(&trace, FULL_DISK_OPTIONS, &program(FULL_DISK_PROGRAM), &[FULL_DISK_ROUNDS]);
+        let out = record_full_disk(&trace, None);
         let line = out.assert_clean_error();
         assert!(line.to_lowercase().contains("space"), "the error should say the disk is full (ENOSPC): {line}");
         // read the partial trace from a copy, then release the tmpfs
@@ -478,7 +484,7 @@ fn disk_full() {
              testing a full disk through RLIMIT_FSIZE instead"
         );
         let trace = dir.join("t.itr");
-        let out = record_with_fsize_limit(&trace, FULL_DISK_OPTIONS, 16 * 1024);
+        let out = record_full_disk(&trace, Some(16 * 1024));
         check_write_failure(&out, &trace);
     }
 }
