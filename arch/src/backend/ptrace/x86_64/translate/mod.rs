@@ -994,6 +994,10 @@ impl Session<'_> {
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.stop_ts = now_ns();
         let (ts, app_tid, mut icount) = (t.stop_ts, t.tid as u32, t.icount);
+        // The timestamps as the sink stores them, set here: a pass of its own over a batch
+        // larger than the cache cost more than this loop's work.
+        let stamp = self.sink.batch_stamp(cpu, app_tid, ts);
+        let mut instructions = 0u64;
         out.reserve(n);
         for r in raw.chunks_exact(RECORD_BYTES as usize) {
             let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
@@ -1007,12 +1011,13 @@ impl Session<'_> {
             icount += e.count;
             if let Some(kind) = e.kind {
                 let to = if e.indirect { target } else { e.to };
-                out.push(Branch { icount, ..Branch::user(ts, app_tid, e.from, to, kind, 0, 0) });
+                out.push(Branch { icount, ..Branch::user(stamp.ts(out.len()), app_tid, e.from, to, kind, 0, 0) });
+                instructions += u64::from(icount);
                 icount = 0;
             }
         }
         t.icount = icount;
-        self.push_branches(cpu, &mut out);
+        self.push_stamped_branches(cpu, &mut out, stamp, instructions);
         self.arch.xl_buffers = Buffers { raw, branches: out };
     }
 
