@@ -19,6 +19,7 @@
 //!   killed with SIGKILL leaves a valid file that lacks at most its last second.
 
 use crate::compact::{Decoder, Encoder, MAX_BRANCH_ITEM};
+use crate::reader::StreamTotals;
 use crate::record::{raw_records, Branch, Lost, Record, Summary, TraceOn, TraceOnReason};
 use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
 use crate::{Endian, FormatError, Mode};
@@ -113,11 +114,13 @@ struct Block {
     records: u64,
     tally: Tally,
     first_ts: Option<u64>,
+    /// What its items hold, as its encoder counted them, once the block is closed.
+    counted: Option<StreamTotals>,
 }
 
 impl Block {
     fn new(data: Vec<u8>) -> Self {
-        Block { data, records: 0, tally: Tally::default(), first_ts: None }
+        Block { data, records: 0, tally: Tally::default(), first_ts: None, counted: None }
     }
 }
 
@@ -140,6 +143,7 @@ impl CpuStream {
     /// Close the current block (its items complete) and start a new one with fresh state.
     fn close(&mut self, block_size: usize) {
         self.enc.finish(&mut self.cur.data);
+        self.cur.counted = Some(self.enc.totals());
         self.enc.reset();
         let fresh = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(block_size));
         let old = std::mem::replace(&mut self.cur, Block::new(fresh));
@@ -315,7 +319,7 @@ impl Buffers {
             self.flush_cpu(cpu)?;
         }
         let tally = Tally { records, branches, instructions };
-        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, data, tally);
+        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, data, tally, None);
         self.records[cpu] += records;
         self.branches += branches;
         self.instructions += instructions;
@@ -491,8 +495,9 @@ impl Buffers {
     fn flush_cpu(&mut self, cpu: usize) -> Result<(), FormatError> {
         let st = &mut self.cpus[cpu];
         st.enc.finish(&mut st.cur.data);
+        let counted = st.enc.totals();
         st.enc.reset();
-        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, &st.cur.data, st.cur.tally);
+        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, &st.cur.data, st.cur.tally, Some(&counted));
         st.cur.data.clear();
         st.cur.records = 0;
         st.cur.tally = Tally::default();
@@ -594,6 +599,7 @@ impl Buffers {
         for cpu in 0..self.cpus.len() {
             let st = &mut self.cpus[cpu];
             st.enc.finish(&mut st.cur.data);
+            st.cur.counted = Some(st.enc.totals());
             let cur = std::mem::replace(&mut st.cur, Block::new(Vec::new()));
             if !cur.data.is_empty() {
                 st.done.push_back(cur);
@@ -623,11 +629,19 @@ impl Buffers {
                         )?;
                     }
                     let none = Tally::default();
-                    keep(flush_block(&mut self.writer, &self.live, cpu as u16, CHUNK_FLAG_WRAPPED, &out, none));
+                    keep(flush_block(&mut self.writer, &self.live, cpu as u16, CHUNK_FLAG_WRAPPED, &out, none, None));
                 }
             }
             for blk in std::mem::take(&mut st.done) {
-                keep(flush_block(&mut self.writer, &self.live, cpu as u16, 0, &blk.data, blk.tally));
+                keep(flush_block(
+                    &mut self.writer,
+                    &self.live,
+                    cpu as u16,
+                    0,
+                    &blk.data,
+                    blk.tally,
+                    blk.counted.as_ref(),
+                ));
             }
         }
         if let Some(e) = first_err {
@@ -689,8 +703,9 @@ fn flush_block(
     flags: u16,
     data: &[u8],
     t: Tally,
+    counted: Option<&StreamTotals>,
 ) -> Result<(), FormatError> {
-    let mut r = w.write_chunk_atomic(stream, flags, data);
+    let mut r = w.write_chunk_atomic_counted(stream, flags, data, counted);
     let written = match &r {
         Ok(()) => t,
         Err(e) if out_of_space(e) => match write_what_fits(w, stream, flags, data) {

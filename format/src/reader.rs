@@ -635,6 +635,20 @@ pub struct StreamTotals {
 }
 
 impl StreamTotals {
+    /// Add what another stretch of the stream holds.
+    pub(crate) fn merge(&mut self, o: &StreamTotals) {
+        self.branches += o.branches;
+        self.first_ts = match (self.first_ts, o.first_ts) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_ts = self.last_ts.max(o.last_ts);
+        for (k, ok) in self.kinds.iter_mut().zip(&o.kinds) {
+            k.records += ok.records;
+            k.bytes += ok.bytes;
+        }
+    }
+
     /// Add the uncompressed compact `payload` of one CPU chunk, as written: its items walked by
     /// their lengths and timestamps only, without the edge tables a decode keeps (a decode here
     /// made recording a third slower). What a decode would count ([`TraceFile::stream_stats`]):
@@ -1218,6 +1232,50 @@ mod tests {
     use super::*;
     use crate::{Branch, BranchKind, Lost, StopReason, TraceOff, TraceOn, TraceOnReason};
 
+    /// The encoder counts what the writer's walk of its payload finds, on a long random stream
+    /// that makes every kind of item: second-table hits (more edges than the tables hold), runs
+    /// longer than one run item holds, older timestamps, whole records, kernel branches.
+    #[test]
+    fn the_encoder_counts_what_a_walk_of_its_chunk_finds() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |m: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        let mut recs = Vec::new();
+        let mut ts = 1000u64;
+        for _ in 0..20_000 {
+            ts = match next(8) {
+                0 => ts.saturating_sub(next(30)),
+                1 | 2 => ts + next(1000),
+                _ => ts,
+            };
+            let spread = if next(4) == 0 { 3000 } else { 40 };
+            let from = if next(50) == 0 { 0 } else { 0x40_0000 + 16 * next(spread) };
+            let b = Branch {
+                ts,
+                kernel: from == 0,
+                kind: if from == 0 { BranchKind::Iret } else { BranchKind::Jump },
+                flags: if from == 0 { crate::branch_flags::SYSCALL } else { 0 },
+                aux: if from == 0 { 1 } else { 0 },
+                from,
+                to: from + 0x80,
+                tid: 7 + next(2) as u32,
+                icount: 1 + (from as u32 & 7),
+            };
+            let copies = if next(100) == 0 { 1 + next(700) } else { 1 };
+            recs.extend((0..copies).map(|_| Record::Branch(b)));
+            if next(300) == 0 {
+                recs.push(Record::Lost(Lost { ts, count: next(9) + 1 }));
+            }
+        }
+        let (payload, counted) = crate::compact::encode_chunk_counted(&recs).unwrap();
+        let mut walked = StreamTotals::default();
+        walked.add_chunk(crate::Endian::native(), &payload);
+        assert_eq!(counted, walked);
+        assert!(walked.kinds.iter().take(6).all(|k| k.records > 0), "a kind of item missing: {walked:?}");
+    }
+
     /// The writer's walk of a payload counts what a decode does: every kind of item, a
     /// timestamp reset, runs, whole records, kernel branches with flags.
     #[test]
@@ -1255,9 +1313,10 @@ mod tests {
             icount: 2,
             value: 0,
         }));
-        let payload = crate::compact::encode_chunk(&recs).unwrap();
+        let (payload, counted) = crate::compact::encode_chunk_counted(&recs).unwrap();
         let mut walked = StreamTotals::default();
         walked.add_chunk(crate::Endian::native(), &payload);
+        assert_eq!(counted, walked, "the encoder's totals against the walk's");
 
         let mut decoded = StreamTotals::default();
         let mut dec = Decoder::new();

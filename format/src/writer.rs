@@ -83,7 +83,19 @@ impl TraceWriter {
     }
 
     /// Append one chunk of `stream` holding `payload` (whole records).
-    pub fn write_chunk(&mut self, stream: u16, mut flags: u16, payload: &[u8]) -> Result<(), FormatError> {
+    pub fn write_chunk(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {
+        self.write_chunk_counted(stream, flags, payload, None)
+    }
+
+    /// [`TraceWriter::write_chunk`] of a CPU chunk whose encoder `counted` what it holds
+    /// (`Encoder::totals`); `None`: the payload is walked to count it.
+    pub fn write_chunk_counted(
+        &mut self,
+        stream: u16,
+        mut flags: u16,
+        payload: &[u8],
+        counted: Option<&crate::reader::StreamTotals>,
+    ) -> Result<(), FormatError> {
         if payload.is_empty() {
             return Ok(());
         }
@@ -112,7 +124,10 @@ impl TraceWriter {
             if self.totals.len() <= i {
                 self.totals.resize(i + 1, Default::default());
             }
-            self.totals[i].add_chunk(crate::Endian::native(), raw);
+            match counted {
+                Some(t) => self.totals[i].merge(t),
+                None => self.totals[i].add_chunk(crate::Endian::native(), raw),
+            }
         }
         r
     }
@@ -188,8 +203,19 @@ impl TraceWriter {
 
     /// Append one chunk, rolling the file back to its previous end if any part fails.
     pub fn write_chunk_atomic(&mut self, stream: u16, flags: u16, payload: &[u8]) -> Result<(), FormatError> {
+        self.write_chunk_atomic_counted(stream, flags, payload, None)
+    }
+
+    /// [`TraceWriter::write_chunk_atomic`] with what the chunk holds, as its encoder counted it.
+    pub fn write_chunk_atomic_counted(
+        &mut self,
+        stream: u16,
+        flags: u16,
+        payload: &[u8],
+        counted: Option<&crate::reader::StreamTotals>,
+    ) -> Result<(), FormatError> {
         let before = self.good_len;
-        let r = self.write_chunk(stream, flags, payload);
+        let r = self.write_chunk_counted(stream, flags, payload, counted);
         if r.is_err() {
             self.rollback(before);
         }

@@ -53,9 +53,15 @@ fn dump_records(trace: &Path) -> BTreeMap<String, u64> {
 #[test]
 fn info_from_the_summary_totals_is_what_decoding_every_record_says() {
     let dir = test_dir("reading-info");
-    for (name, options) in
-        [("plain", &["--segment-size", "4K"][..]), ("compressed", &["--segment-size", "4K", "--compress"])]
-    {
+    // Each mode writes its chunks its own way (continuous: segment by segment; wrap: the ring's
+    // blocks at the end, after a chunk saying what was overwritten; normal: the blocks at the
+    // end), and the writer counts each as its encoder saw it.
+    for (name, options) in [
+        ("plain", &["--segment-size", "4K"][..]),
+        ("compressed", &["--segment-size", "4K", "--compress"]),
+        ("wrap", &["--mode", "wrap", "--buffer-size", "16K"]),
+        ("normal", &["--mode", "normal", "--buffer-size", "64K"]),
+    ] {
         let trace = dir.join(format!("{name}.itr"));
         record(&trace, options, &program("threads"), &[]).assert_success();
         let fast = info(&trace, false);
