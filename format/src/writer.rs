@@ -89,7 +89,7 @@ impl TraceWriter {
 
     /// [`TraceWriter::write_chunk`] of a CPU chunk whose encoder `counted` what it holds
     /// (`Encoder::totals`); `None`: the payload is walked to count it.
-    pub fn write_chunk_counted(
+    pub(crate) fn write_chunk_counted(
         &mut self,
         stream: u16,
         mut flags: u16,
@@ -207,7 +207,7 @@ impl TraceWriter {
     }
 
     /// [`TraceWriter::write_chunk_atomic`] with what the chunk holds, as its encoder counted it.
-    pub fn write_chunk_atomic_counted(
+    pub(crate) fn write_chunk_atomic_counted(
         &mut self,
         stream: u16,
         flags: u16,

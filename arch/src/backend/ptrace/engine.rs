@@ -325,6 +325,7 @@ impl Session<'_> {
     ) {
         let (stored, outcome) = self.sink.stamped_branches(cpu, bs, stamp, instructions);
         if outcome == Stored::Full {
+            // Only the first one refused counts, as with `push_branch` one at a time.
             self.refused_at_full(&bs[stored]);
         }
         self.after_store(outcome);
