@@ -1,7 +1,8 @@
 //! The compact encoder's cost per taken branch, on branches taken from a real trace:
 //! `cargo run --release -p itrace-format --example encode_rate -- TRACE [SKIP] [COUNT]`.
 //!
-//! A window of COUNT (100,000) branches of CPU stream 0, after SKIP (1,000,000), is encoded 100
+//! A window of COUNT (100,000) branches of the first CPU stream that has them, after SKIP
+//! (1,000,000), is encoded 100
 //! times over in 256 KiB chunks, as the qemu plugin's vCPUs make them (a window small enough to
 //! stay in the cache, as the branches a recorder encodes are: it measures the encoder, not the
 //! memory). Prints the best of 5 rounds in ns per branch, the payload's bytes per branch, and
@@ -21,17 +22,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let count: usize = args.next().map_or(Ok(100_000), |a| a.parse())?;
     let trace = TraceFile::open(std::path::Path::new(&path))?;
     let mut window: Vec<Branch> = Vec::with_capacity(count);
-    for r in trace.stream(0) {
-        if let (_, Record::Branch(b)) = r? {
-            window.push(b);
+    for cpu in 0..trace.header().ncpu {
+        window.clear();
+        for r in trace.stream(cpu) {
+            if let (_, Record::Branch(b)) = r? {
+                window.push(b);
+            }
+            if window.len() == skip + count {
+                break;
+            }
         }
-        if window.len() == skip + count {
+        if window.len() > skip {
             break;
         }
     }
     let window = window.split_off(skip.min(window.len()));
     if window.is_empty() {
-        return Err(format!("{path}: stream 0 has no more than {skip} branches").into());
+        return Err(format!("{path}: no CPU stream has more than {skip} branches").into());
     }
     let (mut best, mut bytes, mut hash) = (f64::MAX, 0, 0xcbf2_9ce4_8422_2325u64);
     let mut out = Vec::with_capacity(CHUNK);

@@ -20,7 +20,7 @@
 
 use crate::compact::{Decoder, Encoder, MAX_BRANCH_ITEM};
 use crate::reader::StreamTotals;
-use crate::record::{raw_records, Branch, Lost, Record, Summary, TraceOn, TraceOnReason};
+use crate::record::{raw_records, BatchStamp, Branch, Hop, Lost, Record, Summary, TraceOn, TraceOnReason};
 use crate::writer::{TraceWriter, CHUNK_FLAG_WRAPPED, STREAM_END, STREAM_MTE};
 use crate::{Endian, FormatError, Mode};
 use std::collections::{HashMap, VecDeque};
@@ -405,8 +405,44 @@ impl Buffers {
     /// fewer than `bs.len()` only when a normal-mode buffer refused the next one (as
     /// `push_branch` would have refused it and all after it).
     pub fn push_branches(&mut self, cpu: usize, bs: &[Branch]) -> Result<usize, FormatError> {
+        self.push_batch(
+            cpu,
+            bs.len(),
+            |i| bs[i].ts,
+            |enc, out, i| {
+                enc.branch(out, &bs[i]);
+                bs[i].icount
+            },
+        )
+    }
+
+    /// Store thread `tid`'s user-mode branches `hops` for `cpu`, in order, the record `i`
+    /// at `stamp.ts(i)`: what [`Buffers::push_branches`] stores of the branches they stand
+    /// for ([`Hop::branch`]), without a batch of full records made first.
+    pub fn push_hops(&mut self, cpu: usize, tid: u32, stamp: BatchStamp, hops: &[Hop]) -> Result<usize, FormatError> {
+        self.push_batch(
+            cpu,
+            hops.len(),
+            |i| stamp.ts(i),
+            |enc, out, i| {
+                enc.hop(out, &hops[i], tid, stamp.ts(i));
+                hops[i].icount
+            },
+        )
+    }
+
+    /// The stretches of [`Buffers::push_branches`] for `n` branches, the branch `i` at
+    /// `ts_of(i)` appended by `encode(.., i)`, which returns its instruction count.
+    #[inline(always)]
+    fn push_batch(
+        &mut self,
+        cpu: usize,
+        n: usize,
+        ts_of: impl Fn(usize) -> u64,
+        mut encode: impl FnMut(&mut Encoder, &mut Vec<u8>, usize) -> u32,
+    ) -> Result<usize, FormatError> {
         let mut done = 0;
-        while done < bs.len() {
+        while done < n {
             if !self.room(cpu, MAX_BRANCH_ITEM, false)? {
                 break;
             }
@@ -418,16 +454,14 @@ impl Buffers {
             if self.cfg.mode != Mode::Continuous {
                 space = space.min(self.cfg.buffer_size.saturating_sub(st.used()));
             }
-            let k = (space / MAX_BRANCH_ITEM).clamp(1, bs.len() - done);
-            let stretch = &bs[done..done + k];
+            let k = (space / MAX_BRANCH_ITEM).clamp(1, n - done);
             let mut instructions = 0u64;
-            for b in stretch {
-                st.enc.branch(&mut st.cur.data, b);
-                instructions += b.icount as u64;
+            for i in done..done + k {
+                instructions += encode(&mut st.enc, &mut st.cur.data, i) as u64;
             }
             let blk = &mut st.cur;
             blk.records += k as u64;
-            blk.first_ts.get_or_insert(stretch[0].ts);
+            blk.first_ts.get_or_insert(ts_of(done));
             blk.tally.records += k as u64;
             blk.tally.branches += k as u64;
             blk.tally.instructions += instructions;

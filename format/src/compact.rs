@@ -9,7 +9,7 @@
 //! one byte, plus its timestamp delta when that is not 0; the same branch again with the same
 //! timestamp is counted in a run. Other records (trace on/off, lost) are carried whole.
 
-use crate::record::{record_len, Branch, BranchKind, Record};
+use crate::record::{record_len, Branch, BranchKind, Hop, Record};
 use crate::Endian;
 
 /// Edges the table holds.
@@ -338,8 +338,26 @@ impl Encoder {
     /// part of the qemu plugin's writer).
     #[inline(always)]
     pub fn branch(&mut self, out: &mut Vec<u8>, b: &Branch) {
-        let e = Edge::of(b);
-        if self.last_edge.same(&e) && self.last_ts == b.ts {
+        self.edge(out, Edge::of(b), b.ts);
+    }
+
+    /// Append the branch `h` of thread `tid` at `ts` (a batch of one thread's branches,
+    /// `Buffers::push_hops`): the same bytes as [`Encoder::branch`] of `h.branch(ts, tid)`.
+    #[inline(always)]
+    pub fn hop(&mut self, out: &mut Vec<u8>, h: &Hop, tid: u32, ts: u64) {
+        let e = Edge {
+            from: h.from,
+            to: h.to,
+            ids: (tid as u64) << 32 | h.icount as u64,
+            meta: EDGE_VALID | h.kind as u64,
+        };
+        self.edge(out, e, ts);
+    }
+
+    /// Append the branch of edge `e` at `ts`.
+    #[inline(always)]
+    fn edge(&mut self, out: &mut Vec<u8>, e: Edge, ts: u64) {
+        if self.last_edge.same(&e) && self.last_ts == ts {
             if self.run == MAX_RUN {
                 self.finish(out);
             }
@@ -349,12 +367,12 @@ impl Encoder {
         self.finish(out);
         // A timestamp reset counts with the item after it.
         let start = out.len();
-        if b.ts < self.s.ts {
+        if ts < self.s.ts {
             out.push(tag::TS_SET);
-            put_varint(out, b.ts);
-            self.s.ts = b.ts;
+            put_varint(out, ts);
+            self.s.ts = ts;
         }
-        let dts = b.ts - self.s.ts;
+        let dts = ts - self.s.ts;
         let (set, far) = places(e.hash());
         let (a, c) = (2 * set, 2 * set + 1);
         let hit = if self.s.table[a] == e {
@@ -364,6 +382,7 @@ impl Encoder {
         } else {
             None
         };
+        let (from, to, tid) = (e.from, e.to, (e.ids >> 32) as u32);
         let item = match hit {
             Some(slot) => {
                 self.s.mru[set] = (slot & 1) as u8;
@@ -387,7 +406,7 @@ impl Encoder {
             }
             None => {
                 self.s.insert(e, set, far);
-                let dtid = b.tid.wrapping_sub(self.s.tid) as i32;
+                let dtid = tid.wrapping_sub(self.s.tid) as i32;
                 out.push(tag::NEW | (dts != 0) as u8 | ((dtid != 0) as u8) << 1);
                 if dts != 0 {
                     put_varint(out, dts);
@@ -395,39 +414,41 @@ impl Encoder {
                 if dtid != 0 {
                     put_varint(out, zigzag(dtid as i64));
                 }
-                let mut m = b.kind as u8;
-                if b.kernel {
+                // The edge's meta word: kind, kernel, flags and aux (`Edge::of`).
+                let (flags, aux) = ((e.meta >> 8) as u8, (e.meta >> 16) as u16);
+                let mut m = e.meta as u8;
+                if e.meta >> 32 & 1 != 0 {
                     m |= meta::KERNEL;
                 }
-                let flagged = b.flags != 0 || b.aux != 0;
+                let flagged = flags != 0 || aux != 0;
                 if flagged {
                     m |= meta::FLAGS;
                 }
-                if b.from == 0 {
+                if from == 0 {
                     m |= meta::FROM_ZERO;
                 }
-                if b.to == 0 {
+                if to == 0 {
                     m |= meta::TO_ZERO;
                 }
                 out.push(m);
                 if flagged {
-                    out.push(b.flags);
-                    put_varint(out, b.aux as u64);
+                    out.push(flags);
+                    put_varint(out, aux as u64);
                 }
-                if b.from != 0 {
-                    put_varint(out, zigzag(b.from.wrapping_sub(self.s.base_of_from()) as i64));
+                if from != 0 {
+                    put_varint(out, zigzag(from.wrapping_sub(self.s.base_of_from()) as i64));
                 }
-                if b.to != 0 {
-                    put_varint(out, zigzag(b.to.wrapping_sub(self.s.base_of_to(b.from)) as i64));
+                if to != 0 {
+                    put_varint(out, zigzag(to.wrapping_sub(self.s.base_of_to(from)) as i64));
                 }
-                put_varint(out, b.icount as u64);
+                put_varint(out, e.ids & 0xFFFF_FFFF);
                 kind::NEW
             }
         };
-        self.counted.add(item, 1, out.len() - start, b.ts);
+        self.counted.add(item, 1, out.len() - start, ts);
         // The decoder's after_branch, with the last branch kept as its edge.
-        (self.s.ts, self.s.tid, self.s.from, self.s.to) = (b.ts, b.tid, b.from, b.to);
-        (self.last_edge, self.last_ts) = (e, b.ts);
+        (self.s.ts, self.s.tid, self.s.from, self.s.to) = (ts, tid, from, to);
+        (self.last_edge, self.last_ts) = (e, ts);
     }
 
     /// Append a record carried whole: `bytes` is its 16-byte-header encoding, `r` the record.

@@ -52,8 +52,9 @@ pub use reader::{
     StreamTotals, TraceFile, RECORD_KINDS,
 };
 pub use record::{
-    branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, Branch, BranchKind, Lost, Mte, RawRecord,
-    RawRecords, Record, StopReason, Summary, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN, RECORD_HEADER_LEN,
+    branch_flags, file_mtime_ns, major, mte_minor, prot, raw_records, BatchStamp, Branch, BranchKind, Hop, Lost, Mte,
+    RawRecord, RawRecords, Record, StopReason, Summary, TraceOff, TraceOn, TraceOnReason, BRANCH_RECORD_LEN,
+    RECORD_HEADER_LEN,
 };
 pub use writer::{
     TraceWriter, CHUNK_FLAG_COMPRESSED, CHUNK_FLAG_WRAPPED, CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESS_LEVEL,

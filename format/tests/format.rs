@@ -402,6 +402,94 @@ fn pushing_batches_of_branches_equals_pushing_them_one_by_one() {
     }
 }
 
+/// `push_hops` (one thread's user branches, their timestamps given by a stamp per batch) stores
+/// exactly what `push_branch` stores of the branches they stand for, one by one, in every mode
+/// and for any size of batch: the same records (timestamps, threads, counts, kinds), the same
+/// refusal point in normal mode, the same losses in wrap mode. Loops (table hits, runs) with new
+/// edges between, kinds of every code, and stamps whose shared reading ends inside a batch.
+#[test]
+fn pushing_hops_equals_pushing_their_branches_one_by_one() {
+    let d = tempfile::tempdir().unwrap();
+    let kinds = [BranchKind::Jump, BranchKind::CondJump, BranchKind::Call, BranchKind::Return, BranchKind::Intrpt];
+    let hops: Vec<Hop> = (0..3000u64)
+        .map(|i| {
+            let at = if i % 100 < 60 { i % 3 } else { i };
+            Hop {
+                from: 0x400000 + at * 16,
+                to: if at % 11 == 0 { 0 } else { 0x500000 + at },
+                icount: (at % 13) as u32 + 1,
+                kind: kinds[at as usize % kinds.len()],
+            }
+        })
+        .collect();
+    let tid = |batch: usize| 100 + (batch % 3) as u32;
+    // Batch `b` of `size`: the first `size / 3` at the thread's earlier reading, the rest later.
+    let stamp = |b: usize, size: usize| BatchStamp {
+        first: 1000 + 10 * b as u64,
+        first_n: size / 3,
+        rest: 1005 + 10 * b as u64,
+    };
+    let store = |name: &str, mode: Mode, size: usize, batched: bool| {
+        let p = d.path().join(name);
+        let w = TraceWriter::create(&p, &header(mode, 1)).unwrap();
+        let cfg = BufferConfig { mode, ncpu: 1, buffer_size: 2000, segment_size: 700, mte_size: 1 << 20 };
+        let mut buf = Buffers::new(cfg, w).unwrap();
+        let mut stored = 0;
+        'batches: for (b, part) in hops.chunks(size).enumerate() {
+            let (tid, stamp) = (tid(b), stamp(b, part.len()));
+            if batched {
+                let n = buf.push_hops(0, tid, stamp, part).unwrap();
+                stored += n;
+                if n < part.len() {
+                    break;
+                }
+            } else {
+                for (i, h) in part.iter().enumerate() {
+                    if buf.push_branch(0, &h.branch(stamp.ts(i), tid)).unwrap() == Push::Full {
+                        break 'batches;
+                    }
+                    stored += 1;
+                }
+            }
+        }
+        let lost = buf.lost().to_vec();
+        buf.finish(Summary::default()).unwrap();
+        (stored, lost, branches(&TraceFile::open(&p).unwrap()))
+    };
+    for mode in [Mode::Continuous, Mode::Normal, Mode::Wrap] {
+        for size in [1, 7, 64, 1000, 5000] {
+            let one_by_one = store(&format!("{mode}-{size}-1.itr"), mode, size, false);
+            match mode {
+                Mode::Normal => assert!(one_by_one.0 < hops.len() && one_by_one.0 > 100, "normal: {}", one_by_one.0),
+                Mode::Wrap => assert!(one_by_one.1[0] > 0, "wrap: nothing lost"),
+                _ => {
+                    let expected: Vec<Branch> = hops
+                        .chunks(size)
+                        .enumerate()
+                        .flat_map(|(b, part)| {
+                            let (tid, stamp) = (tid(b), stamp(b, part.len()));
+                            part.iter().enumerate().map(move |(i, h)| Branch {
+                                ts: stamp.ts(i),
+                                kernel: false,
+                                kind: h.kind,
+                                flags: 0,
+                                aux: 0,
+                                from: h.from,
+                                to: h.to,
+                                tid,
+                                icount: h.icount,
+                            })
+                        })
+                        .collect();
+                    assert_eq!(one_by_one.2, expected, "batches of {size}: the file's branches");
+                }
+            }
+            let batched = store(&format!("{mode}-{size}.itr"), mode, size, true);
+            assert_eq!(batched, one_by_one, "{mode}, batches of {size}");
+        }
+    }
+}
+
 /// `push_records` (runs of records at once) stores exactly what pushing them one by one stores,
 /// in every mode: the same records, the same refusal point in normal mode.
 #[test]

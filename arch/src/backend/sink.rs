@@ -8,7 +8,7 @@
 //! translating recorder drains rings of records faster than one thread encodes them, and the
 //! encoding then runs beside the drain and the traced program instead of between them.
 
-use itrace_format::{Branch, Buffers, Mode, Mte, Push, Record};
+use itrace_format::{BatchStamp, Branch, Buffers, Hop, Mode, Mte, Push, Record};
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,7 @@ struct Writer {
     ops: Option<SyncSender<Op>>,
     /// Batches the writer has stored, given back empty to be filled again (a fresh batch of
     /// a drained ring is megabytes, mapped and faulted in anew each time).
-    spare: Receiver<Vec<Branch>>,
+    spare: Receiver<Vec<Hop>>,
     /// The writer's first error (it stops storing then).
     error: Arc<Mutex<Option<String>>>,
     /// Closed by the writer when it has stored everything and returns.
@@ -52,6 +52,8 @@ struct Writer {
 /// What the writer thread is asked to do, in the order asked.
 enum Op {
     Branches(usize, Vec<Branch>),
+    /// Thread `.1`'s branches on stream `.0`, stamped by `.2`.
+    Hops(usize, u32, BatchStamp, Vec<Hop>),
     Branch(usize, Branch),
     Control(usize, Record),
     Mte(Mte),
@@ -220,7 +222,7 @@ impl<'a> Sink<'a> {
     /// timestamps in `bs` are set to the ones stored). Returns how many were stored and the
     /// outcome: `Full` when a normal-mode buffer refused the next one (and so every one after
     /// it), `Failed` when the file could not be written. With a writer thread, `bs` is handed
-    /// to it and left empty (an emptied batch of an earlier call, its room kept).
+    /// to it and left empty.
     pub fn branches(&mut self, cpu: usize, bs: &mut Vec<Branch>) -> (usize, Stored) {
         if bs.is_empty() {
             return (0, Stored::Yes);
@@ -234,8 +236,17 @@ impl<'a> Sink<'a> {
         } else {
             self.stamp_shared(cpu, bs);
         }
-        let instructions = bs.iter().map(|b| b.icount as u64).sum::<u64>();
-        self.store_stamped(cpu, bs, instructions)
+        let (n, instructions) = (bs.len(), bs.iter().map(|b| b.icount as u64).sum::<u64>());
+        match &mut self.store {
+            Store::Direct(buffers) => {
+                let pushed = buffers.push_branches(cpu, bs);
+                self.stored_batch(pushed, n, instructions, |k| bs[..k].iter().map(|b| b.icount as u64).sum())
+            }
+            Store::Threaded(_) => {
+                let batch = std::mem::take(bs);
+                (n, self.send(Op::Branches(cpu, batch), n as u64, instructions))
+            }
+        }
     }
 
     /// The timestamps a batch of thread `tid`'s branch records, all read at `ts` (a drained
@@ -256,23 +267,25 @@ impl<'a> Sink<'a> {
         BatchStamp { first, first_n: c.left as usize, rest: ts.max(first) }
     }
 
-    /// [`Sink::branches`] for a batch of one thread's records stamped by `stamp`
+    /// [`Sink::branches`] for a batch of thread `tid`'s user-mode branches stamped by `stamp`
     /// ([`Sink::batch_stamp`], the last call to the sink), `instructions` their counts' sum:
     /// no pass over the batch here (two passes, the stamping and the sum, were 11 % of the
-    /// translating recorder's samples, its batches being larger than the cache).
+    /// translating recorder's samples, its batches being larger than the cache), and records
+    /// of 24 bytes, not 40 (`Hop`). With a writer thread, `hops` is handed to it and left
+    /// empty (an emptied batch of an earlier call, its room kept).
     pub fn stamped_branches(
         &mut self,
         cpu: usize,
-        bs: &mut Vec<Branch>,
+        tid: u32,
+        hops: &mut Vec<Hop>,
         stamp: BatchStamp,
         instructions: u64,
     ) -> (usize, Stored) {
-        let n = bs.len();
+        let n = hops.len();
         if n == 0 {
             return (0, Stored::Yes);
         }
-        debug_assert!(bs.iter().enumerate().all(|(i, b)| b.ts == stamp.ts(i)), "a batch not stamped by its stamp");
-        debug_assert!(self.share_clock == 1 || self.clock_tid == Some(bs[0].tid), "a stamp of another thread");
+        debug_assert!(self.share_clock == 1 || self.clock_tid == Some(tid), "a stamp of another thread");
         let newest = stamp.ts(n - 1);
         if cpu >= self.last_ts.len() {
             self.last_ts.resize(cpu + 1, 0);
@@ -285,29 +298,34 @@ impl<'a> Sink<'a> {
             let left = if n <= stamp.first_n { stamp.first_n - n } else { share - 1 - (n - stamp.first_n - 1) % share };
             self.clock = ThreadClock { left: left as u32, last: newest, cpu };
         }
-        self.store_stamped(cpu, bs, instructions)
+        match &mut self.store {
+            Store::Direct(buffers) => {
+                let pushed = buffers.push_hops(cpu, tid, stamp, hops);
+                self.stored_batch(pushed, n, instructions, |k| hops[..k].iter().map(|h| h.icount as u64).sum())
+            }
+            Store::Threaded(w) => {
+                let batch = std::mem::replace(hops, w.spare.try_recv().unwrap_or_default());
+                (n, self.send(Op::Hops(cpu, tid, stamp, batch), n as u64, instructions))
+            }
+        }
     }
 
-    /// Store `bs`, stamped, whose counts sum to `instructions`.
-    fn store_stamped(&mut self, cpu: usize, bs: &mut Vec<Branch>, instructions: u64) -> (usize, Stored) {
-        let n = bs.len();
-        match &mut self.store {
-            Store::Direct(buffers) => match buffers.push_branches(cpu, bs) {
-                Ok(stored) => {
-                    self.branches += stored as u64;
-                    self.instructions += if stored == n {
-                        instructions
-                    } else {
-                        bs[..stored].iter().map(|b| b.icount as u64).sum::<u64>()
-                    };
-                    (stored, if stored < n { Stored::Full } else { Stored::Yes })
-                }
-                Err(e) => (0, self.write_failed(e)),
-            },
-            Store::Threaded(w) => {
-                let batch = std::mem::replace(bs, w.spare.try_recv().unwrap_or_default());
-                (n, self.send(Op::Branches(cpu, batch), n as u64, instructions))
+    /// Count what the buffers stored of a batch of `n` whose counts sum to `instructions`
+    /// (`partial(k)`: the sum of the first `k`'s), and say how it went.
+    fn stored_batch(
+        &mut self,
+        pushed: Result<usize, itrace_format::FormatError>,
+        n: usize,
+        instructions: u64,
+        partial: impl FnOnce(usize) -> u64,
+    ) -> (usize, Stored) {
+        match pushed {
+            Ok(stored) => {
+                self.branches += stored as u64;
+                self.instructions += if stored == n { instructions } else { partial(stored) };
+                (stored, if stored < n { Stored::Full } else { Stored::Yes })
             }
+            Err(e) => (0, self.write_failed(e)),
         }
     }
 
@@ -477,28 +495,6 @@ impl<'a> Sink<'a> {
     }
 }
 
-/// The timestamps of a batch of one thread's records read at one clock reading
-/// ([`Sink::batch_stamp`]): the first `first_n` take `first` (the thread's earlier reading, as
-/// far as it is shared), the rest `rest`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchStamp {
-    pub first: u64,
-    pub first_n: usize,
-    pub rest: u64,
-}
-
-impl BatchStamp {
-    /// The timestamp of the batch's record `i`.
-    #[inline(always)]
-    pub fn ts(&self, i: usize) -> u64 {
-        if i < self.first_n {
-            self.first
-        } else {
-            self.rest
-        }
-    }
-}
-
 /// How a thread's branch records share clock readings.
 #[derive(Clone, Copy, Debug, Default)]
 struct ThreadClock {
@@ -537,12 +533,7 @@ fn stamp_with(last: &mut u64, clock: &mut ThreadClock, share_clock: u32, cpu: us
 
 /// The writer thread: store each op in order until the recording loop's end is closed; write
 /// what is due when idle. After the first error nothing more is stored (the recording stops).
-fn write_ops(
-    buffers: &mut Buffers,
-    ops: &Receiver<Op>,
-    spare: &mpsc::Sender<Vec<Branch>>,
-    error: &Mutex<Option<String>>,
-) {
+fn write_ops(buffers: &mut Buffers, ops: &Receiver<Op>, spare: &mpsc::Sender<Vec<Hop>>, error: &Mutex<Option<String>>) {
     let mut failed = false;
     loop {
         let op = match ops.recv_timeout(WRITER_TICK) {
@@ -561,8 +552,9 @@ fn write_ops(
             continue;
         }
         let r = match op {
-            Op::Branches(cpu, mut batch) => {
-                let r = buffers.push_branches(cpu, &batch).map(drop);
+            Op::Branches(cpu, batch) => buffers.push_branches(cpu, &batch).map(drop),
+            Op::Hops(cpu, tid, stamp, mut batch) => {
+                let r = buffers.push_hops(cpu, tid, stamp, &batch).map(drop);
                 batch.clear();
                 let _ = spare.send(batch);
                 r
@@ -747,26 +739,35 @@ mod tests {
                             continue;
                         }
                         let n = next(150) as usize;
-                        let made = |i: usize, at: u64| Branch {
+                        let hop = |i: usize| Hop {
+                            from: 0x1000 + 16 * (i as u64 % 9),
+                            to: 0x2000 + round,
                             icount: (i % 7) as u32 + 1,
-                            ..Branch::user(
-                                at,
-                                tid,
-                                0x1000 + 16 * (i as u64 % 9),
-                                0x2000 + round,
-                                BranchKind::Jump,
-                                0,
-                                0,
-                            )
+                            kind: BranchKind::Jump,
                         };
                         if batched {
                             let stamp = sink.batch_stamp(cpu, tid, ts);
-                            let mut bs: Vec<Branch> = (0..n).map(|i| made(i, stamp.ts(i))).collect();
-                            let instructions = bs.iter().map(|b| b.icount as u64).sum();
-                            assert_eq!(sink.stamped_branches(cpu, &mut bs, stamp, instructions), (n, Stored::Yes));
+                            let mut hops: Vec<Hop> = (0..n).map(hop).collect();
+                            let instructions = hops.iter().map(|h| h.icount as u64).sum();
+                            assert_eq!(
+                                sink.stamped_branches(cpu, tid, &mut hops, stamp, instructions),
+                                (n, Stored::Yes)
+                            );
                         } else {
                             for i in 0..n {
-                                assert_eq!(sink.branch(cpu, made(i, ts)), Stored::Yes);
+                                let b = Branch {
+                                    icount: (i % 7) as u32 + 1,
+                                    ..Branch::user(
+                                        ts,
+                                        tid,
+                                        0x1000 + 16 * (i as u64 % 9),
+                                        0x2000 + round,
+                                        BranchKind::Jump,
+                                        0,
+                                        0,
+                                    )
+                                };
+                                assert_eq!(sink.branch(cpu, b), Stored::Yes);
                             }
                         }
                     }
@@ -829,7 +830,7 @@ mod tests {
                 let (branches, instructions) = std::thread::scope(|scope| {
                     let mut sink = if threaded { Sink::threaded(scope, &mut buffers) } else { Sink::new(&mut buffers) }
                         .share_clock(4);
-                    let mut batch = Vec::new();
+                    let (mut batch, mut hops) = (Vec::new(), Vec::new());
                     for i in 0..2000u64 {
                         let cpu = (i / 500) as usize % 2;
                         match i % 250 {
@@ -851,6 +852,18 @@ mod tests {
                             }
                             2 => sink.add_lost(cpu, i),
                             n if n < 100 => assert_eq!(sink.branch(cpu, branch(i)), Stored::Yes),
+                            // A drained ring's batch of thread 7's branches, stamped ahead.
+                            n if n < 150 => {
+                                let b = branch(i);
+                                let hop = Hop { from: b.from, to: b.to, icount: b.icount, kind: b.kind };
+                                hops.push(hop);
+                                if hops.len() == 23 || n == 149 {
+                                    let stamp = sink.batch_stamp(cpu, 7, b.ts);
+                                    let (n, sum) = (hops.len(), hops.iter().map(|h| h.icount as u64).sum());
+                                    assert_eq!(sink.stamped_branches(cpu, 7, &mut hops, stamp, sum), (n, Stored::Yes));
+                                    hops.clear();
+                                }
+                            }
                             _ => {
                                 batch.push(branch(i));
                                 if batch.len() == 37 || i % 250 == 249 {

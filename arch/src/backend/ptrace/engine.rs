@@ -12,11 +12,11 @@
 use super::arch::{Isa, ProcessArch, SessionArch, StepOptions, ThreadArch};
 use super::cpus::*;
 use super::region::{RegionProcess, RegionThread};
-use crate::backend::sink::{BatchStamp, Sink, Stored};
+use crate::backend::sink::{Sink, Stored};
 use crate::backend::RecordOutcome;
 use crate::procfs::Mapping;
 use itrace_decoders::Insn;
-use itrace_format::{Branch, Buffers, FormatError, Mte, Record, StopReason, TraceOff};
+use itrace_format::{BatchStamp, Branch, Buffers, FormatError, Hop, Mte, Record, StopReason, TraceOff};
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
@@ -312,21 +312,22 @@ impl Session<'_> {
         self.after_store(stored);
     }
 
-    /// [`Session::push_branch`] for each of `bs`, in one call to the buffers: a drained ring of
-    /// one thread's records (only x86_64's translating recorder has rings), stamped by `stamp`
-    /// (`Sink::stamped_branches`), `instructions` their counts' sum.
+    /// [`Session::push_branch`] for each of thread `tid`'s user-mode branches `hops`, in one
+    /// call to the buffers: a drained ring (only x86_64's translating recorder has rings),
+    /// stamped by `stamp` (`Sink::stamped_branches`), `instructions` their counts' sum.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(super) fn push_stamped_branches(
         &mut self,
         cpu: usize,
-        bs: &mut Vec<Branch>,
+        tid: u32,
+        hops: &mut Vec<Hop>,
         stamp: BatchStamp,
         instructions: u64,
     ) {
-        let (stored, outcome) = self.sink.stamped_branches(cpu, bs, stamp, instructions);
+        let (stored, outcome) = self.sink.stamped_branches(cpu, tid, hops, stamp, instructions);
         if outcome == Stored::Full {
             // Only the first one refused counts, as with `push_branch` one at a time.
-            self.refused_at_full(&bs[stored]);
+            self.refused_at_full(&hops[stored].branch(stamp.ts(stored), tid));
         }
         self.after_store(outcome);
     }

@@ -34,7 +34,7 @@ use super::engine::*;
 use super::getregs;
 use cache::Loc;
 use itrace_decoders::Flow;
-use itrace_format::{now_ns, Branch};
+use itrace_format::{now_ns, Hop};
 use layout::*;
 use nix::errno::Errno;
 use nix::sys::ptrace;
@@ -133,7 +133,7 @@ impl std::fmt::Display for Stats {
 #[derive(Default)]
 pub(super) struct Buffers {
     raw: Vec<u8>,
-    branches: Vec<Branch>,
+    branches: Vec<Hop>,
 }
 
 /// A thread's place in the cache.
@@ -1011,13 +1011,13 @@ impl Session<'_> {
             icount += e.count;
             if let Some(kind) = e.kind {
                 let to = if e.indirect { target } else { e.to };
-                out.push(Branch { icount, ..Branch::user(stamp.ts(out.len()), app_tid, e.from, to, kind, 0, 0) });
+                out.push(Hop { from: e.from, to, icount, kind });
                 instructions += u64::from(icount);
                 icount = 0;
             }
         }
         t.icount = icount;
-        self.push_stamped_branches(cpu, &mut out, stamp, instructions);
+        self.push_stamped_branches(cpu, app_tid, &mut out, stamp, instructions);
         self.arch.xl_buffers = Buffers { raw, branches: out };
     }
 
