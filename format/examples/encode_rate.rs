@@ -9,11 +9,14 @@
 //! an FNV-1a hash of the payload bytes, so that two builds of the encoder can be compared for
 //! speed and for identical output.
 
-use itrace_format::{compact::Encoder, Branch, Record, TraceFile};
+use itrace_format::compact::{Encoder, MAX_BRANCH_ITEM};
+use itrace_format::{BatchStamp, Branch, Hop, Record, TraceFile};
 use std::time::Instant;
 
 const CHUNK: usize = 256 * 1024;
 const REPS: usize = 100;
+/// Branches a piece: a stretch of `Buffers::push_hops`.
+const PIECE: usize = 1024;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -36,10 +39,44 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
     }
-    let window = window.split_off(skip.min(window.len()));
+    let mut window = window.split_off(skip.min(window.len()));
     if window.is_empty() {
         return Err(format!("{path}: no CPU stream has more than {skip} branches").into());
     }
+    // The user-mode branches of the window's first thread, as a drain's batches hold them:
+    // both ways of encoding take these, in the same pieces (a piece has one timestamp).
+    let tid = window[0].tid;
+    window.retain(|b| !b.kernel && b.flags == 0 && b.aux == 0 && b.tid == tid);
+    let hops: Vec<Hop> =
+        window.iter().map(|b| Hop { from: b.from, to: b.to, icount: b.icount, kind: b.kind }).collect();
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    for i in 1..=window.len() {
+        if i == window.len() || i - start == PIECE || window[i].ts != window[start].ts {
+            pieces.push(start..i);
+            start = i;
+        }
+    }
+    measure("branch", window.len(), &pieces, |enc, out, r| {
+        for b in &window[r] {
+            enc.branch(out, b);
+        }
+    });
+    measure("hops", window.len(), &pieces, |enc, out, r| {
+        let ts = window[r.start].ts;
+        enc.hops(out, &hops[r.clone()], tid, BatchStamp { first: ts, first_n: 0, rest: ts }, 0);
+    });
+    Ok(())
+}
+
+/// Encode `pieces` of the window `REPS` times over with `encode`, in chunks of `CHUNK`, and
+/// print the best of 5 rounds.
+fn measure(
+    name: &str,
+    n: usize,
+    pieces: &[std::ops::Range<usize>],
+    encode: impl Fn(&mut Encoder, &mut Vec<u8>, std::ops::Range<usize>),
+) {
     let (mut best, mut bytes, mut hash) = (f64::MAX, 0, 0xcbf2_9ce4_8422_2325u64);
     let mut out = Vec::with_capacity(CHUNK);
     for round in 0..5 {
@@ -54,25 +91,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         bytes = 0;
         let t0 = Instant::now();
         for _ in 0..REPS {
-            for b in &window {
-                enc.branch(&mut out, b);
-                if out.len() + enc.pending() > CHUNK - 64 {
+            for r in pieces {
+                if out.len() + enc.pending() + r.len() * MAX_BRANCH_ITEM > CHUNK {
                     enc.finish(&mut out);
                     enc.reset();
                     done(&mut out, &mut bytes);
                 }
+                encode(&mut enc, &mut out, r.clone());
             }
         }
         enc.finish(&mut out);
         done(&mut out, &mut bytes);
         best = best.min(t0.elapsed().as_secs_f64());
     }
-    let n = (window.len() * REPS) as f64;
+    let per = (n * REPS) as f64;
     println!(
-        "{} branches x {REPS}: best {:.2} ns/branch, {:.3} bytes/branch, payload fnv-1a {hash:016x}",
-        window.len(),
-        best * 1e9 / n,
-        bytes as f64 / n
+        "{name:>6}: {n} branches x {REPS}: best {:.2} ns/branch, {:.3} bytes/branch, payload fnv-1a {hash:016x}",
+        best * 1e9 / per,
+        bytes as f64 / per
     );
-    Ok(())
 }

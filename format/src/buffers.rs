@@ -405,13 +405,17 @@ impl Buffers {
     /// fewer than `bs.len()` only when a normal-mode buffer refused the next one (as
     /// `push_branch` would have refused it and all after it).
     pub fn push_branches(&mut self, cpu: usize, bs: &[Branch]) -> Result<usize, FormatError> {
-        self.push_batch(
+        self.push_stretches(
             cpu,
             bs.len(),
             |i| bs[i].ts,
-            |enc, out, i| {
-                enc.branch(out, &bs[i]);
-                bs[i].icount
+            |enc, out, range| {
+                let mut instructions = 0;
+                for b in &bs[range] {
+                    enc.branch(out, b);
+                    instructions += b.icount as u64;
+                }
+                instructions
             },
         )
     }
@@ -420,26 +424,24 @@ impl Buffers {
     /// at `stamp.ts(i)`: what [`Buffers::push_branches`] stores of the branches they stand
     /// for ([`Hop::branch`]), without a batch of full records made first.
     pub fn push_hops(&mut self, cpu: usize, tid: u32, stamp: BatchStamp, hops: &[Hop]) -> Result<usize, FormatError> {
-        self.push_batch(
+        self.push_stretches(
             cpu,
             hops.len(),
             |i| stamp.ts(i),
-            |enc, out, i| {
-                enc.hop(out, &hops[i], tid, stamp.ts(i));
-                hops[i].icount
-            },
+            |enc, out, range| enc.hops(out, &hops[range.clone()], tid, stamp, range.start),
         )
     }
 
     /// The stretches of [`Buffers::push_branches`] for `n` branches, the branch `i` at
-    /// `ts_of(i)` appended by `encode(.., i)`, which returns its instruction count.
+    /// `ts_of(i)`, each stretch's branches appended by `encode(.., range)`, which returns their
+    /// instruction counts' sum.
     #[inline(always)]
-    fn push_batch(
+    fn push_stretches(
         &mut self,
         cpu: usize,
         n: usize,
         ts_of: impl Fn(usize) -> u64,
-        mut encode: impl FnMut(&mut Encoder, &mut Vec<u8>, usize) -> u32,
+        mut encode: impl FnMut(&mut Encoder, &mut Vec<u8>, std::ops::Range<usize>) -> u64,
     ) -> Result<usize, FormatError> {
         let mut done = 0;
         while done < n {
@@ -455,10 +457,7 @@ impl Buffers {
                 space = space.min(self.cfg.buffer_size.saturating_sub(st.used()));
             }
             let k = (space / MAX_BRANCH_ITEM).clamp(1, n - done);
-            let mut instructions = 0u64;
-            for i in done..done + k {
-                instructions += encode(&mut st.enc, &mut st.cur.data, i) as u64;
-            }
+            let instructions = encode(&mut st.enc, &mut st.cur.data, done..done + k);
             let blk = &mut st.cur;
             blk.records += k as u64;
             blk.first_ts.get_or_insert(ts_of(done));

@@ -1276,6 +1276,55 @@ mod tests {
         assert!(walked.kinds.iter().take(6).all(|k| k.records > 0), "a kind of item missing: {walked:?}");
     }
 
+    /// [`crate::compact::Encoder::hops`] (its fast path for table hits) writes the bytes and
+    /// counts what [`crate::compact::Encoder::branch`] does for the branches the hops stand
+    /// for: random batches of two threads, stamps whose shared reading ends inside a batch,
+    /// older readings, runs, more edges than the tables hold, and batches encoded in pieces
+    /// (the stretches of `Buffers::push_hops`).
+    #[test]
+    fn hops_encode_as_their_branches_do() {
+        use crate::{compact::Encoder, BatchStamp, Hop};
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |m: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        let (mut one, mut many) = (Encoder::new(), Encoder::new());
+        let (mut by_branch, mut by_hops) = (Vec::new(), Vec::new());
+        let mut ts = 1000u64;
+        for _ in 0..2_000 {
+            let tid = 7 + next(2) as u32;
+            ts = if next(6) == 0 { ts.saturating_sub(next(30)) } else { ts + next(100) };
+            let n = next(300) as usize;
+            let stamp = BatchStamp { first: ts, first_n: next(n as u64 + 1) as usize, rest: ts + next(3) };
+            let spread = if next(4) == 0 { 3000 } else { 40 };
+            let mut hops = Vec::with_capacity(n);
+            while hops.len() < n {
+                let from = 0x40_0000 + 16 * next(spread);
+                let h = Hop { from, to: from + 0x80, icount: 1 + (from as u32 & 7), kind: BranchKind::Jump };
+                let copies = if next(20) == 0 { 1 + next(300) as usize } else { 1 };
+                hops.extend(std::iter::repeat_n(h, copies.min(n - hops.len())));
+            }
+            for (i, h) in hops.iter().enumerate() {
+                one.branch(&mut by_branch, &h.branch(stamp.ts(i), tid));
+            }
+            let mut at = 0;
+            while at < n {
+                let end = (at + 1 + next(200) as usize).min(n);
+                many.hops(&mut by_hops, &hops[at..end], tid, stamp, at);
+                at = end;
+            }
+        }
+        one.finish(&mut by_branch);
+        many.finish(&mut by_hops);
+        assert!(by_hops == by_branch, "the payloads differ ({} and {} bytes)", by_hops.len(), by_branch.len());
+        let mut walked = StreamTotals::default();
+        walked.add_chunk(crate::Endian::native(), &by_hops);
+        assert_eq!(many.totals(), walked);
+        assert_eq!(many.totals(), one.totals());
+        assert!(walked.kinds.iter().take(5).all(|k| k.records > 0), "a kind of item missing: {walked:?}");
+    }
+
     /// The writer's walk of a payload counts what a decode does: every kind of item, a
     /// timestamp reset, runs, whole records, kernel branches with flags.
     #[test]
