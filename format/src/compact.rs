@@ -358,19 +358,21 @@ impl Encoder {
     /// of [`Encoder::hop`] for each, and their instruction counts' sum. The common item, a table
     /// hit at the last timestamp, is made here with the encoder's state in registers (its
     /// counts and the decoder's `after_branch` settled when another kind of item comes, and at
-    /// the end): through [`Encoder::hop`] each such byte took about 25 cycles.
+    /// the end), and so is a second-table hit: through [`Encoder::hop`] each table hit took
+    /// about 25 cycles.
     pub fn hops(&mut self, out: &mut Vec<u8>, hops: &[Hop], tid: u32, stamp: BatchStamp, first: usize) -> u64 {
         let ids = (tid as u64) << 32;
         let mut instructions = 0u64;
-        // Table hits not yet counted, all at `self.s.ts`; the last branch's edge.
-        let mut hits = 0u64;
+        // Table and second-table hits not yet counted, all at `self.s.ts`; the last branch's
+        // edge.
+        let (mut hits, mut fars) = (0u64, 0u64);
         let mut last = self.last_edge;
         for (i, h) in hops.iter().enumerate() {
             let ts = stamp.ts(first + i);
             instructions += h.icount as u64;
             let e = Edge { from: h.from, to: h.to, ids: ids | h.icount as u64, meta: EDGE_VALID | h.kind as u64 };
             if self.run == 0 && ts == self.s.ts && !(last.same(&e) && self.last_ts == ts) {
-                let set = places(e.hash()).0;
+                let (set, far) = places(e.hash());
                 let slot = if self.s.table[2 * set].same(&e) {
                     Some(2 * set)
                 } else if self.s.table[2 * set + 1].same(&e) {
@@ -385,14 +387,21 @@ impl Encoder {
                     last = e;
                     continue;
                 }
+                if self.s.far[far].same(&e) {
+                    self.s.insert(e, set, far);
+                    out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
+                    fars += 1;
+                    last = e;
+                    continue;
+                }
             }
             // Anything else: the state settled, and the item made as one at a time.
-            self.settle_hits(hits, last, tid);
-            hits = 0;
+            self.settle_hits(hits, fars, last, tid);
+            (hits, fars) = (0, 0);
             self.edge_apart(out, e, ts);
             last = self.last_edge;
         }
-        self.settle_hits(hits, last, tid);
+        self.settle_hits(hits, fars, last, tid);
         instructions
     }
 
@@ -403,12 +412,14 @@ impl Encoder {
         self.edge(out, e, ts);
     }
 
-    /// After `hits` table hits at the last timestamp made by [`Encoder::hops`] (thread `tid`,
-    /// the last of them `last`): their count, and the state `edge` would have left.
+    /// After `hits` table hits and `fars` second-table hits at the last timestamp made by
+    /// [`Encoder::hops`] (thread `tid`, the last of them `last`): their counts, and the state
+    /// `edge` would have left.
     #[inline(always)]
-    fn settle_hits(&mut self, hits: u64, last: Edge, tid: u32) {
-        if hits > 0 {
+    fn settle_hits(&mut self, hits: u64, fars: u64, last: Edge, tid: u32) {
+        if hits + fars > 0 {
             self.counted.add(kind::HIT, hits, hits as usize, self.s.ts);
+            self.counted.add(kind::FAR, fars, 2 * fars as usize, self.s.ts);
             (self.s.tid, self.s.from, self.s.to) = (tid, last.from, last.to);
             (self.last_edge, self.last_ts) = (last, self.s.ts);
         }
