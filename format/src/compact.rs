@@ -367,11 +367,14 @@ impl Encoder {
         // edge.
         let (mut hits, mut fars) = (0u64, 0u64);
         let mut last = self.last_edge;
+        // What only another kind of item changes, in registers: whether a run is pending, the
+        // last timestamp, the last branch's.
+        let (mut no_run, mut at_ts, mut last_ts) = (self.run == 0, self.s.ts, self.last_ts);
         for (i, h) in hops.iter().enumerate() {
             let ts = stamp.ts(first + i);
             instructions += h.icount as u64;
             let e = Edge { from: h.from, to: h.to, ids: ids | h.icount as u64, meta: EDGE_VALID | h.kind as u64 };
-            if self.run == 0 && ts == self.s.ts && !(last.same(&e) && self.last_ts == ts) {
+            if no_run && ts == at_ts && !(last.same(&e) && last_ts == ts) {
                 let (set, far) = places(e.hash());
                 let slot = if self.s.table[2 * set].same(&e) {
                     Some(2 * set)
@@ -384,14 +387,14 @@ impl Encoder {
                     self.s.mru[set] = (slot & 1) as u8;
                     out.push(tag::HIT | slot as u8);
                     hits += 1;
-                    last = e;
+                    (last, last_ts) = (e, ts);
                     continue;
                 }
                 if self.s.far[far].same(&e) {
                     self.s.insert(e, set, far);
                     out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
                     fars += 1;
-                    last = e;
+                    (last, last_ts) = (e, ts);
                     continue;
                 }
             }
@@ -399,7 +402,7 @@ impl Encoder {
             self.settle_hits(hits, fars, last, tid);
             (hits, fars) = (0, 0);
             self.edge_apart(out, e, ts);
-            last = self.last_edge;
+            (last, no_run, at_ts, last_ts) = (self.last_edge, self.run == 0, self.s.ts, self.last_ts);
         }
         self.settle_hits(hits, fars, last, tid);
         instructions

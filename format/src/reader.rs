@@ -1279,8 +1279,8 @@ mod tests {
     /// [`crate::compact::Encoder::hops`] (its fast path for table hits) writes the bytes and
     /// counts what [`crate::compact::Encoder::branch`] does for the branches the hops stand
     /// for: random batches of two threads, stamps whose shared reading ends inside a batch,
-    /// older readings, runs, more edges than the tables hold, and batches encoded in pieces
-    /// (the stretches of `Buffers::push_hops`).
+    /// older readings, runs, more edges than the tables hold, whole records between batches,
+    /// and batches encoded in pieces (the stretches of `Buffers::push_hops`).
     #[test]
     fn hops_encode_as_their_branches_do() {
         use crate::{compact::Encoder, BatchStamp, Hop};
@@ -1314,6 +1314,31 @@ mod tests {
                 many.hops(&mut by_hops, &hops[at..end], tid, stamp, at);
                 at = end;
             }
+            // Whole records between batches (a loss, a thread's trace on or off).
+            if next(10) == 0 {
+                let r = Record::Lost(Lost { ts: ts + next(5), count: 1 + next(9) });
+                let mut bytes = Vec::new();
+                r.encode(&mut bytes).unwrap();
+                one.record(&mut by_branch, &bytes, &r);
+                many.record(&mut by_hops, &bytes, &r);
+            }
+        }
+        // A record moves the timestamp; the batch after it at that time starts with a table hit
+        // repeated (a run must start at its second record).
+        for (round, t) in [(0u64, 90_000u64), (1, 90_000), (2, 90_500)] {
+            let x = Hop { from: 0x40_0000, to: 0x40_0080, icount: 1, kind: BranchKind::Jump };
+            let y = Hop { from: 0x40_0010, to: 0x40_0090, icount: 1, kind: BranchKind::Jump };
+            let hops = if round == 0 { vec![x, y] } else { vec![x, x, x, y] };
+            let stamp = BatchStamp { first: t, first_n: 0, rest: t };
+            for (i, h) in hops.iter().enumerate() {
+                one.branch(&mut by_branch, &h.branch(stamp.ts(i), 7));
+            }
+            many.hops(&mut by_hops, &hops, 7, stamp, 0);
+            let r = Record::Lost(Lost { ts: t + if round == 1 { 500 } else { 0 }, count: 1 });
+            let mut bytes = Vec::new();
+            r.encode(&mut bytes).unwrap();
+            one.record(&mut by_branch, &bytes, &r);
+            many.record(&mut by_hops, &bytes, &r);
         }
         one.finish(&mut by_branch);
         many.finish(&mut by_hops);
@@ -1322,7 +1347,7 @@ mod tests {
         walked.add_chunk(crate::Endian::native(), &by_hops);
         assert_eq!(many.totals(), walked);
         assert_eq!(many.totals(), one.totals());
-        assert!(walked.kinds.iter().take(5).all(|k| k.records > 0), "a kind of item missing: {walked:?}");
+        assert!(walked.kinds.iter().take(6).all(|k| k.records > 0), "a kind of item missing: {walked:?}");
     }
 
     /// The writer's walk of a payload counts what a decode does: every kind of item, a
