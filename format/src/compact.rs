@@ -358,8 +358,8 @@ impl Encoder {
     /// of [`Encoder::hop`] for each, and their instruction counts' sum. The common item, a table
     /// hit at the last timestamp, is made here with the encoder's state in registers (its
     /// counts and the decoder's `after_branch` settled when another kind of item comes, and at
-    /// the end), and so is a second-table hit: through [`Encoder::hop`] each table hit took
-    /// about 25 cycles.
+    /// the end), and so are a second-table hit and a repeat of the last branch (a run):
+    /// through [`Encoder::hop`] each table hit took about 25 cycles.
     pub fn hops(&mut self, out: &mut Vec<u8>, hops: &[Hop], tid: u32, stamp: BatchStamp, first: usize) -> u64 {
         let ids = (tid as u64) << 32;
         let mut instructions = 0u64;
@@ -367,14 +367,24 @@ impl Encoder {
         // edge.
         let (mut hits, mut fars) = (0u64, 0u64);
         let mut last = self.last_edge;
-        // What only another kind of item changes, in registers: whether a run is pending, the
-        // last timestamp, the last branch's.
-        let (mut no_run, mut at_ts, mut last_ts) = (self.run == 0, self.s.ts, self.last_ts);
+        // What only another kind of item changes, in registers: the run being counted, the last
+        // timestamp, the last branch's.
+        let (mut run, mut at_ts, mut last_ts) = (self.run, self.s.ts, self.last_ts);
         for (i, h) in hops.iter().enumerate() {
             let ts = stamp.ts(first + i);
             instructions += h.icount as u64;
             let e = Edge { from: h.from, to: h.to, ids: ids | h.icount as u64, meta: EDGE_VALID | h.kind as u64 };
-            if no_run && ts == at_ts && !(last.same(&e) && last_ts == ts) {
+            if last.same(&e) && last_ts == ts {
+                // The last branch again (a loop): counted in the run, as `Encoder::edge` does.
+                if run == MAX_RUN {
+                    out.extend_from_slice(&[tag::REPEAT, MAX_RUN as u8]);
+                    self.counted.add(kind::RUN, MAX_RUN, 2, last_ts);
+                    run = 0;
+                }
+                run += 1;
+                continue;
+            }
+            if ts == at_ts {
                 let (set, far) = places(e.hash());
                 let slot = if self.s.table[2 * set].same(&e) {
                     Some(2 * set)
@@ -383,27 +393,34 @@ impl Encoder {
                 } else {
                     None
                 };
-                if let Some(slot) = slot {
-                    self.s.mru[set] = (slot & 1) as u8;
-                    out.push(tag::HIT | slot as u8);
-                    hits += 1;
-                    (last, last_ts) = (e, ts);
-                    continue;
-                }
-                if self.s.far[far].same(&e) {
-                    self.s.insert(e, set, far);
-                    out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
-                    fars += 1;
+                let far_hit = slot.is_none() && self.s.far[far].same(&e);
+                if slot.is_some() || far_hit {
+                    if run > 0 {
+                        out.extend_from_slice(&[tag::REPEAT, run as u8]);
+                        self.counted.add(kind::RUN, run, 2, last_ts);
+                        run = 0;
+                    }
+                    if let Some(slot) = slot {
+                        self.s.mru[set] = (slot & 1) as u8;
+                        out.push(tag::HIT | slot as u8);
+                        hits += 1;
+                    } else {
+                        self.s.insert(e, set, far);
+                        out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
+                        fars += 1;
+                    }
                     (last, last_ts) = (e, ts);
                     continue;
                 }
             }
             // Anything else: the state settled, and the item made as one at a time.
+            self.run = run;
             self.settle_hits(hits, fars, last, tid);
             (hits, fars) = (0, 0);
             self.edge_apart(out, e, ts);
-            (last, no_run, at_ts, last_ts) = (self.last_edge, self.run == 0, self.s.ts, self.last_ts);
+            (last, run, at_ts, last_ts) = (self.last_edge, self.run, self.s.ts, self.last_ts);
         }
+        self.run = run;
         self.settle_hits(hits, fars, last, tid);
         instructions
     }
