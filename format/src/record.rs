@@ -383,21 +383,34 @@ pub fn file_mtime_ns(meta: &std::fs::Metadata) -> u64 {
     u64::try_from(meta.mtime()).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec() as u64)
 }
 
+/// `$e` of the `ts` field of MTE record `$m`, bound as `$ts`: the one list of the variants for
+/// [`Mte::ts`] and [`Mte::ts_mut`] (every variant has one).
+macro_rules! mte_ts {
+    ($m:expr, $ts:ident => $e:expr) => {
+        match $m {
+            Mte::Segment { $ts, .. }
+            | Mte::Unmap { $ts, .. }
+            | Mte::ProcessName { $ts, .. }
+            | Mte::ThreadName { $ts, .. }
+            | Mte::Exec { $ts, .. }
+            | Mte::JitSymbol { $ts, .. }
+            | Mte::VdsoImage { $ts, .. }
+            | Mte::ModuleId { $ts, .. }
+            | Mte::Recording { $ts, .. }
+            | Mte::Clone { $ts, .. } => $e,
+        }
+    };
+}
+
 impl Mte {
     /// Timestamp of the entry.
     pub fn ts(&self) -> u64 {
-        match *self {
-            Mte::Segment { ts, .. }
-            | Mte::Unmap { ts, .. }
-            | Mte::ProcessName { ts, .. }
-            | Mte::ThreadName { ts, .. }
-            | Mte::Exec { ts, .. }
-            | Mte::JitSymbol { ts, .. }
-            | Mte::VdsoImage { ts, .. }
-            | Mte::ModuleId { ts, .. }
-            | Mte::Recording { ts, .. }
-            | Mte::Clone { ts, .. } => ts,
-        }
+        mte_ts!(self, ts => *ts)
+    }
+
+    /// The record's timestamp, to set it.
+    pub fn ts_mut(&mut self) -> &mut u64 {
+        mte_ts!(self, ts => ts)
     }
 }
 
@@ -477,18 +490,7 @@ impl Record {
             Record::Lost(r) => r.ts = to,
             Record::Summary(s) => s.ts = to,
             Record::Unknown { ts, .. } => *ts = to,
-            Record::Mte(
-                Mte::Segment { ts, .. }
-                | Mte::Unmap { ts, .. }
-                | Mte::ProcessName { ts, .. }
-                | Mte::ThreadName { ts, .. }
-                | Mte::Exec { ts, .. }
-                | Mte::JitSymbol { ts, .. }
-                | Mte::VdsoImage { ts, .. }
-                | Mte::ModuleId { ts, .. }
-                | Mte::Recording { ts, .. }
-                | Mte::Clone { ts, .. },
-            ) => *ts = to,
+            Record::Mte(m) => *m.ts_mut() = to,
         }
     }
 

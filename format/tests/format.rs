@@ -106,6 +106,7 @@ fn every_record_kind_round_trips() {
         Record::Mte(Mte::Segment { ts: 4, pid: 1, prot: 5, start: 1, end: 2, offset: 3, path: "/a b/ü".into() }),
         Record::Mte(Mte::Unmap { ts: 5, pid: 1, start: 1, end: 2 }),
         Record::Mte(Mte::ThreadName { ts: 6, pid: 1, tid: 2, name: "worker 1".into() }),
+        Record::Mte(Mte::ProcessName { ts: 6, pid: 1, ppid: 0, name: "a program".into() }),
         Record::Mte(Mte::Exec { ts: 7, pid: 1, tid: 1, path: "/bin/true".into() }),
         Record::Mte(Mte::JitSymbol { ts: 8, pid: 1, start: 9, size: 10, name: "LazyCompile:foo".into() }),
         Record::Mte(Mte::VdsoImage { ts: 9, pid: 1, start: 0x7fff0000, image: vec![1, 2, 3, 4, 5] }),
@@ -180,6 +181,15 @@ fn every_record_kind_round_trips() {
         assert_eq!(v.len() % 4, 0, "{r:?} not padded");
         assert_eq!((u16::from_ne_bytes([v[0], v[1]]) & 0xfffc) as usize, v.len());
         assert_eq!(Record::decode(Endian::native(), &v, 0).unwrap(), r);
+        // Its timestamp set (a recorder keeping a stream in time order), read back, written.
+        let mut moved = r.clone();
+        moved.set_ts(0x1234_5678);
+        assert_eq!(moved.ts(), 0x1234_5678, "{r:?}");
+        let mut v = Vec::new();
+        moved.encode(&mut v).unwrap();
+        assert_eq!(Record::decode(Endian::native(), &v, 0).unwrap().ts(), 0x1234_5678, "{r:?}");
+        moved.set_ts(r.ts());
+        assert_eq!(moved, r, "only the timestamp changes");
     }
 }
 
