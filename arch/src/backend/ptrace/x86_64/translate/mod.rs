@@ -985,8 +985,9 @@ impl Session<'_> {
             return;
         }
         let _ = c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes());
-        // One pass: each record's exit, its count, and the branch record it makes (all of a
-        // drain share the clock reading of its stop).
+        // One pass: each record's exit, its count, and the hop it makes (the branch record
+        // without the thread and the time, which all of a drain share: the clock reading of its
+        // stop).
         let exits = &self.procs.get(&pid).expect("its cache exists").arch.cache.exits;
         // What `branch(t, false, ...)` makes of each, with the count, the clock reading and the
         // thread in registers: through `t` and a call per record, with its checks, this loop
@@ -994,8 +995,8 @@ impl Session<'_> {
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.stop_ts = now_ns();
         let (ts, app_tid, mut icount) = (t.stop_ts, t.tid as u32, t.icount);
-        // The timestamps as the sink stores them, set here: a pass of its own over a batch
-        // larger than the cache cost more than this loop's work.
+        // The timestamps as the sink stores them, worked out here and stored with the batch: a
+        // pass of its own over a batch larger than the cache cost more than this loop's work.
         let stamp = self.sink.batch_stamp(cpu, app_tid, ts);
         let mut instructions = 0u64;
         out.reserve(n);
