@@ -341,25 +341,12 @@ impl Encoder {
         self.edge(out, Edge::of(b), b.ts);
     }
 
-    /// Append the branch `h` of thread `tid` at `ts` (a batch of one thread's branches,
-    /// `Buffers::push_hops`): the same bytes as [`Encoder::branch`] of `h.branch(ts, tid)`.
-    #[inline(always)]
-    pub fn hop(&mut self, out: &mut Vec<u8>, h: &Hop, tid: u32, ts: u64) {
-        let e = Edge {
-            from: h.from,
-            to: h.to,
-            ids: (tid as u64) << 32 | h.icount as u64,
-            meta: EDGE_VALID | h.kind as u64,
-        };
-        self.edge(out, e, ts);
-    }
-
     /// Append thread `tid`'s branches `hops`, the record `i` at `stamp.ts(first + i)`: the bytes
-    /// of [`Encoder::hop`] for each, and their instruction counts' sum. The common item, a table
+    /// [`Encoder::branch`] writes for each [`Hop::branch`], and their instruction counts' sum. The common item, a table
     /// hit at the last timestamp, is made here with the encoder's state in registers (its
     /// counts and the decoder's `after_branch` settled when another kind of item comes, and at
     /// the end), and so are a second-table hit and a repeat of the last branch (a run):
-    /// through [`Encoder::hop`] each table hit took about 25 cycles.
+    /// through [`Encoder::branch`] each table hit took about 25 cycles.
     pub fn hops(&mut self, out: &mut Vec<u8>, hops: &[Hop], tid: u32, stamp: BatchStamp, first: usize) -> u64 {
         let ids = (tid as u64) << 32;
         let mut instructions = 0u64;
