@@ -246,7 +246,15 @@ pub struct Encoder {
     /// count them walking the payload: counted here, the writer need not walk each chunk again
     /// (the walk was a fifth of the translating recorder's writer thread).
     counted: Counted,
+    /// Per bucket of edge hashes, which slot of its set the edge last seen there was in: the
+    /// slot compared first. A hint only (the compare decides), it spares the mispredicted
+    /// branch between a set's two slots.
+    guess: Box<[u8; GUESSES]>,
 }
+
+/// Buckets of `Encoder::guess` (the hash's top bits).
+const GUESS_BITS: u32 = 12;
+const GUESSES: usize = 1 << GUESS_BITS;
 
 /// Records and bytes per kind of item (the order of `RECORD_KINDS`), and the time span.
 #[derive(Clone, Copy)]
@@ -287,7 +295,14 @@ impl Default for Encoder {
 
 impl Encoder {
     pub fn new() -> Self {
-        Encoder { s: State::new(), run: 0, last_edge: Edge::default(), last_ts: 0, counted: Counted::EMPTY }
+        Encoder {
+            s: State::new(),
+            run: 0,
+            last_edge: Edge::default(),
+            last_ts: 0,
+            counted: Counted::EMPTY,
+            guess: Box::new([0; GUESSES]),
+        }
     }
 
     /// Start a new chunk: nothing before it is referred to.
@@ -342,70 +357,93 @@ impl Encoder {
     }
 
     /// Append thread `tid`'s branches `hops`, the record `i` at `stamp.ts(first + i)`: the bytes
-    /// [`Encoder::branch`] writes for each [`Hop::branch`], and their instruction counts' sum. The common item, a table
-    /// hit at the last timestamp, is made here with the encoder's state in registers (its
-    /// counts and the decoder's `after_branch` settled when another kind of item comes, and at
-    /// the end), and so are a second-table hit and a repeat of the last branch (a run):
-    /// through [`Encoder::branch`] each table hit took about 25 cycles.
+    /// [`Encoder::branch`] writes for each [`Hop::branch`], and their instruction counts' sum.
+    /// The batch is at most two stretches of one timestamp each ([`Encoder::hops_at`]).
     pub fn hops(&mut self, out: &mut Vec<u8>, hops: &[Hop], tid: u32, stamp: BatchStamp, first: usize) -> u64 {
+        let split = stamp.first_n.saturating_sub(first).min(hops.len());
+        let (early, late) = hops.split_at(split);
+        let mut instructions = 0;
+        if !early.is_empty() {
+            instructions += self.hops_at(out, early, tid, stamp.first);
+        }
+        if !late.is_empty() {
+            instructions += self.hops_at(out, late, tid, stamp.rest);
+        }
+        instructions
+    }
+
+    /// [`Encoder::hops`] for branches all at timestamp `ts`. The first is made as one at a
+    /// time (it may move the clock); after it, every item is at the last timestamp, and the
+    /// common ones, a table hit, a second-table hit and a repeat of the last branch (a run), are
+    /// made here with the encoder's state in registers (their counts and the decoder's
+    /// `after_branch` settled when another kind of item comes, and at the end): through
+    /// [`Encoder::branch`] each table hit took about 25 cycles.
+    #[inline(always)]
+    fn hops_at(&mut self, out: &mut Vec<u8>, hops: &[Hop], tid: u32, ts: u64) -> u64 {
         let ids = (tid as u64) << 32;
-        let mut instructions = 0u64;
-        // Table and second-table hits not yet counted, all at `self.s.ts`; the last branch's
-        // edge.
+        let edge_of =
+            |h: &Hop| Edge { from: h.from, to: h.to, ids: ids | h.icount as u64, meta: EDGE_VALID | h.kind as u64 };
+        let Some((h0, rest)) = hops.split_first() else { return 0 };
+        let mut instructions = h0.icount as u64;
+        self.edge_apart(out, edge_of(h0), ts);
+        // Every item from here on is at `ts`, which is now the last timestamp, and the last
+        // branch's when there is one.
+        debug_assert_eq!(self.s.ts, ts);
+        // Table and second-table hits not yet counted; the last branch's edge; the run being
+        // counted.
         let (mut hits, mut fars) = (0u64, 0u64);
-        let mut last = self.last_edge;
-        // What only another kind of item changes, in registers: the run being counted, the last
-        // timestamp, the last branch's.
-        let (mut run, mut at_ts, mut last_ts) = (self.run, self.s.ts, self.last_ts);
-        for (i, h) in hops.iter().enumerate() {
-            let ts = stamp.ts(first + i);
+        let (mut last, mut run) = (self.last_edge, self.run);
+        for h in rest {
             instructions += h.icount as u64;
-            let e = Edge { from: h.from, to: h.to, ids: ids | h.icount as u64, meta: EDGE_VALID | h.kind as u64 };
-            if last.same(&e) && last_ts == ts {
+            let e = edge_of(h);
+            if last.same(&e) {
                 // The last branch again (a loop): counted in the run, as `Encoder::edge` does.
                 if run == MAX_RUN {
                     out.extend_from_slice(&[tag::REPEAT, MAX_RUN as u8]);
-                    self.counted.add(kind::RUN, MAX_RUN, 2, last_ts);
+                    self.counted.add(kind::RUN, MAX_RUN, 2, ts);
                     run = 0;
                 }
                 run += 1;
                 continue;
             }
-            if ts == at_ts {
-                let (set, far) = places(e.hash());
-                let slot = if self.s.table[2 * set].same(&e) {
-                    Some(2 * set)
-                } else if self.s.table[2 * set + 1].same(&e) {
-                    Some(2 * set + 1)
-                } else {
-                    None
-                };
-                let far_hit = slot.is_none() && self.s.far[far].same(&e);
-                if slot.is_some() || far_hit {
-                    if run > 0 {
-                        out.extend_from_slice(&[tag::REPEAT, run as u8]);
-                        self.counted.add(kind::RUN, run, 2, last_ts);
-                        run = 0;
-                    }
-                    if let Some(slot) = slot {
-                        self.s.mru[set] = (slot & 1) as u8;
-                        out.push(tag::HIT | slot as u8);
-                        hits += 1;
-                    } else {
-                        self.s.insert(e, set, far);
-                        out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
-                        fars += 1;
-                    }
-                    (last, last_ts) = (e, ts);
-                    continue;
+            let h = e.hash();
+            let (set, far) = places(h);
+            let g = (h >> (64 - GUESS_BITS)) as usize;
+            let first = 2 * set + self.guess[g] as usize;
+            let slot = if self.s.table[first].same(&e) {
+                Some(first)
+            } else if self.s.table[first ^ 1].same(&e) {
+                self.guess[g] ^= 1;
+                Some(first ^ 1)
+            } else {
+                None
+            };
+            let far_hit = slot.is_none() && self.s.far[far].same(&e);
+            if slot.is_some() || far_hit {
+                if run > 0 {
+                    out.extend_from_slice(&[tag::REPEAT, run as u8]);
+                    self.counted.add(kind::RUN, run, 2, ts);
+                    run = 0;
                 }
+                if let Some(slot) = slot {
+                    self.s.mru[set] = (slot & 1) as u8;
+                    out.push(tag::HIT | slot as u8);
+                    hits += 1;
+                } else {
+                    self.s.insert(e, set, far);
+                    self.guess[g] = self.s.mru[set];
+                    out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
+                    fars += 1;
+                }
+                last = e;
+                continue;
             }
             // Anything else: the state settled, and the item made as one at a time.
             self.run = run;
             self.settle_hits(hits, fars, last, tid);
             (hits, fars) = (0, 0);
             self.edge_apart(out, e, ts);
-            (last, run, at_ts, last_ts) = (self.last_edge, self.run, self.s.ts, self.last_ts);
+            (last, run) = (self.last_edge, self.run);
         }
         self.run = run;
         self.settle_hits(hits, fars, last, tid);
