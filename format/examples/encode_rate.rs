@@ -47,8 +47,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // both ways of encoding take these, in the same pieces (a piece has one timestamp).
     let tid = window[0].tid;
     window.retain(|b| !b.kernel && b.flags == 0 && b.aux == 0 && b.tid == tid);
-    let hops: Vec<Hop> =
-        window.iter().map(|b| Hop { from: b.from, to: b.to, icount: b.icount, kind: b.kind }).collect();
+    // Keyed as the translating recorder keys them: one key for each branch source, count and
+    // kind (an exit of the code cache).
+    let mut keys = std::collections::HashMap::new();
+    let hops: Vec<Hop> = window
+        .iter()
+        .map(|b| {
+            let n = keys.len() as u32 + 1;
+            let key = *keys.entry((b.from, b.icount, b.kind)).or_insert(n);
+            Hop::new(b.from, b.to, b.icount, b.kind, key)
+        })
+        .collect();
     let mut pieces = Vec::new();
     let mut start = 0;
     for i in 1..=window.len() {

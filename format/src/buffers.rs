@@ -306,6 +306,20 @@ impl Buffers {
         branches: u64,
         instructions: u64,
     ) -> Result<(), FormatError> {
+        self.push_encoded_counted(cpu, data, records, branches, instructions, None)
+    }
+
+    /// [`Buffers::push_encoded`] with what the chunk's items hold, as its encoder counted them
+    /// ([`Encoder::totals`]): the writer need not walk the chunk for the file's totals.
+    pub fn push_encoded_counted(
+        &mut self,
+        cpu: usize,
+        data: &[u8],
+        records: u64,
+        branches: u64,
+        instructions: u64,
+        counted: Option<&StreamTotals>,
+    ) -> Result<(), FormatError> {
         if self.cfg.mode != Mode::Continuous {
             return Err(FormatError::Write(std::io::Error::other("encoded chunks are for continuous mode only")));
         }
@@ -319,7 +333,7 @@ impl Buffers {
             self.flush_cpu(cpu)?;
         }
         let tally = Tally { records, branches, instructions };
-        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, data, tally, None);
+        let r = flush_block(&mut self.writer, &self.live, cpu as u16, 0, data, tally, counted);
         self.records[cpu] += records;
         self.branches += branches;
         self.instructions += instructions;

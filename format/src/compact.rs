@@ -161,11 +161,12 @@ impl State {
 
     /// Put a new edge in the first table (the slot of its set not used last) and the second.
     #[inline]
-    fn insert(&mut self, e: Edge, set: usize, far: usize) {
+    fn insert(&mut self, e: Edge, set: usize, far: usize) -> usize {
         let slot = 2 * set + (1 - self.mru[set] as usize);
         self.table[slot] = e;
         self.mru[set] = (slot & 1) as u8;
         self.far[far] = e;
+        slot
     }
 
     /// Where a NEW item's `from` is counted from: the last block's end, else the last branch.
@@ -250,7 +251,18 @@ pub struct Encoder {
     /// slot compared first. A hint only (the compare decides), it spares the mispredicted
     /// branch between a set's two slots.
     guess: Box<[u8; GUESSES]>,
+    /// The first-table slot that holds the last branch's edge (when there is one).
+    last_slot: usize,
+    /// Per first-table slot, the tag (`Hop::key` << 32 | thread) of a keyed hop whose edge it
+    /// holds, 0 if none is known: an edge is in the first table at most once, so a slot whose
+    /// tag is a hop's, and whose `to` is the hop's, holds the hop's edge.
+    owner: [u64; SLOTS],
+    /// Per key (its low bits), the first-table slot its edge was last in: checked by `owner`.
+    memo: Box<[u8; MEMOS]>,
 }
+
+/// Buckets of `Encoder::memo`.
+const MEMOS: usize = 1 << 16;
 
 /// Buckets of `Encoder::guess` (the hash's top bits).
 const GUESS_BITS: u32 = 12;
@@ -302,12 +314,16 @@ impl Encoder {
             last_ts: 0,
             counted: Counted::EMPTY,
             guess: Box::new([0; GUESSES]),
+            last_slot: 0,
+            owner: [0; SLOTS],
+            memo: Box::new([0; MEMOS]),
         }
     }
 
     /// Start a new chunk: nothing before it is referred to.
     pub fn reset(&mut self) {
         self.s.clear();
+        self.owner = [0; SLOTS];
         self.run = 0;
         self.last_edge = Edge::default();
         self.counted = Counted::EMPTY;
@@ -381,22 +397,58 @@ impl Encoder {
     #[inline(always)]
     fn hops_at(&mut self, out: &mut Vec<u8>, hops: &[Hop], tid: u32, ts: u64) -> u64 {
         let ids = (tid as u64) << 32;
-        let edge_of =
-            |h: &Hop| Edge { from: h.from, to: h.to, ids: ids | h.icount as u64, meta: EDGE_VALID | h.kind as u64 };
+        let edge_of = |h: &Hop| Edge {
+            from: h.from,
+            to: h.to,
+            ids: ids | h.icount as u64,
+            meta: EDGE_VALID | h.kind_code() as u64,
+        };
+        let tag_of = |h: &Hop| (h.key() as u64) << 32 | tid as u64;
         let Some((h0, rest)) = hops.split_first() else { return 0 };
         let mut instructions = h0.icount as u64;
         self.edge_apart(out, edge_of(h0), ts);
+        let mut last_slot = self.last_slot;
+        if h0.key() != 0 {
+            (self.owner[last_slot], self.memo[h0.key() as usize % MEMOS]) = (tag_of(h0), last_slot as u8);
+        }
         // Every item from here on is at `ts`, which is now the last timestamp, and the last
-        // branch's when there is one.
+        // branch's; the last branch's edge is in slot `last_slot`, whose owner is `last_tag`.
         debug_assert_eq!(self.s.ts, ts);
-        // Table and second-table hits not yet counted; the last branch's edge; the run being
-        // counted.
+        let (mut last_tag, mut last_to) = (self.owner[last_slot], h0.to);
+        // Table and second-table hits not yet counted; the run being counted.
         let (mut hits, mut fars) = (0u64, 0u64);
-        let (mut last, mut run) = (self.last_edge, self.run);
+        let mut run = self.run;
         for h in rest {
             instructions += h.icount as u64;
+            let tag = tag_of(h);
+            if h.key() != 0 {
+                // A keyed hop: its tag and `to` stand for its edge, and the slot its key was
+                // last seen in holds that edge if the slot's owner is the tag.
+                if tag == last_tag && h.to == last_to {
+                    if run == MAX_RUN {
+                        out.extend_from_slice(&[tag::REPEAT, MAX_RUN as u8]);
+                        self.counted.add(kind::RUN, MAX_RUN, 2, ts);
+                        run = 0;
+                    }
+                    run += 1;
+                    continue;
+                }
+                let slot = self.memo[h.key() as usize % MEMOS] as usize;
+                if self.owner[slot] == tag && self.s.table[slot].to == h.to {
+                    if run > 0 {
+                        out.extend_from_slice(&[tag::REPEAT, run as u8]);
+                        self.counted.add(kind::RUN, run, 2, ts);
+                        run = 0;
+                    }
+                    self.s.mru[slot / 2] = (slot & 1) as u8;
+                    out.push(tag::HIT | slot as u8);
+                    hits += 1;
+                    (last_tag, last_to, last_slot) = (tag, h.to, slot);
+                    continue;
+                }
+            }
             let e = edge_of(h);
-            if last.same(&e) {
+            let slot = if self.s.table[last_slot].same(&e) {
                 // The last branch again (a loop): counted in the run, as `Encoder::edge` does.
                 if run == MAX_RUN {
                     out.extend_from_slice(&[tag::REPEAT, MAX_RUN as u8]);
@@ -404,50 +456,66 @@ impl Encoder {
                     run = 0;
                 }
                 run += 1;
-                continue;
-            }
-            let h = e.hash();
-            let (set, far) = places(h);
-            let g = (h >> (64 - GUESS_BITS)) as usize;
-            let first = 2 * set + self.guess[g] as usize;
-            let slot = if self.s.table[first].same(&e) {
-                Some(first)
-            } else if self.s.table[first ^ 1].same(&e) {
-                self.guess[g] ^= 1;
-                Some(first ^ 1)
+                last_slot
             } else {
-                None
-            };
-            let far_hit = slot.is_none() && self.s.far[far].same(&e);
-            if slot.is_some() || far_hit {
-                if run > 0 {
-                    out.extend_from_slice(&[tag::REPEAT, run as u8]);
-                    self.counted.add(kind::RUN, run, 2, ts);
-                    run = 0;
-                }
-                if let Some(slot) = slot {
-                    self.s.mru[set] = (slot & 1) as u8;
-                    out.push(tag::HIT | slot as u8);
-                    hits += 1;
+                let hash = e.hash();
+                let (set, far) = places(hash);
+                let g = (hash >> (64 - GUESS_BITS)) as usize;
+                let first = 2 * set + self.guess[g] as usize;
+                let hit = if self.s.table[first].same(&e) {
+                    Some(first)
+                } else if self.s.table[first ^ 1].same(&e) {
+                    self.guess[g] ^= 1;
+                    Some(first ^ 1)
                 } else {
-                    self.s.insert(e, set, far);
-                    self.guess[g] = self.s.mru[set];
-                    out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
-                    fars += 1;
+                    None
+                };
+                if hit.is_some() || self.s.far[far].same(&e) {
+                    if run > 0 {
+                        out.extend_from_slice(&[tag::REPEAT, run as u8]);
+                        self.counted.add(kind::RUN, run, 2, ts);
+                        run = 0;
+                    }
+                    if let Some(slot) = hit {
+                        self.s.mru[set] = (slot & 1) as u8;
+                        out.push(tag::HIT | slot as u8);
+                        hits += 1;
+                        slot
+                    } else {
+                        let slot = self.insert(e, set, far);
+                        self.guess[g] = self.s.mru[set];
+                        out.extend_from_slice(&[tag::FAR + ((far >> 8) as u8) * 2, far as u8]);
+                        fars += 1;
+                        slot
+                    }
+                } else {
+                    // Anything else: the state settled, and the item made as one at a time.
+                    self.run = run;
+                    self.settle_hits(hits, fars, last_slot, tid);
+                    (hits, fars) = (0, 0);
+                    self.edge_apart(out, e, ts);
+                    run = self.run;
+                    self.last_slot
                 }
-                last = e;
-                continue;
+            };
+            if h.key() != 0 {
+                (self.owner[slot], self.memo[h.key() as usize % MEMOS]) = (tag, slot as u8);
             }
-            // Anything else: the state settled, and the item made as one at a time.
-            self.run = run;
-            self.settle_hits(hits, fars, last, tid);
-            (hits, fars) = (0, 0);
-            self.edge_apart(out, e, ts);
-            (last, run) = (self.last_edge, self.run);
+            (last_tag, last_to, last_slot) = (self.owner[slot], h.to, slot);
         }
         self.run = run;
-        self.settle_hits(hits, fars, last, tid);
+        self.settle_hits(hits, fars, last_slot, tid);
         instructions
+    }
+
+    /// [`State::insert`], for the encoder: the slot is the last branch's, and holds no keyed
+    /// hop's edge (until the caller says it does).
+    #[inline(always)]
+    fn insert(&mut self, e: Edge, set: usize, far: usize) -> usize {
+        let slot = self.s.insert(e, set, far);
+        self.owner[slot] = 0;
+        self.last_slot = slot;
+        slot
     }
 
     /// [`Encoder::edge`] as a call of its own: inlined into [`Encoder::hops`]'s loop, its
@@ -458,15 +526,16 @@ impl Encoder {
     }
 
     /// After `hits` table hits and `fars` second-table hits at the last timestamp made by
-    /// [`Encoder::hops`] (thread `tid`, the last of them `last`): their counts, and the state
-    /// `edge` would have left.
+    /// [`Encoder::hops`] (thread `tid`, the last of them in slot `last_slot`): their counts, and
+    /// the state `edge` would have left.
     #[inline(always)]
-    fn settle_hits(&mut self, hits: u64, fars: u64, last: Edge, tid: u32) {
+    fn settle_hits(&mut self, hits: u64, fars: u64, last_slot: usize, tid: u32) {
         if hits + fars > 0 {
+            let last = self.s.table[last_slot];
             self.counted.add(kind::HIT, hits, hits as usize, self.s.ts);
             self.counted.add(kind::FAR, fars, 2 * fars as usize, self.s.ts);
             (self.s.tid, self.s.from, self.s.to) = (tid, last.from, last.to);
-            (self.last_edge, self.last_ts) = (last, self.s.ts);
+            (self.last_edge, self.last_ts, self.last_slot) = (last, self.s.ts, last_slot);
         }
     }
 
@@ -501,6 +570,7 @@ impl Encoder {
         let (from, to, tid) = (e.from, e.to, (e.ids >> 32) as u32);
         let item = match hit {
             Some(slot) => {
+                self.last_slot = slot;
                 self.s.mru[set] = (slot & 1) as u8;
                 if dts == 0 {
                     out.push(tag::HIT | slot as u8);
@@ -512,7 +582,7 @@ impl Encoder {
                 }
             }
             None if self.s.far[far] == e => {
-                self.s.insert(e, set, far);
+                self.insert(e, set, far);
                 out.push(tag::FAR + ((dts != 0) as u8 | ((far >> 8) as u8) << 1));
                 out.push(far as u8);
                 if dts != 0 {
@@ -521,7 +591,7 @@ impl Encoder {
                 kind::FAR
             }
             None => {
-                self.s.insert(e, set, far);
+                self.insert(e, set, far);
                 let dtid = tid.wrapping_sub(self.s.tid) as i32;
                 out.push(tag::NEW | (dts != 0) as u8 | ((dtid != 0) as u8) << 1);
                 if dts != 0 {

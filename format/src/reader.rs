@@ -1292,6 +1292,7 @@ mod tests {
         let (mut one, mut many) = (Encoder::new(), Encoder::new());
         let (mut by_branch, mut by_hops) = (Vec::new(), Vec::new());
         let mut ts = 1000u64;
+        let mut chunk_start = 0;
         for _ in 0..2_000 {
             let tid = 7 + next(2) as u32;
             ts = if next(6) == 0 { ts.saturating_sub(next(30)) } else { ts + next(100) };
@@ -1300,8 +1301,23 @@ mod tests {
             let spread = if next(4) == 0 { 3000 } else { 40 };
             let mut hops = Vec::with_capacity(n);
             while hops.len() < n {
-                let from = 0x40_0000 + 16 * next(spread);
-                let h = Hop { from, to: from + 0x80, icount: 1 + (from as u32 & 7), kind: BranchKind::Jump };
+                let at = next(spread);
+                let from = 0x40_0000 + 16 * at;
+                // Keys as the translating recorder's exits give them: none, or one that stands
+                // for the source, count and kind, and a second key for the same three (an exit
+                // translated again); one source's target may change (an indirect exit), and many
+                // sources share targets (so that a slot's edge replaced keeps its `to`).
+                let key = match next(5) {
+                    0 => 0,
+                    1 => 50_000 + at as u32,
+                    _ => 1 + at as u32,
+                };
+                let to = match next(4) {
+                    0 => 0x50_0000,
+                    1 => 0x50_0010,
+                    _ => from + 0x80,
+                };
+                let h = Hop::new(from, to, 1 + (from as u32 & 7), BranchKind::Jump, key);
                 let copies = if next(20) == 0 { 1 + next(300) as usize } else { 1 };
                 hops.extend(std::iter::repeat_n(h, copies.min(n - hops.len())));
             }
@@ -1313,6 +1329,28 @@ mod tests {
                 let end = (at + 1 + next(200) as usize).min(n);
                 many.hops(&mut by_hops, &hops[at..end], tid, stamp, at);
                 at = end;
+            }
+            // Branches of the engine between batches, as one at a time, some with a hop's edge.
+            for _ in 0..next(3) {
+                let from = 0x40_0000 + 16 * next(spread);
+                let b = Branch {
+                    icount: 1 + (from as u32 & 7),
+                    ..Branch::user(ts, tid, from, from + 0x80, BranchKind::Jump, 0, 0)
+                };
+                one.branch(&mut by_branch, &b);
+                many.branch(&mut by_hops, &b);
+            }
+            // A new chunk, now and then: the counts are the chunk's.
+            if next(50) == 0 {
+                one.finish(&mut by_branch);
+                many.finish(&mut by_hops);
+                let mut walked = StreamTotals::default();
+                walked.add_chunk(crate::Endian::native(), &by_hops[chunk_start..]);
+                assert_eq!(many.totals(), walked);
+                assert_eq!(many.totals(), one.totals());
+                chunk_start = by_hops.len();
+                one.reset();
+                many.reset();
             }
             // Whole records between batches (a loss, a thread's trace on or off).
             if next(10) == 0 {
@@ -1326,8 +1364,8 @@ mod tests {
         // A record moves the timestamp; the batch after it at that time starts with a table hit
         // repeated (a run must start at its second record).
         for (round, t) in [(0u64, 90_000u64), (1, 90_000), (2, 90_500)] {
-            let x = Hop { from: 0x40_0000, to: 0x40_0080, icount: 1, kind: BranchKind::Jump };
-            let y = Hop { from: 0x40_0010, to: 0x40_0090, icount: 1, kind: BranchKind::Jump };
+            let x = Hop::new(0x40_0000, 0x40_0080, 1, BranchKind::Jump, 1);
+            let y = Hop::new(0x40_0010, 0x40_0090, 1, BranchKind::Jump, 0);
             let hops = if round == 0 { vec![x, y] } else { vec![x, x, x, y] };
             let stamp = BatchStamp { first: t, first_n: 0, rest: t };
             for (i, h) in hops.iter().enumerate() {
@@ -1344,7 +1382,7 @@ mod tests {
         many.finish(&mut by_hops);
         assert!(by_hops == by_branch, "the payloads differ ({} and {} bytes)", by_hops.len(), by_branch.len());
         let mut walked = StreamTotals::default();
-        walked.add_chunk(crate::Endian::native(), &by_hops);
+        walked.add_chunk(crate::Endian::native(), &by_hops[chunk_start..]);
         assert_eq!(many.totals(), walked);
         assert_eq!(many.totals(), one.totals());
         assert!(walked.kinds.iter().take(6).all(|k| k.records > 0), "a kind of item missing: {walked:?}");

@@ -157,24 +157,56 @@ impl Branch {
 
 /// A taken user-mode branch of a batch of one thread's branches
 /// ([`crate::Buffers::push_hops`]): a [`Branch`] without what the batch shares (its thread and,
-/// through a [`BatchStamp`], its timestamps), no flags, no aux. 24 bytes against a `Branch`'s
-/// 40: the translating recorder's drain writes a ring's worth of these on one CPU and the
-/// writer thread reads them on the other, and that traffic was as much of each side's time per
-/// record as their work.
+/// through a [`BatchStamp`], its timestamps), no flags, no aux, and with a key. 24 bytes against
+/// a `Branch`'s 40: the translating recorder's drain writes a ring's worth of these on one CPU
+/// and the writer thread reads them on the other, and that traffic was as much of each side's
+/// time per record as their work (32 bytes, with the key a field of its own, cost 10 % of a
+/// recording's time).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hop {
     pub from: u64,
     pub to: u64,
     /// As [`Branch::icount`].
     pub icount: u32,
-    pub kind: BranchKind,
+    /// The kind's code (bits 0-7) and the key (bits 8-31).
+    kind_key: u32,
 }
 
 impl Hop {
+    /// The largest key ([`Hop::key`]).
+    pub const MAX_KEY: u32 = (1 << 24) - 1;
+
+    /// The hop of a branch of `kind` from `from` to `to`, `icount` instructions. `key`: 0, or
+    /// a key that stands for `from`, `icount` and `kind` (in the translating recorder, the exit
+    /// that made the hop): hops with one key have those three the same, so the encoder finds a
+    /// keyed hop's edge without hashing it. A key over [`Hop::MAX_KEY`] is taken as 0.
+    #[inline(always)]
+    pub fn new(from: u64, to: u64, icount: u32, kind: BranchKind, key: u32) -> Hop {
+        let key = if key > Self::MAX_KEY { 0 } else { key };
+        Hop { from, to, icount, kind_key: key << 8 | kind as u32 }
+    }
+
+    #[inline(always)]
+    pub fn kind(&self) -> BranchKind {
+        BranchKind::from_code(self.kind_key as u8).expect("made from a BranchKind")
+    }
+
+    /// The kind's code ([`BranchKind`] as a number).
+    #[inline(always)]
+    pub(crate) fn kind_code(&self) -> u8 {
+        self.kind_key as u8
+    }
+
+    /// Its key, 0 for none.
+    #[inline(always)]
+    pub fn key(&self) -> u32 {
+        self.kind_key >> 8
+    }
+
     /// The branch record it stands for, of thread `tid` at `ts`.
     #[inline]
     pub fn branch(&self, ts: u64, tid: u32) -> Branch {
-        Branch { icount: self.icount, ..Branch::user(ts, tid, self.from, self.to, self.kind, 0, 0) }
+        Branch { icount: self.icount, ..Branch::user(ts, tid, self.from, self.to, self.kind(), 0, 0) }
     }
 }
 

@@ -424,12 +424,19 @@ fn pushing_hops_equals_pushing_their_branches_one_by_one() {
     let hops: Vec<Hop> = (0..3000u64)
         .map(|i| {
             let at = if i % 100 < 60 { i % 3 } else { i };
-            Hop {
-                from: 0x400000 + at * 16,
-                to: if at % 11 == 0 { 0 } else { 0x500000 + at },
-                icount: (at % 13) as u32 + 1,
-                kind: kinds[at as usize % kinds.len()],
-            }
+            // One key per source, count and kind, a second one for some, none for others.
+            let key = match i % 4 {
+                0 => 0,
+                1 => 10_000 + at as u32,
+                _ => 1 + at as u32,
+            };
+            Hop::new(
+                0x400000 + at * 16,
+                if at % 11 == 0 { 0 } else { 0x500000 + at },
+                (at % 13) as u32 + 1,
+                kinds[at as usize % kinds.len()],
+                key,
+            )
         })
         .collect();
     let tid = |batch: usize| 100 + (batch % 3) as u32;
@@ -481,7 +488,7 @@ fn pushing_hops_equals_pushing_their_branches_one_by_one() {
                             part.iter().enumerate().map(move |(i, h)| Branch {
                                 ts: stamp.ts(i),
                                 kernel: false,
-                                kind: h.kind,
+                                kind: h.kind(),
                                 flags: 0,
                                 aux: 0,
                                 from: h.from,

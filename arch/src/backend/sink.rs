@@ -8,11 +8,12 @@
 //! translating recorder drains rings of records faster than one thread encodes them, and the
 //! encoding then runs beside the drain and the traced program instead of between them.
 
-use itrace_format::{BatchStamp, Branch, Buffers, Hop, Mode, Mte, Push, Record};
+use itrace_format::{BatchStamp, Branch, Buffers, Hop, Mode, Mte, Push, Record, StreamTotals};
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What became of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,10 +44,17 @@ struct Writer {
     spare: Receiver<Vec<Hop>>,
     /// The writer's first error (it stops storing then).
     error: Arc<Mutex<Option<String>>>,
-    /// Closed by the writer when it has stored everything and returns.
-    done: Receiver<()>,
+    /// The branches and instructions of the batches the writer made itself (`Op::Expand`),
+    /// sent when it has stored everything and returns.
+    done: Receiver<(u64, u64)>,
     /// The writer thread's id (for its priority: the recording thread's, `Sink::writer_tid`).
     tid: i32,
+    /// Continuous mode: recorders may hand it chunks they encoded (`Sink::encoded`).
+    continuous: bool,
+    /// Ops sent and not yet done.
+    pending: Arc<AtomicUsize>,
+    /// Buffers of `EncodedChunk`s written, given back.
+    spare_chunks: Receiver<Vec<u8>>,
 }
 
 /// What the writer thread is asked to do, in the order asked.
@@ -58,7 +66,34 @@ enum Op {
     Control(usize, Record),
     Mte(Mte),
     Lost(usize, u64),
+    /// Thread `.1`'s branches on stream `.0`, stamped by `.2`, made by the writer from `.3`.
+    Expand(usize, u32, BatchStamp, Box<dyn HopSource>),
+    /// A chunk of stream `.0` encoded by the recorder.
+    Encoded(usize, EncodedChunk),
 }
+
+/// Items a recorder encoded with an encoder of its own, from a fresh state to
+/// [`Encoder::finish`](itrace_format::compact::Encoder::finish): one chunk's payload, and what it
+/// holds (the records are all taken branches).
+pub struct EncodedChunk {
+    pub payload: Vec<u8>,
+    pub branches: u64,
+    pub instructions: u64,
+    /// The encoder's counts ([`Encoder::totals`](itrace_format::compact::Encoder::totals)).
+    pub totals: StreamTotals,
+}
+
+/// A batch in a recorder's own form, whose branch records the writer thread makes itself (the
+/// translating recorder's drained ring: exit ids and targets), so that the recording loop,
+/// which the traced thread waits for, does not.
+pub trait HopSource: Send {
+    /// Append the batch's next hops to `hops`, at most `max`; `false` once none are left.
+    fn fill(&mut self, hops: &mut Vec<Hop>, max: usize) -> bool;
+}
+
+/// Hops the writer makes from a `HopSource` at a time: a piece that stays in its CPU's cache
+/// between being made and being encoded.
+const EXPAND_PIECE: usize = 4096;
 
 /// What the writer thread may have waiting; the recording loop waits for it beyond that. A
 /// batch is a drained ring (up to 2.6 MB of records), so this bounds the memory and what a
@@ -69,6 +104,26 @@ const QUEUED_OPS: usize = 4;
 /// How often an idle writer thread writes what is due (continuous mode's loss bound; the
 /// recording loop's own wake-ups do it when the buffers are its own).
 const WRITER_TICK: Duration = Duration::from_millis(100);
+/// How long the writer thread keeps its CPU after a drained ring's batch, yielding it to any
+/// other thread that wants it, while it waits for the next op. Blocked, it left that CPU idle
+/// between batches whenever it was done before the traced thread filled its next ring, and the
+/// recording thread, woken by the traced thread's stop, went to the idle CPU (the thread
+/// following it): 370 moves from CPU to CPU in a recording of `./workload 15000000` instead of
+/// 5, and a tenth more time for 8 % less work. Only after a large batch: between the stops of a
+/// program's start-up (translations, system calls, each draining a few records) it would spin
+/// on and on.
+const WRITER_SPIN: Duration = Duration::from_millis(1);
+/// Ops the writer thread may have waiting or in hand and not be busy (`Sink::writer_busy`).
+/// The translating recorder encodes a ring itself when the writer is busy, and gives it the
+/// ring to make and encode otherwise. Measured on `./workload 15000000` (5 runs of each,
+/// alternating, in three invocations): with 0 the recorder encoded about every other ring, and
+/// its CPU, which the traced thread shares, bound the recording (1.98-2.14 s, the old build
+/// 2.05-2.58 s beside it); 1 took 1.69-1.88 s and 2 1.68-1.76 s side by side; 2 took
+/// 1.42-1.51 s and 3 1.48-1.55 s side by side (the queue holds 4).
+const WRITER_BUSY: usize = 2;
+/// The least batch of hops `WRITER_SPIN` follows: a ring drained because it was full, not at
+/// another stop (the translating recorder's rings hold 65,536 records).
+const SPIN_AFTER: usize = 16_384;
 
 /// The buffers of one recording, as a recording loop writes them.
 pub struct Sink<'a> {
@@ -107,6 +162,10 @@ impl<'a> Sink<'a> {
         }
         let (ops, ops_rx) = mpsc::sync_channel(QUEUED_OPS);
         let (spare_tx, spare) = mpsc::channel();
+        let (chunks_tx, spare_chunks) = mpsc::channel();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let writer_pending = Arc::clone(&pending);
+        let continuous = buffers.mode() == Mode::Continuous;
         let (done_tx, done) = mpsc::channel();
         let (tid_tx, tid_rx) = mpsc::channel();
         let error = Arc::new(Mutex::new(None));
@@ -115,11 +174,14 @@ impl<'a> Sink<'a> {
             block_every_signal();
             // SAFETY: gettid has no preconditions.
             let _ = tid_tx.send(unsafe { libc::gettid() });
-            write_ops(buffers, &ops_rx, &spare_tx, &writer_error);
-            drop(done_tx);
+            let made = write_ops(buffers, &ops_rx, &spare_tx, &chunks_tx, &writer_pending, &writer_error);
+            let _ = done_tx.send(made);
         });
         let tid = tid_rx.recv().unwrap_or(0);
-        Sink::with_store(Store::Threaded(Writer { ops: Some(ops), spare, error, done, tid }), ncpu)
+        Sink::with_store(
+            Store::Threaded(Writer { ops: Some(ops), spare, error, done, tid, continuous, pending, spare_chunks }),
+            ncpu,
+        )
     }
 
     fn with_store(store: Store<'a>, ncpu: usize) -> Self {
@@ -265,6 +327,82 @@ impl<'a> Sink<'a> {
         // it takes the newer of `ts` and its thread's newest, every one takes `rest`.
         let first = floor.max(last);
         BatchStamp { first, first_n: c.left as usize, rest: ts.max(first) }
+    }
+
+    /// Whether a writer thread stores the records ([`Sink::expand`] is for such a sink).
+    pub fn has_writer(&self) -> bool {
+        matches!(self.store, Store::Threaded(_))
+    }
+
+    /// The stamp of a batch of thread `tid`'s records on `cpu`, all read at clock reading
+    /// `ts`, whose number is not known yet ([`Sink::expand`], [`Sink::encoded`]): every one
+    /// takes the newer of `ts` and what the thread's and the stream's clocks allow (none keeps
+    /// the thread's earlier reading), and the thread's next record takes a reading of its own.
+    pub fn ring_stamp(&mut self, cpu: usize, tid: u32, ts: u64) -> BatchStamp {
+        if cpu >= self.last_ts.len() {
+            self.last_ts.resize(cpu + 1, 0);
+        }
+        let mut at = ts.max(self.last_ts[cpu]);
+        if self.share_clock > 1 {
+            self.clock_for(tid);
+            let floor = if self.clock.cpu == cpu { self.clock.last } else { self.clock.last + 1 };
+            at = at.max(floor);
+            self.clock = ThreadClock { left: 0, last: at, cpu };
+        }
+        self.last_ts[cpu] = at;
+        BatchStamp { first: at, first_n: 0, rest: at }
+    }
+
+    /// Thread `tid`'s user-mode branches on `cpu`, stamped by `stamp` ([`Sink::ring_stamp`]),
+    /// that the writer thread makes from `src` and stores as [`Sink::stamped_branches`] would
+    /// (without a writer thread, made and stored here). With a writer thread, their count and
+    /// instructions are added when it is done ([`Sink::finish`]).
+    pub fn expand(&mut self, cpu: usize, tid: u32, stamp: BatchStamp, src: Box<dyn HopSource>) -> Stored {
+        if self.has_writer() {
+            return self.send(Op::Expand(cpu, tid, stamp, src), 0, 0);
+        }
+        let (mut hops, mut src) = (Vec::new(), src);
+        loop {
+            hops.clear();
+            let more = src.fill(&mut hops, EXPAND_PIECE);
+            let Store::Direct(buffers) = &mut self.store else { return Stored::Yes };
+            let pushed = buffers.push_hops(cpu, tid, stamp, &hops);
+            let n = hops.len();
+            let instructions = hops.iter().map(|h| h.icount as u64).sum();
+            let outcome =
+                self.stored_batch(pushed, n, instructions, |k| hops[..k].iter().map(|h| h.icount as u64).sum()).1;
+            if outcome != Stored::Yes || !more {
+                return outcome;
+            }
+        }
+    }
+
+    /// Whether [`Sink::encoded`] may be used: a writer thread writes the records, each
+    /// segment as a chunk (continuous mode).
+    pub fn takes_chunks(&self) -> bool {
+        matches!(&self.store, Store::Threaded(w) if w.continuous)
+    }
+
+    /// Whether the writer thread has more than [`WRITER_BUSY`] ops waiting or in hand: a
+    /// recorder with work it could give the writer does that work itself then.
+    pub fn writer_busy(&self) -> bool {
+        matches!(&self.store, Store::Threaded(w) if w.pending.load(Ordering::Relaxed) > WRITER_BUSY)
+    }
+
+    /// A chunk of `cpu`'s stream that a recorder encoded itself (only when
+    /// [`Sink::takes_chunks`]): the writer writes it after what it was given before, as its own
+    /// chunk. Its buffer comes back through [`Sink::spare_chunk`].
+    pub fn encoded(&mut self, cpu: usize, chunk: EncodedChunk) -> Stored {
+        let (branches, instructions) = (chunk.branches, chunk.instructions);
+        self.send(Op::Encoded(cpu, chunk), branches, instructions)
+    }
+
+    /// An emptied buffer of a chunk the writer has written, if one is back.
+    pub fn spare_chunk(&self) -> Option<Vec<u8>> {
+        match &self.store {
+            Store::Threaded(w) => w.spare_chunks.try_recv().ok(),
+            Store::Direct(_) => None,
+        }
     }
 
     /// [`Sink::branches`] for a batch of thread `tid`'s user-mode branches stamped by `stamp`
@@ -428,7 +566,10 @@ impl<'a> Sink<'a> {
         let Store::Threaded(w) = &mut self.store else { return };
         // Its end of the queue closed, the writer stops once it has stored what it was sent.
         drop(w.ops.take());
-        let _ = w.done.recv();
+        if let Ok((branches, instructions)) = w.done.recv() {
+            self.branches += branches;
+            self.instructions += instructions;
+        }
         let e = w.error.lock().map(|e| e.clone()).unwrap_or(None);
         let _ = self.writer_error(e);
     }
@@ -470,6 +611,7 @@ impl<'a> Sink<'a> {
         if e.is_some() || self.error.is_some() {
             return self.writer_error(e);
         }
+        w.pending.fetch_add(1, Ordering::Relaxed);
         if w.ops.as_ref().is_none_or(|ops| ops.send(op).is_err()) {
             return self.writer_error(Some("the trace's writer thread ended".into()));
         }
@@ -533,10 +675,31 @@ fn stamp_with(last: &mut u64, clock: &mut ThreadClock, share_clock: u32, cpu: us
 
 /// The writer thread: store each op in order until the recording loop's end is closed; write
 /// what is due when idle. After the first error nothing more is stored (the recording stops).
-fn write_ops(buffers: &mut Buffers, ops: &Receiver<Op>, spare: &mpsc::Sender<Vec<Hop>>, error: &Mutex<Option<String>>) {
+fn write_ops(
+    buffers: &mut Buffers,
+    ops: &Receiver<Op>,
+    spare: &mpsc::Sender<Vec<Hop>>,
+    spare_chunks: &mpsc::Sender<Vec<u8>>,
+    pending: &AtomicUsize,
+    error: &Mutex<Option<String>>,
+) -> (u64, u64) {
     let mut failed = false;
+    // What it made of `Op::Expand`s and stored: branches, instructions.
+    let (mut branches, mut instructions) = (0u64, 0u64);
+    let mut piece = Vec::with_capacity(EXPAND_PIECE);
+    // Until when the thread keeps its CPU between ops (`WRITER_SPIN`).
+    let mut spin_until: Option<Instant> = None;
     loop {
-        let op = match ops.recv_timeout(WRITER_TICK) {
+        let op = match ops.try_recv() {
+            Ok(op) => Ok(op),
+            Err(TryRecvError::Disconnected) => return (branches, instructions),
+            Err(TryRecvError::Empty) if spin_until.is_some_and(|t| Instant::now() < t) => {
+                std::thread::yield_now();
+                continue;
+            }
+            Err(TryRecvError::Empty) => ops.recv_timeout(WRITER_TICK),
+        };
+        let op = match op {
             Ok(op) => op,
             Err(RecvTimeoutError::Timeout) => {
                 if !failed {
@@ -546,11 +709,19 @@ fn write_ops(buffers: &mut Buffers, ops: &Receiver<Op>, spare: &mpsc::Sender<Vec
                 }
                 continue;
             }
-            Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Disconnected) => return (branches, instructions),
         };
+        // Done with it however it goes (an op after an error is dropped).
+        let _done = Done(pending);
         if failed {
             continue;
         }
+        let bulk = match &op {
+            Op::Hops(_, _, _, batch) => batch.len() >= SPIN_AFTER,
+            Op::Expand(..) | Op::Encoded(..) => true,
+            _ => false,
+        };
+        spin_until = bulk.then(|| Instant::now() + WRITER_SPIN);
         let r = match op {
             Op::Branches(cpu, batch) => buffers.push_branches(cpu, &batch).map(drop),
             Op::Hops(cpu, tid, stamp, mut batch) => {
@@ -566,10 +737,46 @@ fn write_ops(buffers: &mut Buffers, ops: &Receiver<Op>, spare: &mpsc::Sender<Vec
                 buffers.add_lost(cpu, n);
                 Ok(())
             }
+            Op::Encoded(cpu, mut c) => {
+                let r = buffers.push_encoded_counted(
+                    cpu,
+                    &c.payload,
+                    c.branches,
+                    c.branches,
+                    c.instructions,
+                    Some(&c.totals),
+                );
+                c.payload.clear();
+                let _ = spare_chunks.send(c.payload);
+                r
+            }
+            Op::Expand(cpu, tid, stamp, mut src) => loop {
+                piece.clear();
+                let more = src.fill(&mut piece, EXPAND_PIECE);
+                match buffers.push_hops(cpu, tid, stamp, &piece) {
+                    Ok(stored) => {
+                        branches += stored as u64;
+                        instructions += piece[..stored].iter().map(|h| h.icount as u64).sum::<u64>();
+                    }
+                    Err(e) => break Err(e),
+                }
+                if !more {
+                    break Ok(());
+                }
+            },
         };
         if let Err(e) = r {
             failed = keep_error(error, e);
         }
+    }
+}
+
+/// An op the writer thread is done with, when dropped (`Writer::pending`).
+struct Done<'a>(&'a AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -739,11 +946,9 @@ mod tests {
                             continue;
                         }
                         let n = next(150) as usize;
-                        let hop = |i: usize| Hop {
-                            from: 0x1000 + 16 * (i as u64 % 9),
-                            to: 0x2000 + round,
-                            icount: (i % 7) as u32 + 1,
-                            kind: BranchKind::Jump,
+                        let hop = |i: usize| {
+                            let (from, icount) = (0x1000 + 16 * (i as u64 % 9), (i % 7) as u32 + 1);
+                            Hop::new(from, 0x2000 + round, icount, BranchKind::Jump, (i % 63) as u32 + 1)
                         };
                         if batched {
                             let stamp = sink.batch_stamp(cpu, tid, ts);
@@ -855,7 +1060,7 @@ mod tests {
                             // A drained ring's batch of thread 7's branches, stamped ahead.
                             n if n < 150 => {
                                 let b = branch(i);
-                                let hop = Hop { from: b.from, to: b.to, icount: b.icount, kind: b.kind };
+                                let hop = Hop::new(b.from, b.to, b.icount, b.kind, 0);
                                 hops.push(hop);
                                 if hops.len() == 23 || n == 149 {
                                     let stamp = sink.batch_stamp(cpu, 7, b.ts);
@@ -883,6 +1088,110 @@ mod tests {
             }
             assert_eq!(files[0], files[1], "{mode}");
             assert!(files[0].0 .0.len() > 100, "{mode}: {} records", files[0].0 .0.len());
+        }
+    }
+
+    /// Hops in pieces, as a drained ring gives them.
+    struct Hops(Vec<Hop>, usize);
+
+    impl HopSource for Hops {
+        fn fill(&mut self, hops: &mut Vec<Hop>, max: usize) -> bool {
+            let end = (self.1 + max).min(self.0.len());
+            hops.extend_from_slice(&self.0[self.1..end]);
+            self.1 = end;
+            end < self.0.len()
+        }
+    }
+
+    /// Rings of hops, given to the writer thread to make (`Sink::expand`) or encoded by the
+    /// caller as chunks of their own (`Sink::encoded`), with branch, control and MTE records
+    /// between them, store the records that the same rings stored on the recording thread
+    /// do, with the same counts.
+    #[test]
+    fn rings_made_by_the_writer_or_encoded_apart_store_the_same_records() {
+        let d = tempfile::tempdir().unwrap();
+        for mode in [Mode::Continuous, Mode::Wrap] {
+            let mut files = Vec::new();
+            // 0: no writer thread; 1: every ring made by the writer; 2: every other ring
+            // encoded apart (continuous mode only).
+            for way in 0..3 {
+                if way == 2 && mode != Mode::Continuous {
+                    continue;
+                }
+                let path = d.path().join(format!("{mode}-{way}.itr"));
+                let header = FileHeader::starting_now(Arch::X86_64, mode, StepMethod::Translated, 2, FLAG_ICOUNT, 0, 0);
+                let w = TraceWriter::create(&path, &header).unwrap();
+                let cfg = BufferConfig { mode, ncpu: 2, buffer_size: 1 << 20, segment_size: 5000, mte_size: 1 << 20 };
+                let mut buffers = Buffers::new(cfg, w).unwrap();
+                let (branches, instructions) = std::thread::scope(|scope| {
+                    let mut sink = if way == 0 { Sink::new(&mut buffers) } else { Sink::threaded(scope, &mut buffers) }
+                        .share_clock(64);
+                    assert_eq!(sink.takes_chunks(), way > 0 && mode == Mode::Continuous);
+                    let mut enc = itrace_format::compact::Encoder::new();
+                    for ring in 0..60u64 {
+                        let cpu = (ring / 20) as usize % 2;
+                        let tid = 7 + (ring % 3) as u32;
+                        let n = [0, 1, 700, 3000, 9000][ring as usize % 5];
+                        let hops: Vec<Hop> = (0..n)
+                            .map(|i| {
+                                let at = (i * 7 + ring) % 50;
+                                let kind = if at % 3 == 0 { BranchKind::Return } else { BranchKind::Jump };
+                                let to =
+                                    if kind == BranchKind::Return { 0x500000 + (i % 4) * 8 } else { 0x400100 + at };
+                                Hop::new(0x400000 + at * 16, to, (at % 5) as u32 + 1, kind, at as u32 + 1)
+                            })
+                            .collect();
+                        let stamp = sink.ring_stamp(cpu, tid, 10_000 + ring * 100);
+                        let stored = if way == 2 && ring % 2 == 1 {
+                            enc.reset();
+                            let mut payload = sink.spare_chunk().unwrap_or_default();
+                            let instructions = enc.hops(&mut payload, &hops, tid, stamp, 0);
+                            enc.finish(&mut payload);
+                            let totals = enc.totals();
+                            if hops.is_empty() {
+                                Stored::Yes
+                            } else {
+                                sink.encoded(cpu, EncodedChunk { payload, branches: n, instructions, totals })
+                            }
+                        } else {
+                            sink.expand(cpu, tid, stamp, Box::new(Hops(hops, 0)))
+                        };
+                        assert_eq!(stored, Stored::Yes);
+                        // Between rings: an engine's branch, a thread's end, a module.
+                        assert_eq!(sink.branch(cpu, jump_at(10_000 + ring * 100 + 50, tid, 0x401000)), Stored::Yes);
+                        if ring % 7 == 0 {
+                            let off = TraceOff {
+                                ts: 10_000 + ring * 100 + 60,
+                                reason: StopReason::Exited,
+                                pid: 7,
+                                tid,
+                                icount: 3,
+                                pc: ring,
+                                value: 0,
+                            };
+                            assert_eq!(sink.control(cpu, &Record::TraceOff(off)), Stored::Yes);
+                            assert_eq!(
+                                sink.mte(Mte::ProcessName {
+                                    ts: 10_000 + ring * 100 + 70,
+                                    pid: 7,
+                                    ppid: 1,
+                                    name: format!("r{ring}")
+                                }),
+                                Stored::Yes
+                            );
+                        }
+                    }
+                    sink.finish();
+                    assert_eq!(sink.write_error(), None);
+                    (sink.branches, sink.instructions)
+                });
+                buffers.finish(Summary::default()).unwrap();
+                files.push((read(&path), branches, instructions));
+            }
+            for f in &files[1..] {
+                assert!(f == &files[0], "{mode}: the files differ");
+            }
+            assert!(files[0].1 > 100_000, "{mode}: {} branches", files[0].1);
         }
     }
 }

@@ -7,9 +7,11 @@
 use super::layout::*;
 use super::rseq::NativeRun;
 use super::unit::{Exit, Trap, Unit};
+use itrace_format::Hop;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 /// The size of one region of cache, mapped near the code it translates (RIP-relative operands
 /// must reach their data from it).
@@ -125,7 +127,7 @@ pub(in super::super) struct Cache {
     /// a range finds its units without looking at the others).
     entries: BTreeMap<u64, u64>,
     /// Every exit of every unit, by exit id.
-    pub(super) exits: Vec<Exit>,
+    pub(super) exits: Exits,
     traps: rustc_hash::FxHashMap<u64, Trap>,
     /// Direct exits by target: (slot, miss `int3`).
     links: rustc_hash::FxHashMap<u64, Vec<(u64, u64)>>,
@@ -251,7 +253,7 @@ impl Cache {
             regions: self.regions.clone(),
             units: self.units.iter().map(|(k, u)| (*k, u.clone())).collect(),
             entries: self.entries.clone(),
-            exits: self.exits.clone(),
+            exits: self.exits.copy(),
             traps: self.traps.clone(),
             links: self.links.clone(),
             states: self.states.clone(),
@@ -372,7 +374,7 @@ impl Cache {
     pub(super) fn flush(&mut self, pid: i32) -> std::io::Result<()> {
         self.units.clear();
         self.entries.clear();
-        self.exits.clear();
+        self.exits = Exits::default();
         self.traps.clear();
         self.links.clear();
         for r in &mut self.regions {
@@ -441,7 +443,7 @@ impl Cache {
         for &(addr, t) in &unit.traps {
             self.traps.insert(addr, t);
         }
-        self.exits.extend_from_slice(&unit.exits);
+        self.exits.extend(&unit.exits);
         let reg = &mut self.regions[region];
         reg.used = unit.cache_end() - reg.base;
         self.entries.insert(unit.app_start, unit.cache_start);
@@ -612,4 +614,52 @@ mod tests {
         assert_eq!(fetch(&mut pages, &mem, 0x17fc, 15), want(0x17fc, 4, 0x5a));
         assert!(pages.pages.is_empty());
     }
+}
+
+/// Every exit of a process's units, by exit id: shared with the writer thread, which makes the
+/// branch records of a drained ring from them (`RingBatch`). Exits are only added until a
+/// flush, which starts a new table: a ring drained before it keeps the table its ids are of.
+#[derive(Default)]
+pub(super) struct Exits(Arc<RwLock<Vec<Exit>>>);
+
+impl Exits {
+    /// The table (a lock poisoned by a panicking reader is taken as it is: exits are only
+    /// added, whole, under the write lock).
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Vec<Exit>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub(super) fn get(&self, id: usize) -> Option<Exit> {
+        self.read().get(id).copied()
+    }
+
+    /// Add a new unit's exits, each with a key of its own.
+    fn extend(&mut self, exits: &[Exit]) {
+        let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
+        table.extend(exits.iter().map(|e| Exit { key: next_exit_key(), ..*e }));
+    }
+
+    /// A table of its own with the same exits (a forked child's).
+    fn copy(&self) -> Exits {
+        Exits(Arc::new(RwLock::new(self.read().clone())))
+    }
+
+    /// The table, for a drained ring's records.
+    pub(super) fn shared(&self) -> Arc<RwLock<Vec<Exit>>> {
+        Arc::clone(&self.0)
+    }
+}
+
+/// A key for a new exit (`Exit::key`): one counter for every process this itrace translates,
+/// so that no two exits share one, though a flush starts the exit ids again and a forked child
+/// copies its parent's exits (with their keys: the copies stand for the same branches). 0, the
+/// hop without a key, once the keys have run out (`Hop::MAX_KEY`: 16 M exits).
+fn next_exit_key() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| (k <= Hop::MAX_KEY).then_some(k + 1)).unwrap_or(0)
 }

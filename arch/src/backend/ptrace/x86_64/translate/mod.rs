@@ -22,19 +22,21 @@
 //! Design notes, costs and limits: docs/translate.md.
 
 mod cache;
+mod drain;
 mod layout;
 mod reuse;
 mod rseq;
 mod unit;
 
 pub(super) use cache::{Cache, CacheLimits};
+pub(super) use drain::Buffers;
 pub(super) use rseq::NativeRun;
 
 use super::engine::*;
 use super::getregs;
 use cache::Loc;
 use itrace_decoders::Flow;
-use itrace_format::{now_ns, Hop};
+use itrace_format::now_ns;
 use layout::*;
 use nix::errno::Errno;
 use nix::sys::ptrace;
@@ -127,13 +129,6 @@ impl std::fmt::Display for Stats {
             self.detach_steps
         )
     }
-}
-
-/// The drain's buffers, kept from one drain to the next.
-#[derive(Default)]
-pub(super) struct Buffers {
-    raw: Vec<u8>,
-    branches: Vec<Hop>,
 }
 
 /// A thread's place in the cache.
@@ -957,69 +952,6 @@ impl Session<'_> {
         regs.gs_base = t.arch.xl.app_gs;
         let _ = ptrace::setregs(Pid::from_raw(tid), regs);
         self.update_pending_after(tid, pc, &regs, false);
-    }
-
-    /// Turn the records in the thread's ring into branch records, and empty it.
-    fn drain(&mut self, tid: i32) {
-        let Some(t) = self.threads.get_mut(&tid) else { return };
-        t.arch.xl.drained_ns = now_ns();
-        let (pid, state, cpu) = (t.pid, t.arch.xl.state, t.cpu);
-        if state == 0 {
-            return;
-        }
-        let Some(c) = self.cache_of(pid) else { return };
-        let Ok(off) = c.read_u64(pid, state + RING_OFF as u64) else { return };
-        let n = ((off as i64 + RING_BYTES) / RECORD_BYTES).clamp(0, RING_RECORDS) as usize;
-        if n == 0 {
-            return;
-        }
-        // The buffers live in the session: a fresh megabyte per drain was mapped, faulted in
-        // and unmapped each time (most of itrace's time on a busy program).
-        let mut raw = std::mem::take(&mut self.arch.xl_buffers.raw);
-        let mut out = std::mem::take(&mut self.arch.xl_buffers.branches);
-        raw.resize(n * RECORD_BYTES as usize, 0);
-        out.clear();
-        let Some(c) = self.cache_of(pid) else { return };
-        if c.read_readable(pid, state + RING as u64, &mut raw).is_err() {
-            self.arch.xl_buffers = Buffers { raw, branches: out };
-            return;
-        }
-        let _ = c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes());
-        // One pass: each record's exit, its count, and the hop it makes (the branch record
-        // without the thread and the time, which all of a drain share: the clock reading of its
-        // stop).
-        let exits = &self.procs.get(&pid).expect("its cache exists").arch.cache.exits;
-        // What `branch(t, false, ...)` makes of each, with the count, the clock reading and the
-        // thread in registers: through `t` and a call per record, with its checks, this loop
-        // cost 6.4 ns a record (the program waits for it at a full ring).
-        let t = self.threads.get_mut(&tid).expect("thread exists");
-        t.stop_ts = now_ns();
-        let (ts, app_tid, mut icount) = (t.stop_ts, t.tid as u32, t.icount);
-        // The timestamps as the sink stores them, worked out here and stored with the batch: a
-        // pass of its own over a batch larger than the cache cost more than this loop's work.
-        let stamp = self.sink.batch_stamp(cpu, app_tid, ts);
-        let mut instructions = 0u64;
-        out.reserve(n);
-        for r in raw.chunks_exact(RECORD_BYTES as usize) {
-            let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-            let target = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
-            let Some(e) = exits.get(id as usize) else {
-                eprintln!(
-                    "itrace: warning: thread {tid}: a cache record with no exit {id}; the rest of its ring is dropped"
-                );
-                break;
-            };
-            icount += e.count;
-            if let Some(kind) = e.kind {
-                let to = if e.indirect { target } else { e.to };
-                out.push(Hop { from: e.from, to, icount, kind });
-                instructions += u64::from(icount);
-                icount = 0;
-            }
-        }
-        t.icount = icount;
-        self.push_stamped_branches(cpu, app_tid, &mut out, stamp, instructions);
-        self.arch.xl_buffers = Buffers { raw, branches: out };
     }
 
     /// The cache entry of application address `pc`, translating it if needed (and the code it

@@ -65,6 +65,9 @@ pub(super) struct Exit {
     pub(super) count: u32,
     /// The target is in the record.
     pub(super) indirect: bool,
+    /// The key its hops carry (`Hop::key`), given when its unit goes into the cache: no other
+    /// exit of this itrace has it, so that it stands for `from`, `count` and `kind`.
+    pub(super) key: u32,
 }
 
 /// What a trap of the cache asks of itrace.
@@ -639,7 +642,7 @@ pub(super) fn translate(
             break;
         }
         if count >= MAX_UNIT_INSNS {
-            let exit = new_exit(&mut exits, Exit { from: pc, to: pc, kind: None, count, indirect: false });
+            let exit = new_exit(&mut exits, Exit { from: pc, to: pc, kind: None, count, indirect: false, key: 0 });
             let (back, full) = b.record_direct(exit);
             let (slot, miss, sc) = b.direct_jump(pc);
             p.links.push((slot, miss, pc));
@@ -677,7 +680,7 @@ pub(super) fn translate(
                 count += 1;
                 let exit = new_exit(
                     &mut exits,
-                    Exit { from: pc, to: target, kind: Some(BranchKind::CondJump), count, indirect: false },
+                    Exit { from: pc, to: target, kind: Some(BranchKind::CondJump), count, indirect: false, key: 0 },
                 );
                 let label = b.label();
                 let mut j = insn;
@@ -705,7 +708,8 @@ pub(super) fn translate(
                 }
                 count += 1;
                 let bk = if call { BranchKind::Call } else { BranchKind::Jump };
-                let exit = new_exit(&mut exits, Exit { from: pc, to: target, kind: Some(bk), count, indirect: false });
+                let exit =
+                    new_exit(&mut exits, Exit { from: pc, to: target, kind: Some(bk), count, indirect: false, key: 0 });
                 let commit = b.insns.len();
                 p.spans.push((pc, span_start, if call { span_start + 1 } else { commit.max(span_start) }));
                 let (back, full) = b.record_direct(exit);
@@ -746,7 +750,8 @@ pub(super) fn translate(
                     _ => b.insns.len() - if (next as i64) != (next as u32 as i32 as i64) { 1 } else { 0 },
                 };
                 p.spans.push((pc, span_start, commit));
-                let exit = new_exit(&mut exits, Exit { from: pc, to: 0, kind: Some(bk), count, indirect: true });
+                let exit =
+                    new_exit(&mut exits, Exit { from: pc, to: 0, kind: Some(bk), count, indirect: true, key: 0 });
                 let (back, full, miss) = b.record_indirect_and_lookup(exit);
                 p.traps.push((miss, PendingTrap::IndirectMiss));
                 let f = b.full_trap(full, WayOut::FullTarget);

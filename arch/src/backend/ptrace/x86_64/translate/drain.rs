@@ -1,0 +1,256 @@
+//! A thread's ring drained: its records (an exit id and a target each) become branch records.
+//! With a writer thread, the ring's copy goes to the writer, which makes them and encodes them
+//! (`RingBatch`, a `HopSource`); when the writer is busy (continuous mode), the recording
+//! thread encodes the ring itself as a chunk of its own (`Buffers::encode`). So both CPUs encode,
+//! each ring on one of them: splitting one ring's work between the threads (the drain on one,
+//! the encoder on the other) moved each record's bytes from one CPU to the other, which cost
+//! as much as the work (docs/translate.md, "Where the time goes").
+
+use super::super::super::engine::*;
+use super::layout::*;
+use super::unit::Exit;
+use crate::backend::sink::{EncodedChunk, HopSource, Stored};
+use itrace_format::compact::Encoder;
+use itrace_format::{now_ns, BatchStamp, Hop};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, RwLock};
+
+/// The drain's buffers, kept from one drain to the next (a fresh megabyte per drain was
+/// mapped, faulted in and unmapped each time: most of itrace's time on a busy program).
+pub(in super::super) struct Buffers {
+    /// Rings' copies the writer thread is done with.
+    spare_raw: Receiver<Vec<u8>>,
+    give_back: Sender<Vec<u8>>,
+    hops: Vec<Hop>,
+    /// For the rings encoded here (`Buffers::encode`).
+    encoder: Encoder,
+}
+
+impl Default for Buffers {
+    fn default() -> Self {
+        let (give_back, spare_raw) = channel();
+        Buffers { spare_raw, give_back, hops: Vec::new(), encoder: Encoder::new() }
+    }
+}
+
+/// Hops made at a time from a ring encoded here: they stay in the cache until encoded.
+const PIECE: usize = 4096;
+
+impl Buffers {
+    /// Encode thread `tid`'s ring `batch`, stamped by `stamp`, as one chunk's items (in
+    /// `payload`, or a new buffer); `None` when it holds no branch.
+    fn encode(
+        &mut self,
+        batch: &mut RingBatch,
+        tid: u32,
+        stamp: BatchStamp,
+        payload: Option<Vec<u8>>,
+    ) -> Option<EncodedChunk> {
+        let mut payload = payload.unwrap_or_default();
+        payload.clear();
+        let (mut branches, mut instructions) = (0u64, 0u64);
+        let enc = &mut self.encoder;
+        enc.reset();
+        loop {
+            self.hops.clear();
+            let more = batch.fill(&mut self.hops, PIECE);
+            branches += self.hops.len() as u64;
+            instructions += enc.hops(&mut payload, &self.hops, tid, stamp, 0);
+            if !more {
+                break;
+            }
+        }
+        enc.finish(&mut payload);
+        let totals = enc.totals();
+        (branches > 0).then_some(EncodedChunk { payload, branches, instructions, totals })
+    }
+}
+
+/// A drained ring's records, and the exits they are of.
+struct RingBatch {
+    raw: Vec<u8>,
+    /// The next record's offset in `raw`.
+    at: usize,
+    exits: Arc<RwLock<Vec<Exit>>>,
+    /// Instructions of records not yet in a branch (exits of no branch: the size limit),
+    /// starting with the thread's count carried in from before the ring.
+    icount: u32,
+    /// The thread, for the warning of a record with no exit.
+    tid: i32,
+    give_back: Sender<Vec<u8>>,
+}
+
+impl HopSource for RingBatch {
+    fn fill(&mut self, hops: &mut Vec<Hop>, max: usize) -> bool {
+        let exits = self.exits.read().unwrap_or_else(|e| e.into_inner());
+        let mut icount = self.icount;
+        let end = self.raw.len();
+        let mut at = self.at;
+        let limit = hops.len() + max.min((end - at) / RECORD_BYTES as usize);
+        hops.reserve(limit - hops.len());
+        while at < end && hops.len() < limit {
+            let r = &self.raw[at..at + RECORD_BYTES as usize];
+            at += RECORD_BYTES as usize;
+            let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+            let target = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+            let Some(e) = exits.get(id as usize) else {
+                eprintln!(
+                    "itrace: warning: thread {}: a cache record with no exit {id}; the rest of its ring is dropped",
+                    self.tid
+                );
+                at = end;
+                break;
+            };
+            icount = icount.wrapping_add(e.count);
+            if let Some(kind) = e.kind {
+                let to = if e.indirect { target } else { e.to };
+                // The exit's key stands for its count, not for a count carried to it.
+                let key = if icount == e.count { e.key } else { 0 };
+                hops.push(Hop::new(e.from, to, icount, kind, key));
+                icount = 0;
+            }
+        }
+        (self.icount, self.at) = (icount, at);
+        at < end
+    }
+}
+
+impl Drop for RingBatch {
+    fn drop(&mut self) {
+        let _ = self.give_back.send(std::mem::take(&mut self.raw));
+    }
+}
+
+/// The instructions a ring's records leave to the next ring: those of its exits of no branch
+/// after its last branch (with `carry_in`, the thread's count before the ring, when it has no
+/// branch). 0 after a record with no exit (`RingBatch` drops the rest).
+fn carried_out(exits: &[Exit], raw: &[u8], carry_in: u32) -> u32 {
+    let mut carried = 0u32;
+    for r in raw.chunks_exact(RECORD_BYTES as usize).rev() {
+        let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+        match exits.get(id as usize) {
+            Some(e) if e.kind.is_none() => carried = carried.wrapping_add(e.count),
+            Some(_) => return carried,
+            None => return 0,
+        }
+    }
+    carried.wrapping_add(carry_in)
+}
+
+impl Session<'_> {
+    /// Turn the records in the thread's ring into branch records, and empty it.
+    pub(super) fn drain(&mut self, tid: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        t.arch.xl.drained_ns = now_ns();
+        let (pid, state, cpu) = (t.pid, t.arch.xl.state, t.cpu);
+        if state == 0 {
+            return;
+        }
+        let Some(c) = self.cache_of(pid) else { return };
+        let Ok(off) = c.read_u64(pid, state + RING_OFF as u64) else { return };
+        let n = ((off as i64 + RING_BYTES) / RECORD_BYTES).clamp(0, RING_RECORDS) as usize;
+        if n == 0 {
+            return;
+        }
+        let mut raw = self.arch.xl_buffers.spare_raw.try_recv().unwrap_or_default();
+        raw.resize(n * RECORD_BYTES as usize, 0);
+        let Some(c) = self.cache_of(pid) else { return };
+        if c.read_readable(pid, state + RING as u64, &mut raw).is_err() {
+            let _ = self.arch.xl_buffers.give_back.send(raw);
+            return;
+        }
+        let _ = c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes());
+        let exits = c.exits.shared();
+        let t = self.threads.get_mut(&tid).expect("thread exists");
+        t.stop_ts = now_ns();
+        let (ts, app_tid, carry_in) = (t.stop_ts, t.tid as u32, t.icount);
+        let give_back = self.arch.xl_buffers.give_back.clone();
+        if self.sink.has_writer() {
+            let stamp = self.sink.ring_stamp(cpu, app_tid, ts);
+            let mut batch = RingBatch { raw, at: 0, exits, icount: carry_in, tid, give_back };
+            let stored = if self.sink.takes_chunks() && self.sink.writer_busy() {
+                // The writer has work: this ring is encoded here, as a chunk of its own, while
+                // the writer does the rest.
+                let chunk = self.arch.xl_buffers.encode(&mut batch, app_tid, stamp, self.sink.spare_chunk());
+                t.icount = batch.icount;
+                match chunk {
+                    Some(chunk) => self.sink.encoded(cpu, chunk),
+                    None => Stored::Yes,
+                }
+            } else {
+                t.icount = carried_out(&batch.exits.read().unwrap_or_else(|e| e.into_inner()), &batch.raw, carry_in);
+                self.sink.expand(cpu, app_tid, stamp, Box::new(batch))
+            };
+            self.after_store(stored);
+            return;
+        }
+        // No writer thread (normal mode, where a full buffer refuses a record): the hops made
+        // here, so that the refused one is known.
+        let stamp = self.sink.batch_stamp(cpu, app_tid, ts);
+        let mut hops = std::mem::take(&mut self.arch.xl_buffers.hops);
+        hops.clear();
+        let mut batch = RingBatch { raw, at: 0, exits, icount: carry_in, tid, give_back };
+        batch.fill(&mut hops, usize::MAX);
+        t.icount = batch.icount;
+        drop(batch);
+        let instructions = hops.iter().map(|h| h.icount as u64).sum();
+        self.push_stamped_branches(cpu, app_tid, &mut hops, stamp, instructions);
+        self.arch.xl_buffers.hops = hops;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use itrace_format::BranchKind;
+
+    fn record(id: u64, target: u64) -> [u8; 16] {
+        let mut r = [0; 16];
+        r[..8].copy_from_slice(&id.to_le_bytes());
+        r[8..].copy_from_slice(&target.to_le_bytes());
+        r
+    }
+
+    /// A ring's records against hops worked out by hand: counts carried through an exit of no
+    /// branch (and from before the ring) into the next branch, whose key then says nothing,
+    /// an indirect exit's target from the record, what is left to the next ring, and a record
+    /// with no exit ending the ring.
+    #[test]
+    fn a_rings_records_make_the_hops_worked_out_by_hand() {
+        let exits = vec![
+            Exit { from: 0x10, to: 0x20, kind: Some(BranchKind::Jump), count: 3, indirect: false, key: 41 },
+            Exit { from: 0x18, to: 0x18, kind: None, count: 256, indirect: false, key: 42 },
+            Exit { from: 0x30, to: 0, kind: Some(BranchKind::Return), count: 2, indirect: true, key: 43 },
+        ];
+        let raw: Vec<u8> = [record(1, 0), record(0, 0), record(2, 0x99), record(0, 7), record(1, 0)].concat();
+        let want = vec![
+            Hop::new(0x10, 0x20, 5 + 256 + 3, BranchKind::Jump, 0),
+            Hop::new(0x30, 0x99, 2, BranchKind::Return, 43),
+            Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41),
+        ];
+        let exits = Arc::new(RwLock::new(exits));
+        for piece in [1, 2, 100] {
+            let (give_back, back) = channel();
+            let mut batch =
+                RingBatch { raw: raw.clone(), at: 0, exits: Arc::clone(&exits), icount: 5, tid: 1, give_back };
+            let mut hops = Vec::new();
+            while batch.fill(&mut hops, piece) {}
+            assert_eq!(hops, want, "pieces of {piece}");
+            assert_eq!(batch.icount, 256, "pieces of {piece}");
+            assert_eq!(carried_out(&exits.read().unwrap(), &raw, 5), 256);
+            drop(batch);
+            assert_eq!(back.recv().unwrap(), raw, "the copy is given back");
+        }
+        // Only exits of no branch: all of it goes on, with what came before.
+        let none = [record(1, 0), record(1, 0)].concat();
+        assert_eq!(carried_out(&exits.read().unwrap(), &none, 5), 5 + 512);
+        // A record with no exit: the rest is dropped.
+        let bad = [record(0, 0), record(9, 0), record(0, 0)].concat();
+        let (give_back, _back) = channel();
+        let mut batch = RingBatch { raw: bad.clone(), at: 0, exits: Arc::clone(&exits), icount: 0, tid: 1, give_back };
+        let mut hops = Vec::new();
+        assert!(!batch.fill(&mut hops, 100));
+        assert_eq!(hops, vec![Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41)]);
+        assert_eq!(carried_out(&exits.read().unwrap(), &bad, 0), 0);
+    }
+}
