@@ -231,6 +231,12 @@ impl BatchStamp {
             self.rest
         }
     }
+
+    /// The stamp of the batch's records from record `i` on (a piece of it stored apart).
+    #[inline]
+    pub fn from(&self, i: usize) -> BatchStamp {
+        BatchStamp { first_n: self.first_n.saturating_sub(i), ..*self }
+    }
 }
 
 /// Why tracing of a thread starts.

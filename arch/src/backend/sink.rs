@@ -334,39 +334,25 @@ impl<'a> Sink<'a> {
         matches!(self.store, Store::Threaded(_))
     }
 
-    /// The stamp of a batch of thread `tid`'s records on `cpu`, all read at clock reading
-    /// `ts`, whose number is not known yet ([`Sink::expand`], [`Sink::encoded`]): every one
-    /// takes the newer of `ts` and what the thread's and the stream's clocks allow (none keeps
-    /// the thread's earlier reading), and the thread's next record takes a reading of its own.
-    pub fn ring_stamp(&mut self, cpu: usize, tid: u32, ts: u64) -> BatchStamp {
-        if cpu >= self.last_ts.len() {
-            self.last_ts.resize(cpu + 1, 0);
+    /// Thread `tid`'s `n` user-mode branches on `cpu`, stamped by `stamp` ([`Sink::batch_stamp`],
+    /// the last call to the sink), that the writer thread makes from `src` and stores as
+    /// [`Sink::stamped_branches`] would (without a writer thread, made and stored here). With a
+    /// writer thread, their instructions are added when it is done ([`Sink::finish`]).
+    pub fn expand(&mut self, cpu: usize, tid: u32, stamp: BatchStamp, n: usize, src: Box<dyn HopSource>) -> Stored {
+        if n == 0 {
+            return Stored::Yes;
         }
-        let mut at = ts.max(self.last_ts[cpu]);
-        if self.share_clock > 1 {
-            self.clock_for(tid);
-            let floor = if self.clock.cpu == cpu { self.clock.last } else { self.clock.last + 1 };
-            at = at.max(floor);
-            self.clock = ThreadClock { left: 0, last: at, cpu };
-        }
-        self.last_ts[cpu] = at;
-        BatchStamp { first: at, first_n: 0, rest: at }
-    }
-
-    /// Thread `tid`'s user-mode branches on `cpu`, stamped by `stamp` ([`Sink::ring_stamp`]),
-    /// that the writer thread makes from `src` and stores as [`Sink::stamped_branches`] would
-    /// (without a writer thread, made and stored here). With a writer thread, their count and
-    /// instructions are added when it is done ([`Sink::finish`]).
-    pub fn expand(&mut self, cpu: usize, tid: u32, stamp: BatchStamp, src: Box<dyn HopSource>) -> Stored {
+        self.after_batch(cpu, tid, stamp, n);
         if self.has_writer() {
             return self.send(Op::Expand(cpu, tid, stamp, src), 0, 0);
         }
-        let (mut hops, mut src) = (Vec::new(), src);
+        let (mut hops, mut src, mut done) = (Vec::new(), src, 0);
         loop {
             hops.clear();
             let more = src.fill(&mut hops, EXPAND_PIECE);
             let Store::Direct(buffers) = &mut self.store else { return Stored::Yes };
-            let pushed = buffers.push_hops(cpu, tid, stamp, &hops);
+            let pushed = buffers.push_hops(cpu, tid, stamp.from(done), &hops);
+            done += hops.len();
             let n = hops.len();
             let instructions = hops.iter().map(|h| h.icount as u64).sum();
             let outcome =
@@ -374,6 +360,24 @@ impl<'a> Sink<'a> {
             if outcome != Stored::Yes || !more {
                 return outcome;
             }
+        }
+    }
+
+    /// The clocks after a batch of `n` (> 0) records of thread `tid` on `cpu` stamped by `stamp`,
+    /// as `n` calls of `stamp_with` leave them.
+    fn after_batch(&mut self, cpu: usize, tid: u32, stamp: BatchStamp, n: usize) {
+        debug_assert!(self.share_clock == 1 || self.clock_tid == Some(tid), "a stamp of another thread");
+        let newest = stamp.ts(n - 1);
+        if cpu >= self.last_ts.len() {
+            self.last_ts.resize(cpu + 1, 0);
+        }
+        self.last_ts[cpu] = newest;
+        if self.share_clock > 1 {
+            // As `n` calls of `stamp_with`: `left` counts down, and at zero a record takes its
+            // own reading and starts a new count.
+            let share = self.share_clock as usize;
+            let left = if n <= stamp.first_n { stamp.first_n - n } else { share - 1 - (n - stamp.first_n - 1) % share };
+            self.clock = ThreadClock { left: left as u32, last: newest, cpu };
         }
     }
 
@@ -392,8 +396,12 @@ impl<'a> Sink<'a> {
     /// A chunk of `cpu`'s stream that a recorder encoded itself (only when
     /// [`Sink::takes_chunks`]): the writer writes it after what it was given before, as its own
     /// chunk. Its buffer comes back through [`Sink::spare_chunk`].
-    pub fn encoded(&mut self, cpu: usize, chunk: EncodedChunk) -> Stored {
+    pub fn encoded(&mut self, cpu: usize, tid: u32, stamp: BatchStamp, chunk: EncodedChunk) -> Stored {
         let (branches, instructions) = (chunk.branches, chunk.instructions);
+        if branches == 0 {
+            return Stored::Yes;
+        }
+        self.after_batch(cpu, tid, stamp, branches as usize);
         self.send(Op::Encoded(cpu, chunk), branches, instructions)
     }
 
@@ -423,19 +431,7 @@ impl<'a> Sink<'a> {
         if n == 0 {
             return (0, Stored::Yes);
         }
-        debug_assert!(self.share_clock == 1 || self.clock_tid == Some(tid), "a stamp of another thread");
-        let newest = stamp.ts(n - 1);
-        if cpu >= self.last_ts.len() {
-            self.last_ts.resize(cpu + 1, 0);
-        }
-        self.last_ts[cpu] = newest;
-        if self.share_clock > 1 {
-            // As `n` calls of `stamp_with`: `left` counts down, and at zero a record takes its
-            // own reading and starts a new count.
-            let share = self.share_clock as usize;
-            let left = if n <= stamp.first_n { stamp.first_n - n } else { share - 1 - (n - stamp.first_n - 1) % share };
-            self.clock = ThreadClock { left: left as u32, last: newest, cpu };
-        }
+        self.after_batch(cpu, tid, stamp, n);
         match &mut self.store {
             Store::Direct(buffers) => {
                 let pushed = buffers.push_hops(cpu, tid, stamp, hops);
@@ -750,20 +746,25 @@ fn write_ops(
                 let _ = spare_chunks.send(c.payload);
                 r
             }
-            Op::Expand(cpu, tid, stamp, mut src) => loop {
-                piece.clear();
-                let more = src.fill(&mut piece, EXPAND_PIECE);
-                match buffers.push_hops(cpu, tid, stamp, &piece) {
-                    Ok(stored) => {
-                        branches += stored as u64;
-                        instructions += piece[..stored].iter().map(|h| h.icount as u64).sum::<u64>();
+            Op::Expand(cpu, tid, stamp, mut src) => {
+                // The batch's branches stored so far (the next piece's first record's index).
+                let mut done = 0;
+                loop {
+                    piece.clear();
+                    let more = src.fill(&mut piece, EXPAND_PIECE);
+                    match buffers.push_hops(cpu, tid, stamp.from(done), &piece) {
+                        Ok(stored) => {
+                            done += stored;
+                            branches += stored as u64;
+                            instructions += piece[..stored].iter().map(|h| h.icount as u64).sum::<u64>();
+                        }
+                        Err(e) => break Err(e),
                     }
-                    Err(e) => break Err(e),
+                    if !more {
+                        break Ok(());
+                    }
                 }
-                if !more {
-                    break Ok(());
-                }
-            },
+            }
         };
         if let Err(e) = r {
             failed = keep_error(error, e);
@@ -1141,7 +1142,7 @@ mod tests {
                                 Hop::new(0x400000 + at * 16, to, (at % 5) as u32 + 1, kind, at as u32 + 1)
                             })
                             .collect();
-                        let stamp = sink.ring_stamp(cpu, tid, 10_000 + ring * 100);
+                        let stamp = sink.batch_stamp(cpu, tid, 10_000 + ring * 100);
                         let stored = if way == 2 && ring % 2 == 1 {
                             enc.reset();
                             let mut payload = sink.spare_chunk().unwrap_or_default();
@@ -1151,10 +1152,15 @@ mod tests {
                             if hops.is_empty() {
                                 Stored::Yes
                             } else {
-                                sink.encoded(cpu, EncodedChunk { payload, branches: n, instructions, totals })
+                                sink.encoded(
+                                    cpu,
+                                    tid,
+                                    stamp,
+                                    EncodedChunk { payload, branches: n, instructions, totals },
+                                )
                             }
                         } else {
-                            sink.expand(cpu, tid, stamp, Box::new(Hops(hops, 0)))
+                            sink.expand(cpu, tid, stamp, hops.len(), Box::new(Hops(hops, 0)))
                         };
                         assert_eq!(stored, Stored::Yes);
                         // Between rings: an engine's branch, a thread's end, a module.

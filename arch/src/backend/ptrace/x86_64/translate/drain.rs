@@ -54,8 +54,8 @@ impl Buffers {
         loop {
             self.hops.clear();
             let more = batch.fill(&mut self.hops, PIECE);
+            instructions += enc.hops(&mut payload, &self.hops, tid, stamp, branches as usize);
             branches += self.hops.len() as u64;
-            instructions += enc.hops(&mut payload, &self.hops, tid, stamp, 0);
             if !more {
                 break;
             }
@@ -121,20 +121,22 @@ impl Drop for RingBatch {
     }
 }
 
-/// The instructions a ring's records leave to the next ring: those of its exits of no branch
-/// after its last branch (with `carry_in`, the thread's count before the ring, when it has no
-/// branch). 0 after a record with no exit (`RingBatch` drops the rest).
-fn carried_out(exits: &[Exit], raw: &[u8], carry_in: u32) -> u32 {
-    let mut carried = 0u32;
-    for r in raw.chunks_exact(RECORD_BYTES as usize).rev() {
+/// The branches a ring's records make ([`RingBatch`] makes them: the same count), and the
+/// instructions they leave to the next ring (those of its exits of no branch after its last
+/// branch, with `carry_in`, the thread's count before the ring, when it has no branch). A
+/// record with no exit ends the ring, as there.
+fn counted(exits: &[Exit], raw: &[u8], carry_in: u32) -> (usize, u32) {
+    let (mut n, mut icount) = (0, carry_in);
+    for r in raw.chunks_exact(RECORD_BYTES as usize) {
         let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-        match exits.get(id as usize) {
-            Some(e) if e.kind.is_none() => carried = carried.wrapping_add(e.count),
-            Some(_) => return carried,
-            None => return 0,
+        let Some(e) = exits.get(id as usize) else { break };
+        icount = icount.wrapping_add(e.count);
+        if e.kind.is_some() {
+            n += 1;
+            icount = 0;
         }
     }
-    carried.wrapping_add(carry_in)
+    (n, icount)
 }
 
 impl Session<'_> {
@@ -165,8 +167,11 @@ impl Session<'_> {
         t.stop_ts = now_ns();
         let (ts, app_tid, carry_in) = (t.stop_ts, t.tid as u32, t.icount);
         let give_back = self.arch.xl_buffers.give_back.clone();
+        // The timestamps as the sink stores them (its threads' clocks, as for records stored one
+        // by one: the stepping recorders' traces and this one's put MTE records at the same
+        // places among the branches).
+        let stamp = self.sink.batch_stamp(cpu, app_tid, ts);
         if self.sink.has_writer() {
-            let stamp = self.sink.ring_stamp(cpu, app_tid, ts);
             let mut batch = RingBatch { raw, at: 0, exits, icount: carry_in, tid, give_back };
             let stored = if self.sink.takes_chunks() && self.sink.writer_busy() {
                 // The writer has work: this ring is encoded here, as a chunk of its own, while
@@ -174,19 +179,20 @@ impl Session<'_> {
                 let chunk = self.arch.xl_buffers.encode(&mut batch, app_tid, stamp, self.sink.spare_chunk());
                 t.icount = batch.icount;
                 match chunk {
-                    Some(chunk) => self.sink.encoded(cpu, chunk),
+                    Some(chunk) => self.sink.encoded(cpu, app_tid, stamp, chunk),
                     None => Stored::Yes,
                 }
             } else {
-                t.icount = carried_out(&batch.exits.read().unwrap_or_else(|e| e.into_inner()), &batch.raw, carry_in);
-                self.sink.expand(cpu, app_tid, stamp, Box::new(batch))
+                let (n, carried) =
+                    counted(&batch.exits.read().unwrap_or_else(|e| e.into_inner()), &batch.raw, carry_in);
+                t.icount = carried;
+                self.sink.expand(cpu, app_tid, stamp, n, Box::new(batch))
             };
             self.after_store(stored);
             return;
         }
         // No writer thread (normal mode, where a full buffer refuses a record): the hops made
         // here, so that the refused one is known.
-        let stamp = self.sink.batch_stamp(cpu, app_tid, ts);
         let mut hops = std::mem::take(&mut self.arch.xl_buffers.hops);
         hops.clear();
         let mut batch = RingBatch { raw, at: 0, exits, icount: carry_in, tid, give_back };
@@ -237,13 +243,13 @@ mod tests {
             while batch.fill(&mut hops, piece) {}
             assert_eq!(hops, want, "pieces of {piece}");
             assert_eq!(batch.icount, 256, "pieces of {piece}");
-            assert_eq!(carried_out(&exits.read().unwrap(), &raw, 5), 256);
+            assert_eq!(counted(&exits.read().unwrap(), &raw, 5), (3, 256));
             drop(batch);
             assert_eq!(back.recv().unwrap(), raw, "the copy is given back");
         }
         // Only exits of no branch: all of it goes on, with what came before.
         let none = [record(1, 0), record(1, 0)].concat();
-        assert_eq!(carried_out(&exits.read().unwrap(), &none, 5), 5 + 512);
+        assert_eq!(counted(&exits.read().unwrap(), &none, 5), (0, 5 + 512));
         // A record with no exit: the rest is dropped.
         let bad = [record(0, 0), record(9, 0), record(0, 0)].concat();
         let (give_back, _back) = channel();
@@ -251,6 +257,7 @@ mod tests {
         let mut hops = Vec::new();
         assert!(!batch.fill(&mut hops, 100));
         assert_eq!(hops, vec![Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41)]);
-        assert_eq!(carried_out(&exits.read().unwrap(), &bad, 0), 0);
+        assert_eq!(counted(&exits.read().unwrap(), &bad, 0), (1, 0));
+        assert_eq!(batch.icount, 0);
     }
 }
