@@ -38,10 +38,18 @@ fn main() -> ExitCode {
     // first. A launched program still gets it ignored (see CAPTURE_INHERITED_SIGNALS).
     // SAFETY: setting a disposition to SIG_DFL has no preconditions; no thread runs yet.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+    let raised = supervise::raise_at_start();
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => return usage_error(e),
+        Err(e) => {
+            raised.undo();
+            return usage_error(e);
+        }
     };
+    match &cli.command {
+        cli::Command::Record(args) if args.pid.is_some() => raised.keep(),
+        _ => raised.undo(),
+    }
     read::set_strict(cli.command.read_options().is_some_and(|r| r.strict));
     read::set_quiet(cli.command.read_options().is_some_and(|r| r.quiet));
     read::set_no_index(cli.command.read_options().is_some_and(|r| r.no_index));

@@ -259,3 +259,57 @@ fn sigint_stops_the_recording_even_when_the_shell_ignored_it() {
     assert!(rest.contains("region_loop: result="), "the program did not finish after the detach:\n{rest}");
     assert!(stderr.contains("tracing ended: detached"), "SIGINT did not stop the recording:\n{stderr}");
 }
+
+/// The nice value in a /proc/PID/stat line: the 19th field, counted from the last `)`.
+fn nice_of_stat(stat: &str) -> i32 {
+    let after = &stat[stat.rfind(')').expect("stat has the name in parentheses") + 1..];
+    after.split_whitespace().nth(16).expect("stat has a nice field").parse().expect("nice is a number")
+}
+
+/// A launched program runs at the nice value itrace was started with, not the raised one itrace
+/// takes at its start for `-p` (itrace main.rs, supervise.rs): the truth is the value set before
+/// the exec, and `cat /proc/self/stat` run without itrace the same way.
+#[test]
+fn a_launched_program_keeps_the_nice_value_itrace_was_started_with() {
+    let cat = require_tool("cat");
+    for nice in [0, 7] {
+        let started_at = |args: &[&std::ffi::OsStr]| {
+            let mut cmd = Command::new(args[0]);
+            cmd.args(&args[1..]);
+            // SAFETY: setpriority on the child alone, between fork and exec (async-signal-safe).
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+                    Ok(())
+                });
+            }
+            let out = run(&mut cmd);
+            out.assert_success();
+            out.stdout
+        };
+        let untraced = started_at(&[cat.as_os_str(), "/proc/self/stat".as_ref()]);
+        assert_eq!(nice_of_stat(&untraced), nice, "the untraced cat did not start at nice {nice}");
+        for backend in ["translate", "ptrace"] {
+            let trace = test_dir(&format!("inherit-nice-{nice}-{backend}")).join("t.itr");
+            let itrace = itrace_bin();
+            let traced = started_at(&[
+                itrace.as_os_str(),
+                "record".as_ref(),
+                "--backend".as_ref(),
+                backend.as_ref(),
+                "-o".as_ref(),
+                trace.as_os_str(),
+                "--".as_ref(),
+                cat.as_os_str(),
+                "/proc/self/stat".as_ref(),
+            ]);
+            let line =
+                traced.lines().find(|l| l.contains("(cat)")).unwrap_or_else(|| panic!("no stat line in {traced:?}"));
+            assert_eq!(
+                nice_of_stat(line),
+                nice,
+                "--backend {backend}: the program ran at another nice value than itrace's"
+            );
+        }
+    }
+}
