@@ -18,6 +18,10 @@ fn previous_trace_is_kept_as_old() {
     assert_ne!(second, first, "the second recording wrote nothing new");
     record(&trace, &[], &prog, &[]).assert_success();
     assert_eq!(std::fs::read(&old).unwrap(), second, "the second trace is not itrace.itr.old");
+    // The `.old` replaced (freed on a thread of its own) left no name behind.
+    let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["itrace.itr", "itrace.itr.old"], "files other than the trace and its .old");
 }
 
 /// `date -u '+%F %T UTC'`: now, as the trace writes its date.
