@@ -203,6 +203,13 @@ impl Hop {
         self.kind_key >> 8
     }
 
+    /// The same branch with `icount` instructions (a count carried into it from before), its key
+    /// dropped: a key stands for the count it was given with.
+    #[inline(always)]
+    pub fn carried(self, icount: u32) -> Hop {
+        Hop { icount, kind_key: self.kind_key & 0xff, ..self }
+    }
+
     /// The branch record it stands for, of thread `tid` at `ts`.
     #[inline]
     pub fn branch(&self, ts: u64, tid: u32) -> Branch {

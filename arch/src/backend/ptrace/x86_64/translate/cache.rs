@@ -7,7 +7,7 @@
 use super::layout::*;
 use super::rseq::NativeRun;
 use super::unit::{Exit, Trap, Unit};
-use itrace_format::Hop;
+use itrace_format::{BranchKind, Hop};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -616,16 +616,38 @@ mod tests {
     }
 }
 
-/// Every exit of a process's units, by exit id: shared with the writer thread, which makes the
-/// branch records of a drained ring from them (`RingBatch`). Exits are only added until a
-/// flush, which starts a new table: a ring drained before it keeps the table its ids are of.
+/// Every exit of a process's units, by exit id, as the drain reads them ([`RingExit`]): shared
+/// with the writer thread, which makes the branch records of a drained ring from them
+/// (`RingBatch`). Exits are only added until a flush, which starts a new table: a ring drained
+/// before it keeps the table its ids are of.
 #[derive(Default)]
-pub(super) struct Exits(Arc<RwLock<Vec<Exit>>>);
+pub(super) struct Exits(Arc<RwLock<Vec<RingExit>>>);
+
+/// An exit as a ring's record of it makes a hop: the hop ready, with its key, so that the
+/// drain's loop over a ring's records copies it (with an indirect exit's target from the
+/// record) instead of putting it together field by field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RingExit {
+    /// The exit's branch with nothing carried into it (`icount`: the exit's count); an indirect
+    /// exit's target is the record's. For an exit of no branch only `icount` means something.
+    pub(super) hop: Hop,
+    /// The exit takes a branch (not the size limit, whose count carries on to the next record).
+    pub(super) branch: bool,
+    /// The target is in the record.
+    pub(super) indirect: bool,
+}
+
+impl RingExit {
+    pub(super) fn of(e: &Exit) -> RingExit {
+        let hop = Hop::new(e.from, e.to, e.count, e.kind.unwrap_or(BranchKind::Jump), e.key);
+        RingExit { hop, branch: e.kind.is_some(), indirect: e.indirect }
+    }
+}
 
 impl Exits {
     /// The table (a lock poisoned by a panicking reader is taken as it is: exits are only
     /// added, whole, under the write lock).
-    pub(super) fn read(&self) -> RwLockReadGuard<'_, Vec<Exit>> {
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Vec<RingExit>> {
         self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -633,14 +655,15 @@ impl Exits {
         self.read().len()
     }
 
-    pub(super) fn get(&self, id: usize) -> Option<Exit> {
-        self.read().get(id).copied()
+    /// Exit `id`'s target, for a direct exit.
+    pub(super) fn target(&self, id: usize) -> Option<u64> {
+        self.read().get(id).map(|e| e.hop.to)
     }
 
     /// Add a new unit's exits, each with a key of its own.
     fn extend(&mut self, exits: &[Exit]) {
         let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
-        table.extend(exits.iter().map(|e| Exit { key: next_exit_key(), ..*e }));
+        table.extend(exits.iter().map(|e| RingExit::of(&Exit { key: next_exit_key(), ..*e })));
     }
 
     /// A table of its own with the same exits (a forked child's).
@@ -649,7 +672,7 @@ impl Exits {
     }
 
     /// The table, for a drained ring's records.
-    pub(super) fn shared(&self) -> Arc<RwLock<Vec<Exit>>> {
+    pub(super) fn shared(&self) -> Arc<RwLock<Vec<RingExit>>> {
         Arc::clone(&self.0)
     }
 }

@@ -7,8 +7,8 @@
 //! as much as the work (docs/translate.md, "Where the time goes").
 
 use super::super::super::engine::*;
+use super::cache::RingExit;
 use super::layout::*;
-use super::unit::Exit;
 use crate::backend::sink::{EncodedChunk, HopSource, Stored};
 use itrace_format::compact::Encoder;
 use itrace_format::{now_ns, BatchStamp, Hop};
@@ -32,6 +32,9 @@ impl Default for Buffers {
         Buffers { spare_raw, give_back, hops: Vec::new(), encoder: Encoder::new() }
     }
 }
+
+/// A ring record's bytes.
+const RECORD: usize = RECORD_BYTES as usize;
 
 /// Hops made at a time from a ring encoded here: they stay in the cache until encoded.
 const PIECE: usize = 4096;
@@ -71,7 +74,7 @@ struct RingBatch {
     raw: Vec<u8>,
     /// The next record's offset in `raw`.
     at: usize,
-    exits: Arc<RwLock<Vec<Exit>>>,
+    exits: Arc<RwLock<Vec<RingExit>>>,
     /// Instructions of records not yet in a branch (exits of no branch: the size limit),
     /// starting with the thread's count carried in from before the ring.
     icount: u32,
@@ -83,36 +86,41 @@ struct RingBatch {
 impl HopSource for RingBatch {
     fn fill(&mut self, hops: &mut Vec<Hop>, max: usize) -> bool {
         let exits = self.exits.read().unwrap_or_else(|e| e.into_inner());
+        let exits: &[RingExit] = &exits;
         let mut icount = self.icount;
-        let end = self.raw.len();
-        let mut at = self.at;
-        let limit = hops.len() + max.min((end - at) / RECORD_BYTES as usize);
-        hops.reserve(limit - hops.len());
-        while at < end && hops.len() < limit {
-            prefetch_ahead(&self.raw, at);
-            let r = &self.raw[at..at + RECORD_BYTES as usize];
-            at += RECORD_BYTES as usize;
+        let start = self.at;
+        let records = (self.raw.len() - start) / RECORD;
+        let take = records.min(max);
+        hops.reserve(take);
+        // Records read: all taken, unless one has no exit (the rest of the ring is dropped).
+        let mut read = take;
+        for (i, r) in self.raw[start..start + take * RECORD].chunks_exact(RECORD).enumerate() {
+            prefetch_ahead(&self.raw, start + i * RECORD);
             let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-            let target = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
             let Some(e) = exits.get(id as usize) else {
                 eprintln!(
                     "itrace: warning: thread {}: a cache record with no exit {id}; the rest of its ring is dropped",
                     self.tid
                 );
-                at = end;
+                read = records;
                 break;
             };
-            icount = icount.wrapping_add(e.count);
-            if let Some(kind) = e.kind {
-                let to = if e.indirect { target } else { e.to };
-                // The exit's key stands for its count, not for a count carried to it.
-                let key = if icount == e.count { e.key } else { 0 };
-                hops.push(Hop::new(e.from, to, icount, kind, key));
+            icount = icount.wrapping_add(e.hop.icount);
+            if e.branch {
+                let mut hop = e.hop;
+                if e.indirect {
+                    hop.to = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+                }
+                if icount != hop.icount {
+                    hop = hop.carried(icount);
+                }
+                hops.push(hop);
                 icount = 0;
             }
         }
-        (self.icount, self.at) = (icount, at);
-        at < end
+        self.icount = icount;
+        self.at = start + read * RECORD;
+        self.at < self.raw.len()
     }
 }
 
@@ -134,7 +142,9 @@ fn prefetch_ahead(raw: &[u8], at: usize) {
         if let Some(ahead) = raw.get(at + PREFETCH_AHEAD) {
             // SAFETY: a prefetch is a hint that never faults nor changes memory, and SSE (which
             // has it) is part of every x86_64 CPU; the address is inside `raw` anyway.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((ahead as *const u8).cast()) };
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((ahead as *const u8).cast())
+            };
         }
     }
 }
@@ -143,14 +153,14 @@ fn prefetch_ahead(raw: &[u8], at: usize) {
 /// instructions they leave to the next ring (those of its exits of no branch after its last
 /// branch, with `carry_in`, the thread's count before the ring, when it has no branch). A
 /// record with no exit ends the ring, as there.
-fn counted(exits: &[Exit], raw: &[u8], carry_in: u32) -> (usize, u32) {
+fn counted(exits: &[RingExit], raw: &[u8], carry_in: u32) -> (usize, u32) {
     let (mut n, mut icount) = (0, carry_in);
-    for (i, r) in raw.chunks_exact(RECORD_BYTES as usize).enumerate() {
-        prefetch_ahead(raw, i * RECORD_BYTES as usize);
+    for (i, r) in raw.chunks_exact(RECORD).enumerate() {
+        prefetch_ahead(raw, i * RECORD);
         let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
         let Some(e) = exits.get(id as usize) else { break };
-        icount = icount.wrapping_add(e.count);
-        if e.kind.is_some() {
+        icount = icount.wrapping_add(e.hop.icount);
+        if e.branch {
             n += 1;
             icount = 0;
         }
@@ -226,6 +236,7 @@ impl Session<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::unit::Exit;
     use super::*;
     use itrace_format::BranchKind;
 
@@ -242,7 +253,7 @@ mod tests {
     /// with no exit ending the ring.
     #[test]
     fn a_rings_records_make_the_hops_worked_out_by_hand() {
-        let exits = vec![
+        let exits = [
             Exit { from: 0x10, to: 0x20, kind: Some(BranchKind::Jump), count: 3, indirect: false, key: 41 },
             Exit { from: 0x18, to: 0x18, kind: None, count: 256, indirect: false, key: 42 },
             Exit { from: 0x30, to: 0, kind: Some(BranchKind::Return), count: 2, indirect: true, key: 43 },
@@ -253,7 +264,7 @@ mod tests {
             Hop::new(0x30, 0x99, 2, BranchKind::Return, 43),
             Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41),
         ];
-        let exits = Arc::new(RwLock::new(exits));
+        let exits = Arc::new(RwLock::new(exits.iter().map(RingExit::of).collect::<Vec<_>>()));
         for piece in [1, 2, 100] {
             let (give_back, back) = channel();
             let mut batch =

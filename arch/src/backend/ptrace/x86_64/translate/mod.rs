@@ -706,7 +706,7 @@ impl Session<'_> {
             Trap::Leave { pc, count } => Next::Leave { pc, count },
             Trap::RingFull { resume, .. } => Next::Run(resume),
             Trap::Link { exit, slot } => {
-                let Some(target) = self.cache_of(pid).and_then(|c| c.exits.get(exit as usize)).map(|e| e.to) else {
+                let Some(target) = self.cache_of(pid).and_then(|c| c.exits.target(exit as usize)) else {
                     return Next::Leave { pc: 0, count: 0 };
                 };
                 match self.unit_entry(tid, pid, target) {
@@ -768,7 +768,7 @@ impl Session<'_> {
             Trap::Leave { .. } => None,
             // The record stub recorded the exit: the thread is at its target, with nothing of
             // the next unit run.
-            Trap::Link { exit, .. } => c.exits.get(exit as usize).map(|e| e.to),
+            Trap::Link { exit, .. } => c.exits.target(exit as usize),
             Trap::IndirectMiss => c.read_u64(pid, state + TARGET as u64).ok(),
             // Nothing of the unit ran: the mismatch put rcx and rdx back before its trap.
             Trap::Rewritten { unit } => c.rewritten(pid, unit).map(|(pc, _)| pc),
