@@ -805,6 +805,37 @@ fn flush_counts(what: &str, stderr: &str) -> (u64, u64) {
     (stat_count(what, stderr, " flushes of the full cache"), stat_count(what, stderr, " other threads brought out"))
 }
 
+/// Records of no branch (a unit's size limit) across full rings: xl_long_body's passes of 602
+/// instructions leave three records each, two of them of no branch, so that its 150,000 records
+/// fill rings of 65,536 in the middle of a pass, and a ring ends with records whose counts
+/// carry into the next. The truth is the hand count in its source: 49,999 taken jnz, the first
+/// after 603 instructions and each other after 602, then the exit's system call after 605;
+/// 30,100,004 instructions. On a recorder that lost or doubled a count at a ring's end, or
+/// counted a record of no branch as a branch, the counts differ.
+#[test]
+fn records_of_no_branch_across_full_rings() {
+    let bin = program("xl_long_body");
+    let dir = test_dir("translate-no-branch");
+    let rec = recording_with_env(&dir, "translate", TRANSLATE, &[("ITRACE_STATS", "1")], &bin, &[]);
+    assert!(rec.out.status.success(), "xl_long_body: {}\n{}", rec.out.status, rec.out.stderr);
+    let err = &rec.out.stderr;
+    assert!(stat_count("xl_long_body", err, " full rings") >= 2, "two full rings at least: {err}");
+    let mut counts: Vec<(String, u64)> = Vec::new();
+    for line in rec.dump.lines().filter(|l| l.contains(" U ")) {
+        let kind = line.split_whitespace().nth(4).unwrap_or_default().to_string();
+        let n = line.rsplit_once(" n=").and_then(|(_, n)| n.trim().parse::<u64>().ok());
+        counts.push((kind, n.unwrap_or_else(|| panic!("no count in {line:?}"))));
+    }
+    let mut want: Vec<(String, u64)> = vec![("CondJump".to_string(), 603)];
+    want.extend(std::iter::repeat_n(("CondJump".to_string(), 602), 49_998));
+    want.push(("Intrpt".to_string(), 605));
+    assert_eq!(counts.len(), want.len(), "user-mode records (dump in {})", dir.display());
+    if let Some(k) = (0..want.len()).find(|&k| counts[k] != want[k]) {
+        panic!("record {k}: {:?}, by hand {:?} (dump in {})", counts[k], want[k], dir.display());
+    }
+    assert!(err.contains("30100004 instructions"), "30,100,004 instructions in all: {err}");
+}
+
 /// A program with more code than the cache holds (xl_flush: 300 functions through a table of
 /// pointers, and the dynamic loader and libc before them), recorded with a tiny cache: it is
 /// flushed again and again, and the program prints and exits as natively, and the trace is the

@@ -307,6 +307,13 @@ impl Cache {
         self.mem(pid)?.write_all_at(bytes, addr)
     }
 
+    /// Empty the ring of the thread state block at `state`: its fill and its count of records
+    /// of no branch.
+    pub(super) fn empty_ring(&mut self, pid: i32, state: u64) -> std::io::Result<()> {
+        self.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes())?;
+        self.write(pid, state + NO_BRANCH as u64, &0u64.to_le_bytes())
+    }
+
     pub(super) fn read_u64(&mut self, pid: i32, addr: u64) -> std::io::Result<u64> {
         let mut b = [0u8; 8];
         self.read(pid, addr, &mut b)?;

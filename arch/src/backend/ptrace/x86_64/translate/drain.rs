@@ -149,6 +149,33 @@ fn prefetch_ahead(raw: &[u8], at: usize) {
     }
 }
 
+/// [`counted`] for a ring of which `no_branch` records are of exits of no branch (`NO_BRANCH`):
+/// its other records are branches, and what the last one leaves is found from the end. A ring
+/// whose end does not add up (a record with no exit, more records of no branch than counted)
+/// is read whole. A record with no exit before the last branch (the program wrote over its
+/// ring) is not seen here: the count is then too high for the writer's records, which stop
+/// there, and only the thread's clock after them (`Sink::expand`) takes it.
+fn branches_of(exits: &[RingExit], raw: &[u8], no_branch: u64, carry_in: u32) -> (usize, u32) {
+    let records = raw.len() / RECORD;
+    let Some(branches) = records.checked_sub(no_branch as usize) else { return counted(exits, raw, carry_in) };
+    let mut icount = 0u32;
+    for (k, r) in raw.chunks_exact(RECORD).enumerate().rev() {
+        let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+        let Some(e) = exits.get(id as usize) else { return counted(exits, raw, carry_in) };
+        if e.branch {
+            return (branches, icount);
+        }
+        if records - k > no_branch as usize {
+            return counted(exits, raw, carry_in);
+        }
+        icount = icount.wrapping_add(e.hop.icount);
+    }
+    if branches != 0 {
+        return counted(exits, raw, carry_in);
+    }
+    (0, icount.wrapping_add(carry_in))
+}
+
 /// The branches a ring's records make ([`RingBatch`] makes them: the same count), and the
 /// instructions they leave to the next ring (those of its exits of no branch after its last
 /// branch, with `carry_in`, the thread's count before the ring, when it has no branch). A
@@ -183,6 +210,7 @@ impl Session<'_> {
         if n == 0 {
             return;
         }
+        let Ok(no_branch) = c.read_u64(pid, state + NO_BRANCH as u64) else { return };
         let mut raw = self.arch.xl_buffers.spare_raw.try_recv().unwrap_or_default();
         raw.resize(n * RECORD_BYTES as usize, 0);
         let Some(c) = self.cache_of(pid) else { return };
@@ -190,7 +218,10 @@ impl Session<'_> {
             let _ = self.arch.xl_buffers.give_back.send(raw);
             return;
         }
-        let _ = c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes());
+        let _ = match no_branch {
+            0 => c.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()),
+            _ => c.empty_ring(pid, state),
+        };
         let exits = c.exits.shared();
         let t = self.threads.get_mut(&tid).expect("thread exists");
         t.stop_ts = now_ns();
@@ -212,8 +243,10 @@ impl Session<'_> {
                     None => Stored::Yes,
                 }
             } else {
-                let (n, carried) =
-                    counted(&batch.exits.read().unwrap_or_else(|e| e.into_inner()), &batch.raw, carry_in);
+                let exits = batch.exits.read().unwrap_or_else(|e| e.into_inner());
+                let (n, carried) = branches_of(&exits, &batch.raw, no_branch, carry_in);
+                debug_assert_eq!((n, carried), counted(&exits, &batch.raw, carry_in), "the ring's branches");
+                drop(exits);
                 t.icount = carried;
                 self.sink.expand(cpu, app_tid, stamp, n, Box::new(batch))
             };
@@ -280,6 +313,18 @@ mod tests {
         // Only exits of no branch: all of it goes on, with what came before.
         let none = [record(1, 0), record(1, 0)].concat();
         assert_eq!(counted(&exits.read().unwrap(), &none, 5), (0, 5 + 512));
+        // The same from the count of records of no branch and the ring's end.
+        let exits_now = exits.read().unwrap();
+        assert_eq!(branches_of(&exits_now, &raw, 2, 5), (3, 256));
+        assert_eq!(branches_of(&exits_now, &none, 2, 5), (0, 5 + 512));
+        // A count that does not add up at the end (fewer than the records of no branch there,
+        // more than the records), or a record with no exit at the end: read whole.
+        for wrong in [0, 9] {
+            assert_eq!(branches_of(&exits_now, &raw, wrong, 5), (3, 256), "{wrong} of no branch");
+        }
+        let tail = [record(0, 0), record(9, 0)].concat();
+        assert_eq!(branches_of(&exits_now, &tail, 0, 0), (1, 0));
+        drop(exits_now);
         // A record with no exit: the rest is dropped.
         let bad = [record(0, 0), record(9, 0), record(0, 0)].concat();
         let (give_back, _back) = channel();

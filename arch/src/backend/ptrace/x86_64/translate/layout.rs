@@ -23,6 +23,10 @@ pub(super) const TRAP_R11: i64 = 0x38;
 /// The application's own gs base (written by itrace when the thread enters the cache): the way
 /// out puts it back when itrace is gone.
 pub(super) const APP_GS: i64 = 0x40;
+/// The ring's records of exits of no branch (a unit's size limit): their stubs count them, so
+/// that the drain knows how many branches the ring holds without reading it all (reading it
+/// was a twentieth of a recording's time).
+pub(super) const NO_BRANCH: i64 = 0x48;
 
 /// The ring of records: `[exit id: u64][target: u64]` each (the target only for indirect exits).
 pub(super) const RING: i64 = 0x1000;

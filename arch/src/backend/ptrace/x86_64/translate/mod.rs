@@ -1345,13 +1345,13 @@ impl Session<'_> {
         };
         let state = match c.free_states.pop() {
             Some(s) => {
-                c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
+                c.empty_ring(pid, s).ok()?;
                 s
             }
             // One an earlier session left: its table holds that session's cache addresses.
             None if !c.idle_states.is_empty() => {
                 let s = c.idle_states.pop()?;
-                c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
+                c.empty_ring(pid, s).ok()?;
                 reset_table(c, s).ok()?;
                 c.states.push(s);
                 s
@@ -1386,7 +1386,7 @@ impl Session<'_> {
                 }
                 let s = got?;
                 let c = self.cache_of(pid)?;
-                c.write(pid, s + RING_OFF as u64, &(-RING_BYTES).to_le_bytes()).ok()?;
+                c.empty_ring(pid, s).ok()?;
                 reset_table(c, s).ok()?;
                 // Its tag, by which a later session knows it (`reuse.rs`).
                 c.write(pid, s + reuse::STATE_TAG, &reuse::state_tag(s)).ok()?;

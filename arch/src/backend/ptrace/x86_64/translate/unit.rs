@@ -409,9 +409,15 @@ impl Builder {
     }
 
     /// Append `[exit]` to the ring; rcx is the application's again after it. Returns the
-    /// label of the resume point of a full ring and the label of its `int3`.
-    fn record_direct(&mut self, exit: u32) -> (u64, u64) {
+    /// label of the resume point of a full ring and the label of its `int3`. For an exit of no
+    /// `branch`, `NO_BRANCH` counts the record too (first: a full ring's stop must find both).
+    fn record_direct(&mut self, exit: u32, branch: bool) -> (u64, u64) {
         self.push(Instruction::with2(Code::Mov_rm64_r64, gs(SPILL_RCX), Register::RCX));
+        if !branch {
+            self.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, gs(NO_BRANCH)));
+            self.push(Instruction::with2(Code::Lea_r64_m, Register::RCX, mem(Register::RCX, Register::None, 1, 1)));
+            self.push(Instruction::with2(Code::Mov_rm64_r64, gs(NO_BRANCH), Register::RCX));
+        }
         self.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, gs(RING_OFF)));
         self.push(Instruction::with2(Code::Mov_rm64_imm32, gs_at(Register::RCX, Register::None, 1, RING_END), exit));
         self.push(Instruction::with2(
@@ -643,7 +649,7 @@ pub(super) fn translate(
         }
         if count >= MAX_UNIT_INSNS {
             let exit = new_exit(&mut exits, Exit { from: pc, to: pc, kind: None, count, indirect: false, key: 0 });
-            let (back, full) = b.record_direct(exit);
+            let (back, full) = b.record_direct(exit, false);
             let (slot, miss, sc) = b.direct_jump(pc);
             p.links.push((slot, miss, pc));
             p.traps.push((sc, PendingTrap::Link { exit, slot }));
@@ -712,7 +718,7 @@ pub(super) fn translate(
                     new_exit(&mut exits, Exit { from: pc, to: target, kind: Some(bk), count, indirect: false, key: 0 });
                 let commit = b.insns.len();
                 p.spans.push((pc, span_start, if call { span_start + 1 } else { commit.max(span_start) }));
-                let (back, full) = b.record_direct(exit);
+                let (back, full) = b.record_direct(exit, true);
                 let (slot, miss, sc) = b.direct_jump(target);
                 p.links.push((slot, miss, target));
                 p.traps.push((sc, PendingTrap::Link { exit, slot }));
@@ -762,7 +768,7 @@ pub(super) fn translate(
     }
     for s in taken {
         b.bind(s.label);
-        let (back, full) = b.record_direct(s.exit);
+        let (back, full) = b.record_direct(s.exit, true);
         let (slot, miss, sc) = b.direct_jump(s.target);
         p.links.push((slot, miss, s.target));
         p.traps.push((sc, PendingTrap::Link { exit: s.exit, slot }));
