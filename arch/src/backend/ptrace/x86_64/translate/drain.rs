@@ -152,9 +152,11 @@ fn prefetch_ahead(raw: &[u8], at: usize) {
 /// [`counted`] for a ring of which `no_branch` records are of exits of no branch (`NO_BRANCH`):
 /// its other records are branches, and what the last one leaves is found from the end. A ring
 /// whose end does not add up (a record with no exit, more records of no branch than counted)
-/// is read whole. A record with no exit before the last branch (the program wrote over its
-/// ring) is not seen here: the count is then too high for the writer's records, which stop
-/// there, and only the thread's clock after them (`Sink::expand`) takes it.
+/// is read whole. Not seen here: a record with no exit before the last branch (the program
+/// wrote over its ring), and an exiting thread drained inside a stub of no branch, between its
+/// count and its record (it cannot be stepped out). The count is then too high by the records
+/// after that one, or by one, and only the thread's clock after the ring (`Sink::expand`)
+/// takes it: the writer's records are the ring's as before.
 fn branches_of(exits: &[RingExit], raw: &[u8], no_branch: u64, carry_in: u32) -> (usize, u32) {
     let records = raw.len() / RECORD;
     let Some(branches) = records.checked_sub(no_branch as usize) else { return counted(exits, raw, carry_in) };
@@ -243,10 +245,12 @@ impl Session<'_> {
                     None => Stored::Yes,
                 }
             } else {
-                let exits = batch.exits.read().unwrap_or_else(|e| e.into_inner());
-                let (n, carried) = branches_of(&exits, &batch.raw, no_branch, carry_in);
-                debug_assert_eq!((n, carried), counted(&exits, &batch.raw, carry_in), "the ring's branches");
-                drop(exits);
+                let (n, carried) = branches_of(
+                    &batch.exits.read().unwrap_or_else(|e| e.into_inner()),
+                    &batch.raw,
+                    no_branch,
+                    carry_in,
+                );
                 t.icount = carried;
                 self.sink.expand(cpu, app_tid, stamp, n, Box::new(batch))
             };
