@@ -162,7 +162,7 @@ impl Branch {
 /// and the writer thread reads them on the other, and that traffic was as much of each side's
 /// time per record as their work (32 bytes, with the key a field of its own, cost 10 % of a
 /// recording's time).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Hop {
     pub from: u64,
     pub to: u64,

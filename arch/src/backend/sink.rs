@@ -87,8 +87,16 @@ pub struct EncodedChunk {
 /// translating recorder's drained ring: exit ids and targets), so that the recording loop,
 /// which the traced thread waits for, does not.
 pub trait HopSource: Send {
-    /// Append the batch's next hops to `hops`, at most `max`; `false` once none are left.
-    fn fill(&mut self, hops: &mut Vec<Hop>, max: usize) -> bool;
+    /// Make the batch's next hops into `hops`, as many as it holds at most; returns how many,
+    /// and whether any are left. Into a slice, not onto a vector: a push a hop kept the vector's
+    /// length in memory, a step of every hop's (a third of the drained ring's loop).
+    fn fill(&mut self, hops: &mut [Hop]) -> (usize, bool);
+}
+
+/// A piece of [`EXPAND_PIECE`] hops to fill ([`HopSource::fill`]), in `buffer`.
+fn piece_in(buffer: &mut Vec<Hop>) -> &mut [Hop] {
+    buffer.resize(EXPAND_PIECE, Hop::default());
+    buffer
 }
 
 /// Hops the writer makes from a `HopSource` at a time: a piece that stays in its CPU's cache
@@ -346,14 +354,14 @@ impl<'a> Sink<'a> {
         if self.has_writer() {
             return self.send(Op::Expand(cpu, tid, stamp, src), 0, 0);
         }
-        let (mut hops, mut src, mut done) = (Vec::new(), src, 0);
+        let (mut buffer, mut src, mut done) = (Vec::new(), src, 0);
         loop {
-            hops.clear();
-            let more = src.fill(&mut hops, EXPAND_PIECE);
+            let piece = piece_in(&mut buffer);
+            let (n, more) = src.fill(piece);
+            let hops = &piece[..n];
             let Store::Direct(buffers) = &mut self.store else { return Stored::Yes };
-            let pushed = buffers.push_hops(cpu, tid, stamp.from(done), &hops);
-            done += hops.len();
-            let n = hops.len();
+            let pushed = buffers.push_hops(cpu, tid, stamp.from(done), hops);
+            done += n;
             let instructions = hops.iter().map(|h| h.icount as u64).sum();
             let outcome =
                 self.stored_batch(pushed, n, instructions, |k| hops[..k].iter().map(|h| h.icount as u64).sum()).1;
@@ -682,7 +690,7 @@ fn write_ops(
     let mut failed = false;
     // What it made of `Op::Expand`s and stored: branches, instructions.
     let (mut branches, mut instructions) = (0u64, 0u64);
-    let mut piece = Vec::with_capacity(EXPAND_PIECE);
+    let mut piece_buffer = Vec::with_capacity(EXPAND_PIECE);
     // Until when the thread keeps its CPU between ops (`WRITER_SPIN`).
     let mut spin_until: Option<Instant> = None;
     loop {
@@ -750,9 +758,10 @@ fn write_ops(
                 // The batch's branches stored so far (the next piece's first record's index).
                 let mut done = 0;
                 loop {
-                    piece.clear();
-                    let more = src.fill(&mut piece, EXPAND_PIECE);
-                    match buffers.push_hops(cpu, tid, stamp.from(done), &piece) {
+                    let piece = piece_in(&mut piece_buffer);
+                    let (n, more) = src.fill(piece);
+                    let piece = &piece[..n];
+                    match buffers.push_hops(cpu, tid, stamp.from(done), piece) {
                         Ok(stored) => {
                             done += stored;
                             branches += stored as u64;
@@ -1096,11 +1105,12 @@ mod tests {
     struct Hops(Vec<Hop>, usize);
 
     impl HopSource for Hops {
-        fn fill(&mut self, hops: &mut Vec<Hop>, max: usize) -> bool {
-            let end = (self.1 + max).min(self.0.len());
-            hops.extend_from_slice(&self.0[self.1..end]);
+        fn fill(&mut self, hops: &mut [Hop]) -> (usize, bool) {
+            let end = (self.1 + hops.len()).min(self.0.len());
+            let n = end - self.1;
+            hops[..n].copy_from_slice(&self.0[self.1..end]);
             self.1 = end;
-            end < self.0.len()
+            (n, end < self.0.len())
         }
     }
 

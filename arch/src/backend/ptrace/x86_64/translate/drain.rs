@@ -54,11 +54,11 @@ impl Buffers {
         let (mut branches, mut instructions) = (0u64, 0u64);
         let enc = &mut self.encoder;
         enc.reset();
+        self.hops.resize(PIECE, Hop::default());
         loop {
-            self.hops.clear();
-            let more = batch.fill(&mut self.hops, PIECE);
-            instructions += enc.hops(&mut payload, &self.hops, tid, stamp, branches as usize);
-            branches += self.hops.len() as u64;
+            let (n, more) = batch.fill(&mut self.hops);
+            instructions += enc.hops(&mut payload, &self.hops[..n], tid, stamp, branches as usize);
+            branches += n as u64;
             if !more {
                 break;
             }
@@ -83,15 +83,31 @@ struct RingBatch {
     give_back: Sender<Vec<u8>>,
 }
 
+impl RingBatch {
+    /// All its hops, onto `hops` (by pieces of [`PIECE`]).
+    fn fill_all(&mut self, hops: &mut Vec<Hop>) {
+        loop {
+            let at = hops.len();
+            hops.resize(at + PIECE, Hop::default());
+            let (n, more) = self.fill(&mut hops[at..]);
+            hops.truncate(at + n);
+            if !more {
+                return;
+            }
+        }
+    }
+}
+
 impl HopSource for RingBatch {
-    fn fill(&mut self, hops: &mut Vec<Hop>, max: usize) -> bool {
+    fn fill(&mut self, hops: &mut [Hop]) -> (usize, bool) {
         let exits = self.exits.read().unwrap_or_else(|e| e.into_inner());
         let exits: &[RingExit] = &exits;
         let mut icount = self.icount;
         let start = self.at;
         let records = (self.raw.len() - start) / RECORD;
-        let take = records.min(max);
-        hops.reserve(take);
+        // A record makes one hop at most.
+        let take = records.min(hops.len());
+        let mut made = 0;
         // Records read: all taken, unless one has no exit (the rest of the ring is dropped).
         let mut read = take;
         for (i, r) in self.raw[start..start + take * RECORD].chunks_exact(RECORD).enumerate() {
@@ -114,13 +130,14 @@ impl HopSource for RingBatch {
                 if icount != hop.icount {
                     hop = hop.carried(icount);
                 }
-                hops.push(hop);
+                hops[made] = hop;
+                made += 1;
                 icount = 0;
             }
         }
         self.icount = icount;
         self.at = start + read * RECORD;
-        self.at < self.raw.len()
+        (made, self.at < self.raw.len())
     }
 }
 
@@ -262,7 +279,7 @@ impl Session<'_> {
         let mut hops = std::mem::take(&mut self.arch.xl_buffers.hops);
         hops.clear();
         let mut batch = RingBatch { raw, at: 0, exits, icount: carry_in, tid, give_back };
-        batch.fill(&mut hops, usize::MAX);
+        batch.fill_all(&mut hops);
         t.icount = batch.icount;
         drop(batch);
         let instructions = hops.iter().map(|h| h.icount as u64).sum();
@@ -306,8 +323,14 @@ mod tests {
             let (give_back, back) = channel();
             let mut batch =
                 RingBatch { raw: raw.clone(), at: 0, exits: Arc::clone(&exits), icount: 5, tid: 1, give_back };
-            let mut hops = Vec::new();
-            while batch.fill(&mut hops, piece) {}
+            let (mut hops, mut buffer) = (Vec::new(), vec![Hop::default(); piece]);
+            loop {
+                let (n, more) = batch.fill(&mut buffer);
+                hops.extend_from_slice(&buffer[..n]);
+                if !more {
+                    break;
+                }
+            }
             assert_eq!(hops, want, "pieces of {piece}");
             assert_eq!(batch.icount, 256, "pieces of {piece}");
             assert_eq!(counted(&exits.read().unwrap(), &raw, 5), (3, 256));
@@ -333,10 +356,16 @@ mod tests {
         let bad = [record(0, 0), record(9, 0), record(0, 0)].concat();
         let (give_back, _back) = channel();
         let mut batch = RingBatch { raw: bad.clone(), at: 0, exits: Arc::clone(&exits), icount: 0, tid: 1, give_back };
-        let mut hops = Vec::new();
-        assert!(!batch.fill(&mut hops, 100));
-        assert_eq!(hops, vec![Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41)]);
+        let mut hops = vec![Hop::default(); 100];
+        assert_eq!(batch.fill(&mut hops), (1, false));
+        assert_eq!(hops[..1], [Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41)]);
         assert_eq!(counted(&exits.read().unwrap(), &bad, 0), (1, 0));
         assert_eq!(batch.icount, 0);
+        // All of a ring, by pieces, after what the vector held.
+        let mut batch =
+            RingBatch { raw: raw.clone(), at: 0, exits: Arc::clone(&exits), icount: 5, tid: 1, give_back: channel().0 };
+        let mut all = vec![Hop::default()];
+        batch.fill_all(&mut all);
+        assert_eq!(all[1..], want);
     }
 }
