@@ -89,7 +89,7 @@ pub struct EncodedChunk {
 pub trait HopSource: Send {
     /// Make the batch's next hops into `hops`, as many as it holds at most; returns how many,
     /// and whether any are left. Into a slice, not onto a vector: a push a hop kept the vector's
-    /// length in memory, a step of every hop's (a third of the drained ring's loop).
+    /// length in memory, a step of every hop's (a quarter of the drained ring's loop).
     fn fill(&mut self, hops: &mut [Hop]) -> (usize, bool);
 }
 
