@@ -167,32 +167,29 @@ fn prefetch_ahead(raw: &[u8], at: usize) {
 }
 
 /// [`counted`] for a ring of which `no_branch` records are of exits of no branch (`NO_BRANCH`):
-/// its other records are branches, and what the last one leaves is found from the end. A ring
-/// whose end does not add up (a record with no exit, more records of no branch than counted)
-/// is read whole. Not seen here: a record with no exit before the last branch (the program
+/// its other records are branches, and what the last one leaves is found from the end. `None`
+/// for a ring whose end does not add up (a record with no exit, more records of no branch than
+/// counted): it is read whole ([`counted`]). Not seen here: a record with no exit before the last branch (the program
 /// wrote over its ring), and an exiting thread drained inside a stub of no branch, between its
 /// count and its record (it cannot be stepped out). The count is then too high by the records
 /// after that one, or by one, and only the thread's clock after the ring (`Sink::expand`)
 /// takes it: the writer's records are the ring's as before.
-fn branches_of(exits: &[RingExit], raw: &[u8], no_branch: u64, carry_in: u32) -> (usize, u32) {
+fn branches_of(exits: &[RingExit], raw: &[u8], no_branch: u64, carry_in: u32) -> Option<(usize, u32)> {
     let records = raw.len() / RECORD;
-    let Some(branches) = records.checked_sub(no_branch as usize) else { return counted(exits, raw, carry_in) };
+    let branches = records.checked_sub(no_branch as usize)?;
     let mut icount = 0u32;
     for (k, r) in raw.chunks_exact(RECORD).enumerate().rev() {
         let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-        let Some(e) = exits.get(id as usize) else { return counted(exits, raw, carry_in) };
+        let e = exits.get(id as usize)?;
         if e.branch {
-            return (branches, icount);
+            return Some((branches, icount));
         }
         if records - k > no_branch as usize {
-            return counted(exits, raw, carry_in);
+            return None;
         }
         icount = icount.wrapping_add(e.hop.icount);
     }
-    if branches != 0 {
-        return counted(exits, raw, carry_in);
-    }
-    (0, icount.wrapping_add(carry_in))
+    (branches == 0).then(|| (0, icount.wrapping_add(carry_in)))
 }
 
 /// The branches a ring's records make ([`RingBatch`] makes them: the same count), and the
@@ -262,12 +259,12 @@ impl Session<'_> {
                     None => Stored::Yes,
                 }
             } else {
-                let (n, carried) = branches_of(
-                    &batch.exits.read().unwrap_or_else(|e| e.into_inner()),
-                    &batch.raw,
-                    no_branch,
-                    carry_in,
-                );
+                let exits = batch.exits.read().unwrap_or_else(|e| e.into_inner());
+                let (n, carried) = branches_of(&exits, &batch.raw, no_branch, carry_in).unwrap_or_else(|| {
+                    self.arch.xl_stats.rings_counted_whole += 1;
+                    counted(&exits, &batch.raw, carry_in)
+                });
+                drop(exits);
                 t.icount = carried;
                 self.sink.expand(cpu, app_tid, stamp, n, Box::new(batch))
             };
@@ -342,15 +339,17 @@ mod tests {
         assert_eq!(counted(&exits.read().unwrap(), &none, 5), (0, 5 + 512));
         // The same from the count of records of no branch and the ring's end.
         let exits_now = exits.read().unwrap();
-        assert_eq!(branches_of(&exits_now, &raw, 2, 5), (3, 256));
-        assert_eq!(branches_of(&exits_now, &none, 2, 5), (0, 5 + 512));
+        assert_eq!(branches_of(&exits_now, &raw, 2, 5), Some((3, 256)));
+        assert_eq!(branches_of(&exits_now, &none, 2, 5), Some((0, 5 + 512)));
         // A count that does not add up at the end (fewer than the records of no branch there,
-        // more than the records), or a record with no exit at the end: read whole.
+        // more than the records, records of no branch only but fewer), or a record with no
+        // exit at the end: the ring is to be read whole.
         for wrong in [0, 9] {
-            assert_eq!(branches_of(&exits_now, &raw, wrong, 5), (3, 256), "{wrong} of no branch");
+            assert_eq!(branches_of(&exits_now, &raw, wrong, 5), None, "{wrong} of no branch");
         }
+        assert_eq!(branches_of(&exits_now, &none, 1, 5), None);
         let tail = [record(0, 0), record(9, 0)].concat();
-        assert_eq!(branches_of(&exits_now, &tail, 0, 0), (1, 0));
+        assert_eq!(branches_of(&exits_now, &tail, 0, 0), None);
         drop(exits_now);
         // A record with no exit: the rest is dropped.
         let bad = [record(0, 0), record(9, 0), record(0, 0)].concat();

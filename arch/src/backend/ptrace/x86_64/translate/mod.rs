@@ -103,13 +103,16 @@ pub(super) struct Stats {
     detach_runs: u64,
     /// At the detach: single steps of threads out of stubs (interrupted inside one).
     detach_steps: u64,
+    /// Rings whose end did not add up with their stubs' count of records of no branch, so read
+    /// whole to count their branches (`drain::branches_of`).
+    rings_counted_whole: u64,
 }
 
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated ({} ahead of their first run, {} return addresses put in a lookup table ahead; {} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs",
+            "{} units translated ({} ahead of their first run, {} return addresses put in a lookup table ahead; {} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs; {} rings counted whole",
             self.units,
             self.ahead,
             self.returns_ahead,
@@ -126,7 +129,8 @@ impl std::fmt::Display for Stats {
             self.rewritten,
             self.detach_way_outs,
             self.detach_runs,
-            self.detach_steps
+            self.detach_steps,
+            self.rings_counted_whole
         )
     }
 }
