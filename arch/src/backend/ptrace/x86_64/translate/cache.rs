@@ -8,6 +8,7 @@ use super::layout::*;
 use super::rseq::NativeRun;
 use super::unit::{Exit, Trap, Unit};
 use itrace_format::{BranchKind, Hop};
+use itrace_translate_inproc::RingExit;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -630,25 +631,10 @@ mod tests {
 #[derive(Default)]
 pub(super) struct Exits(Arc<RwLock<Vec<RingExit>>>);
 
-/// An exit as a ring's record of it makes a hop: the hop ready, with its key, so that the
-/// drain's loop over a ring's records copies it (with an indirect exit's target from the
-/// record) instead of putting it together field by field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct RingExit {
-    /// The exit's branch with nothing carried into it (`icount`: the exit's count); an indirect
-    /// exit's target is the record's. For an exit of no branch only `icount` means something.
-    pub(super) hop: Hop,
-    /// The exit takes a branch (not the size limit, whose count carries on to the next record).
-    pub(super) branch: bool,
-    /// The target is in the record.
-    pub(super) indirect: bool,
-}
-
-impl RingExit {
-    pub(super) fn of(e: &Exit) -> RingExit {
-        let hop = Hop::new(e.from, e.to, e.count, e.kind.unwrap_or(BranchKind::Jump), e.key);
-        RingExit { hop, branch: e.kind.is_some(), indirect: e.indirect }
-    }
+/// The ring exit of `e` ([`RingExit`], shared with the code the threads run).
+pub(super) fn ring_exit_of(e: &Exit) -> RingExit {
+    let hop = Hop::new(e.from, e.to, e.count, e.kind.unwrap_or(BranchKind::Jump), e.key);
+    RingExit { hop, branch: e.kind.is_some(), indirect: e.indirect }
 }
 
 impl Exits {
@@ -670,7 +656,7 @@ impl Exits {
     /// Add a new unit's exits, each with a key of its own.
     fn extend(&mut self, exits: &[Exit]) {
         let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
-        table.extend(exits.iter().map(|e| RingExit::of(&Exit { key: next_exit_key(), ..*e })));
+        table.extend(exits.iter().map(|e| ring_exit_of(&Exit { key: next_exit_key(), ..*e })));
     }
 
     /// A table of its own with the same exits (a forked child's).

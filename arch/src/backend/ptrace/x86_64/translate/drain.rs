@@ -7,11 +7,11 @@
 //! as much as the work (docs/translate.md, "Where the time goes").
 
 use super::super::super::engine::*;
-use super::cache::RingExit;
 use super::layout::*;
 use crate::backend::sink::{EncodedChunk, HopSource, Stored};
 use itrace_format::compact::Encoder;
 use itrace_format::{now_ns, BatchStamp, Hop};
+use itrace_translate_inproc::{encode_ring, fill_hops, prefetch_ahead, RingCursor, RingExit};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, RwLock};
 
@@ -34,7 +34,7 @@ impl Default for Buffers {
 }
 
 /// A ring record's bytes.
-const RECORD: usize = RECORD_BYTES as usize;
+const RECORD: usize = itrace_translate_inproc::RECORD_BYTES;
 
 /// Hops made at a time from a ring encoded here: they stay in the cache until encoded.
 const PIECE: usize = 4096;
@@ -51,33 +51,44 @@ impl Buffers {
     ) -> Option<EncodedChunk> {
         let mut payload = payload.unwrap_or_default();
         payload.clear();
-        let (mut branches, mut instructions) = (0u64, 0u64);
-        let enc = &mut self.encoder;
-        enc.reset();
         self.hops.resize(PIECE, Hop::default());
-        loop {
-            let (n, more) = batch.fill(&mut self.hops);
-            instructions += enc.hops(&mut payload, &self.hops[..n], tid, stamp, branches as usize);
-            branches += n as u64;
-            if !more {
-                break;
-            }
+        let exits = batch.exits.read().unwrap_or_else(|e| e.into_inner());
+        let done = encode_ring(
+            &mut self.encoder,
+            &mut payload,
+            &mut self.hops,
+            &exits,
+            &batch.raw,
+            &mut batch.cursor,
+            tid,
+            stamp,
+        );
+        drop(exits);
+        if let Some(id) = done.no_exit {
+            warn_no_exit(batch.tid, id);
         }
-        enc.finish(&mut payload);
-        let totals = enc.totals();
-        (branches > 0).then_some(EncodedChunk { payload, branches, instructions, totals })
+        let totals = self.encoder.totals();
+        (done.branches > 0).then_some(EncodedChunk {
+            payload,
+            branches: done.branches,
+            instructions: done.instructions,
+            totals,
+        })
     }
+}
+
+/// The warning of a ring record with no exit (the rest of the ring is dropped).
+fn warn_no_exit(tid: i32, id: u64) {
+    eprintln!("itrace: warning: thread {tid}: a cache record with no exit {id}; the rest of its ring is dropped");
 }
 
 /// A drained ring's records, and the exits they are of.
 struct RingBatch {
     raw: Vec<u8>,
-    /// The next record's offset in `raw`.
-    at: usize,
+    /// The next record, and the instructions not yet in a branch (from the thread's count
+    /// carried in from before the ring on).
+    cursor: RingCursor,
     exits: Arc<RwLock<Vec<RingExit>>>,
-    /// Instructions of records not yet in a branch (exits of no branch: the size limit),
-    /// starting with the thread's count carried in from before the ring.
-    icount: u32,
     /// The thread, for the warning of a record with no exit.
     tid: i32,
     give_back: Sender<Vec<u8>>,
@@ -101,68 +112,17 @@ impl RingBatch {
 impl HopSource for RingBatch {
     fn fill(&mut self, hops: &mut [Hop]) -> (usize, bool) {
         let exits = self.exits.read().unwrap_or_else(|e| e.into_inner());
-        let exits: &[RingExit] = &exits;
-        let mut icount = self.icount;
-        let start = self.at;
-        let records = (self.raw.len() - start) / RECORD;
-        // A record makes one hop at most.
-        let take = records.min(hops.len());
-        let mut made = 0;
-        // Records read: all taken, unless one has no exit (the rest of the ring is dropped).
-        let mut read = take;
-        for (i, r) in self.raw[start..start + take * RECORD].chunks_exact(RECORD).enumerate() {
-            prefetch_ahead(&self.raw, start + i * RECORD);
-            let id = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-            let Some(e) = exits.get(id as usize) else {
-                eprintln!(
-                    "itrace: warning: thread {}: a cache record with no exit {id}; the rest of its ring is dropped",
-                    self.tid
-                );
-                read = records;
-                break;
-            };
-            icount = icount.wrapping_add(e.hop.icount);
-            if e.branch {
-                let mut hop = e.hop;
-                if e.indirect {
-                    hop.to = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
-                }
-                if icount != hop.icount {
-                    hop = hop.carried(icount);
-                }
-                hops[made] = hop;
-                made += 1;
-                icount = 0;
-            }
+        let f = fill_hops(&exits, &self.raw, &mut self.cursor, hops);
+        if let Some(id) = f.no_exit {
+            warn_no_exit(self.tid, id);
         }
-        self.icount = icount;
-        self.at = start + read * RECORD;
-        (made, self.at < self.raw.len())
+        (f.made, f.more)
     }
 }
 
 impl Drop for RingBatch {
     fn drop(&mut self) {
         let _ = self.give_back.send(std::mem::take(&mut self.raw));
-    }
-}
-
-/// Bytes ahead of the record being read that are asked for ahead of time.
-const PREFETCH_AHEAD: usize = 2048;
-
-/// Ask for the cache line `PREFETCH_AHEAD` bytes past the record at `at` of a ring's copy, once a
-/// line. The copy was written by the kernel (or on the other CPU): read in order as it is, each
-/// line's load waited for it (most of the samples of the loops that read it).
-#[inline(always)]
-fn prefetch_ahead(raw: &[u8], at: usize) {
-    if at % 64 == 0 {
-        if let Some(ahead) = raw.get(at + PREFETCH_AHEAD) {
-            // SAFETY: a prefetch is a hint that never faults nor changes memory, and SSE (which
-            // has it) is part of every x86_64 CPU; the address is inside `raw` anyway.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((ahead as *const u8).cast())
-            };
-        }
     }
 }
 
@@ -248,12 +208,12 @@ impl Session<'_> {
         // places among the branches).
         let stamp = self.sink.batch_stamp(cpu, app_tid, ts);
         if self.sink.has_writer() {
-            let mut batch = RingBatch { raw, at: 0, exits, icount: carry_in, tid, give_back };
+            let mut batch = RingBatch { raw, cursor: RingCursor { at: 0, icount: carry_in }, exits, tid, give_back };
             let stored = if self.sink.takes_chunks() && self.sink.writer_busy() {
                 // The writer has work: this ring is encoded here, as a chunk of its own, while
                 // the writer does the rest.
                 let chunk = self.arch.xl_buffers.encode(&mut batch, app_tid, stamp, self.sink.spare_chunk());
-                t.icount = batch.icount;
+                t.icount = batch.cursor.icount;
                 match chunk {
                     Some(chunk) => self.sink.encoded(cpu, app_tid, stamp, chunk),
                     None => Stored::Yes,
@@ -275,9 +235,9 @@ impl Session<'_> {
         // here, so that the refused one is known.
         let mut hops = std::mem::take(&mut self.arch.xl_buffers.hops);
         hops.clear();
-        let mut batch = RingBatch { raw, at: 0, exits, icount: carry_in, tid, give_back };
+        let mut batch = RingBatch { raw, cursor: RingCursor { at: 0, icount: carry_in }, exits, tid, give_back };
         batch.fill_all(&mut hops);
-        t.icount = batch.icount;
+        t.icount = batch.cursor.icount;
         drop(batch);
         let instructions = hops.iter().map(|h| h.icount as u64).sum();
         self.push_stamped_branches(cpu, app_tid, &mut hops, stamp, instructions);
@@ -287,6 +247,7 @@ impl Session<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::cache::ring_exit_of;
     use super::super::unit::Exit;
     use super::*;
     use itrace_format::BranchKind;
@@ -315,11 +276,16 @@ mod tests {
             Hop::new(0x30, 0x99, 2, BranchKind::Return, 43),
             Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41),
         ];
-        let exits = Arc::new(RwLock::new(exits.iter().map(RingExit::of).collect::<Vec<_>>()));
+        let exits = Arc::new(RwLock::new(exits.iter().map(ring_exit_of).collect::<Vec<_>>()));
         for piece in [1, 2, 100] {
             let (give_back, back) = channel();
-            let mut batch =
-                RingBatch { raw: raw.clone(), at: 0, exits: Arc::clone(&exits), icount: 5, tid: 1, give_back };
+            let mut batch = RingBatch {
+                raw: raw.clone(),
+                cursor: RingCursor { at: 0, icount: 5 },
+                exits: Arc::clone(&exits),
+                tid: 1,
+                give_back,
+            };
             let (mut hops, mut buffer) = (Vec::new(), vec![Hop::default(); piece]);
             loop {
                 let (n, more) = batch.fill(&mut buffer);
@@ -329,7 +295,7 @@ mod tests {
                 }
             }
             assert_eq!(hops, want, "pieces of {piece}");
-            assert_eq!(batch.icount, 256, "pieces of {piece}");
+            assert_eq!(batch.cursor.icount, 256, "pieces of {piece}");
             assert_eq!(counted(&exits.read().unwrap(), &raw, 5), (3, 256));
             drop(batch);
             assert_eq!(back.recv().unwrap(), raw, "the copy is given back");
@@ -354,15 +320,21 @@ mod tests {
         // A record with no exit: the rest is dropped.
         let bad = [record(0, 0), record(9, 0), record(0, 0)].concat();
         let (give_back, _back) = channel();
-        let mut batch = RingBatch { raw: bad.clone(), at: 0, exits: Arc::clone(&exits), icount: 0, tid: 1, give_back };
+        let mut batch =
+            RingBatch { raw: bad.clone(), cursor: RingCursor::default(), exits: Arc::clone(&exits), tid: 1, give_back };
         let mut hops = vec![Hop::default(); 100];
         assert_eq!(batch.fill(&mut hops), (1, false));
         assert_eq!(hops[..1], [Hop::new(0x10, 0x20, 3, BranchKind::Jump, 41)]);
         assert_eq!(counted(&exits.read().unwrap(), &bad, 0), (1, 0));
-        assert_eq!(batch.icount, 0);
+        assert_eq!(batch.cursor.icount, 0);
         // All of a ring, by pieces, after what the vector held.
-        let mut batch =
-            RingBatch { raw: raw.clone(), at: 0, exits: Arc::clone(&exits), icount: 5, tid: 1, give_back: channel().0 };
+        let mut batch = RingBatch {
+            raw: raw.clone(),
+            cursor: RingCursor { at: 0, icount: 5 },
+            exits: Arc::clone(&exits),
+            tid: 1,
+            give_back: channel().0,
+        };
         let mut all = vec![Hop::default()];
         batch.fill_all(&mut all);
         assert_eq!(all[1..], want);
