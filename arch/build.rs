@@ -1,7 +1,7 @@
 //! Builds the blob of `translate-inproc` that the x86_64 translating recorder maps into traced
 //! processes: the crate (and `itrace-compact`, its one dependency) compiled by rustc directly,
 //! as a static position-independent executable with no C library and no unwinding, whose entry
-//! point is the ring encoder (`translate-inproc/blob/entry.rs`). Only for x86_64 Linux targets.
+//! points are the ring encoder's (`translate-inproc/blob/entry.rs`). Only for x86_64 Linux targets.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -49,7 +49,14 @@ fn main() {
     c.args(["--crate-type", "bin", "--crate-name", "itrace_blob"]).arg(&entry);
     let inproc_rlib = out.join("libitrace_translate_inproc.rlib");
     c.arg("--extern").arg(format!("itrace_translate_inproc={}", inproc_rlib.display()));
-    for a in ["-nostartfiles", "-nostdlib", "-static-pie", "-Wl,-e,itrace_encode_ring", "-Wl,--build-id=none"] {
+    for a in [
+        "-nostartfiles",
+        "-nostdlib",
+        "-static-pie",
+        "-Wl,-e,itrace_self_encode",
+        "-Wl,-u,itrace_encode_ring",
+        "-Wl,--build-id=none",
+    ] {
         c.arg("-C").arg(format!("link-arg={a}"));
     }
     c.arg("-o").arg(out.join("blob.elf"));

@@ -143,6 +143,14 @@ ITRACE_BACKEND=ptrace cargo test --workspace --no-fail-fast \
     --skip a_signal_before_the_attach_stop_is_the_programs \
     --skip qemu_backend_ --skip in_process_backend_ --skip gdb_stub_backend_
 
+# The translating recorder's threads encode their own full rings when two or more run in the
+# cache (docs/translate.md, "Threads that encode their own rings"); most tests run one thread.
+# The translate tests of threads, signals, forks and flushes again with every thread encoding
+# its own rings (ITRACE_XL_SELF_ENCODE=1), against the same oracles (--step instruction's trace).
+step "translate tests with ITRACE_XL_SELF_ENCODE=1 (every thread encodes its own rings)"
+ITRACE_XL_SELF_ENCODE=1 cargo test --workspace --no-fail-fast --test translate -- \
+    thread signal fork flush rseq clone exec
+
 cross_build_start
 step "scripts/fuzz-smoke.sh (fuzz/: each libFuzzer target 15 s on its corpus, two at a time)"; scripts/fuzz-smoke.sh
 # On CI the fuzz build (about 1 GB) is not needed again: its disk goes to the guest tests.

@@ -66,6 +66,26 @@ pub fn totals_of(c: &Counted) -> crate::reader::StreamTotals {
     t
 }
 
+/// A chunk's payload whose branches all have timestamp 0 (encoded from a fresh state at one
+/// timestamp, 0: a traced thread's own), with that timestamp made `ts`: its first item, a new
+/// edge with no delta, gets the delta `ts`, and the others are at the last timestamp already.
+/// The counts change with it (`counted`: its NEW item's bytes and the time span). `None` if the
+/// payload does not start so.
+pub fn restamp_chunk(payload: &[u8], ts: u64, counted: &mut Counted) -> Option<Vec<u8>> {
+    let (&first, rest) = payload.split_first()?;
+    if first & !0x02 != tag::NEW {
+        return None;
+    }
+    let mut out = Vec::with_capacity(payload.len() + 10);
+    out.push(first | 1);
+    let at = out.len();
+    itrace_compact::put_varint(&mut out, ts);
+    counted.bytes[itrace_compact::kind::NEW] += (out.len() - at) as u64;
+    out.extend_from_slice(rest);
+    (counted.first_ts, counted.last_ts) = (ts, ts);
+    Some(out)
+}
+
 /// What record `r`, carried whole, changes in the state both sides keep.
 fn whole_of(r: &Record) -> Whole {
     match r {

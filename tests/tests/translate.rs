@@ -815,13 +815,41 @@ fn flush_counts(what: &str, stderr: &str) -> (u64, u64) {
 /// their records of no branch, rings are counted whole (the statistics say how many: none).
 #[test]
 fn records_of_no_branch_across_full_rings() {
-    let bin = program("xl_long_body");
-    let dir = test_dir("translate-no-branch");
-    let rec = recording_with_env(&dir, "translate", TRANSLATE, &[("ITRACE_STATS", "1")], &bin, &[]);
-    assert!(rec.out.status.success(), "xl_long_body: {}\n{}", rec.out.status, rec.out.stderr);
+    // itrace drains the rings here (threads that encode their own: the test after).
+    let env = [("ITRACE_STATS", "1"), ("ITRACE_XL_SELF_ENCODE", "0")];
+    let (rec, dir) = long_body_recording("translate-no-branch", &env);
     let err = &rec.out.stderr;
     assert!(stat_count("xl_long_body", err, " full rings") >= 2, "two full rings at least: {err}");
     assert_eq!(stat_count("xl_long_body", err, " rings counted whole"), 0, "the stubs' counts add up: {err}");
+    assert_long_body_counts(&rec, &dir);
+}
+
+/// The same with the thread encoding its own full rings (`ITRACE_XL_SELF_ENCODE=1`: the code
+/// itrace maps into the program, called by the ring-full path instead of a trap): the same
+/// records, against the same hand count, with the counts carried from one ring to the next
+/// by the thread itself; the statistics show rings encoded by the thread and fewer full-ring
+/// stops than rings (only when its output area is full).
+#[test]
+fn a_thread_that_encodes_its_own_rings_records_the_same() {
+    let env = [("ITRACE_STATS", "1"), ("ITRACE_XL_SELF_ENCODE", "1")];
+    let (rec, dir) = long_body_recording("translate-self-encode", &env);
+    let err = &rec.out.stderr;
+    let by_thread = stat_count("xl_long_body", err, " rings encoded by their threads");
+    assert!(by_thread >= 2, "rings encoded by the thread: {err}");
+    assert_long_body_counts(&rec, &dir);
+}
+
+/// xl_long_body recorded with `env`.
+fn long_body_recording(name: &str, env: &[(&str, &str)]) -> (Recording, PathBuf) {
+    let bin = program("xl_long_body");
+    let dir = test_dir(name);
+    let rec = recording_with_env(&dir, "translate", TRANSLATE, env, &bin, &[]);
+    assert!(rec.out.status.success(), "xl_long_body: {}\n{}", rec.out.status, rec.out.stderr);
+    (rec, dir)
+}
+
+/// xl_long_body's records against the hand count in its source.
+fn assert_long_body_counts(rec: &Recording, dir: &Path) {
     let mut counts: Vec<(String, u64)> = Vec::new();
     for line in rec.dump.lines().filter(|l| l.contains(" U ")) {
         let kind = line.split_whitespace().nth(4).unwrap_or_default().to_string();
@@ -835,6 +863,7 @@ fn records_of_no_branch_across_full_rings() {
     if let Some(k) = (0..want.len()).find(|&k| counts[k] != want[k]) {
         panic!("record {k}: {:?}, by hand {:?} (dump in {})", counts[k], want[k], dir.display());
     }
+    let err = &rec.out.stderr;
     assert!(err.contains("30100004 instructions"), "30,100,004 instructions in all: {err}");
 }
 

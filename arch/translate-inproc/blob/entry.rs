@@ -15,6 +15,17 @@ pub unsafe extern "C" fn itrace_encode_ring(args: *mut itrace_translate_inproc::
     unsafe { itrace_translate_inproc::encode_ring_at(&mut *args) }
 }
 
+/// The ring-full path's call (`block`: the thread's state block):
+/// [`itrace_translate_inproc::self_encode`].
+///
+/// # Safety
+/// As there.
+#[no_mangle]
+pub unsafe extern "C" fn itrace_self_encode(block: *mut u8) -> u64 {
+    // SAFETY: the routine passes the calling thread's own state block.
+    unsafe { itrace_translate_inproc::self_encode(block) }
+}
+
 /// A panic (an exit table that is not one) stops the thread with SIGILL at a known place,
 /// where itrace takes the ring back; it never returns into the program with a half-made chunk.
 #[panic_handler]

@@ -31,6 +31,21 @@ pub struct RingExit {
     pub indirect: bool,
 }
 
+impl RingExit {
+    /// Its bytes as the program's copy of the table holds them (C's layout, 32 bytes: the hop's
+    /// from, to, count and kind-and-key, the two flags, zeros).
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..8].copy_from_slice(&self.hop.from.to_le_bytes());
+        b[8..16].copy_from_slice(&self.hop.to.to_le_bytes());
+        b[16..20].copy_from_slice(&self.hop.icount.to_le_bytes());
+        b[20..24].copy_from_slice(&(self.hop.key() << 8 | self.hop.kind_code() as u32).to_le_bytes());
+        b[24] = self.branch as u8;
+        b[25] = self.indirect as u8;
+        b
+    }
+}
+
 /// Where a ring's reading stands: the next record's offset, and the instructions of records not
 /// yet in a branch (exits of no branch: the size limit), starting with the thread's count
 /// carried in from before the ring.
@@ -226,4 +241,179 @@ pub unsafe fn encode_ring_at(args: &mut RingArgs) -> u64 {
     args.instructions = done.instructions;
     args.no_exit = done.no_exit.unwrap_or(u64::MAX);
     out.fitted() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use itrace_compact::BranchKind;
+
+    /// The bytes itrace writes are the struct the program's copy of the code reads.
+    #[test]
+    fn a_ring_exits_bytes_are_its_layout() {
+        assert_eq!(core::mem::size_of::<RingExit>(), 32);
+        for (branch, indirect) in [(true, false), (false, true)] {
+            let e = RingExit {
+                hop: Hop::new(0x1122_3344, 0x5566_7788_99aa, 77, BranchKind::Return, 0x12_3456),
+                branch,
+                indirect,
+            };
+            let b = e.to_bytes();
+            // SAFETY: 32 bytes, read unaligned into a RingExit: each field's bytes are a valid
+            // value of it (the flags 0 or 1).
+            let back: RingExit = unsafe { b.as_ptr().cast::<RingExit>().read_unaligned() };
+            assert_eq!(back, e);
+        }
+    }
+}
+
+/// The thread state block's layout (a thread in the cache reaches it through its gs base;
+/// itrace's `layout.rs` uses these): what the blob reads and writes when the thread encodes its
+/// own ring. Offsets in bytes from the block's start.
+pub mod block {
+    /// The ring's fill: minus the bytes still free (0 when full).
+    pub const RING_OFF: i64 = 0x20;
+    /// The ring's records of exits of no branch.
+    pub const NO_BRANCH: i64 = 0x48;
+    /// In and out of the blob: the instructions carried from the records before the ring.
+    pub const XL_CARRY: i64 = 0x50;
+    /// (Free.)
+    pub const XL_SPARE: i64 = 0x58;
+    /// Bytes of encoded chunks in the output area (itrace takes them and sets it to 0).
+    pub const XL_OUT_LEN: i64 = 0x60;
+    /// Where the ring-full path goes on: after the record (encoded), or to its trap (not).
+    pub const XL_BACK: i64 = 0x68;
+    pub const XL_TRAP: i64 = 0x70;
+    /// The application's rsp while the thread runs on the block's stack.
+    pub const XL_APP_RSP: i64 = 0x78;
+    /// The routine that calls the blob (saves, stack, call, restores), the blob's entry, the
+    /// block's own address, and the top of its stack.
+    pub const XL_ROUTINE: i64 = 0x80;
+    pub const XL_ENTRY: i64 = 0x88;
+    pub const XL_SELF: i64 = 0x90;
+    pub const XL_STACK_TOP: i64 = 0x98;
+    /// The process's exit table: a count (u64), then at `EXITS_FIRST` the `RingExit`s.
+    pub const XL_EXITS: i64 = 0xA0;
+    /// The thread's id, for the chunk's branches.
+    pub const XL_TID: i64 = 0xA8;
+    /// Scratch of the routine: the address it goes on at.
+    pub const XL_GO: i64 = 0xB0;
+    /// Non-zero once the encoder in `ENCODER` is set up.
+    pub const XL_ENCODER_SET: i64 = 0xB8;
+
+    /// The ring of records.
+    pub const RING: i64 = 0x1000;
+    pub const RECORD_BYTES: i64 = 16;
+    pub const RING_RECORDS: i64 = 1 << 16;
+    pub const RING_BYTES: i64 = RING_RECORDS * RECORD_BYTES;
+    pub const RING_END: i64 = RING + RING_BYTES;
+    /// The indirect-branch lookup table.
+    pub const TABLE: i64 = RING_END;
+    pub const TABLE_ENTRIES: u64 = 1 << 16;
+    pub const TABLE_ENTRY_BYTES: u64 = 16;
+    pub const TABLE_END: i64 = TABLE + (TABLE_ENTRIES * TABLE_ENTRY_BYTES) as i64;
+    /// The encoder's room.
+    pub const ENCODER: i64 = TABLE_END;
+    pub const ENCODER_BYTES: i64 = 0x2_0000;
+    /// The hops made a piece at a time.
+    pub const HOPS: i64 = ENCODER + ENCODER_BYTES;
+    pub const HOPS_LEN: usize = 4096;
+    pub const HOPS_BYTES: i64 = 0x1_8000;
+    /// The stack the blob runs on.
+    pub const STACK: i64 = HOPS + HOPS_BYTES;
+    pub const STACK_BYTES: i64 = 0x4_0000;
+    pub const STACK_TOP: i64 = STACK + STACK_BYTES;
+    /// Encoded chunks, each a `ChunkHead` and its payload (padded to 8 bytes).
+    pub const OUT: i64 = STACK_TOP;
+    pub const OUT_BYTES: i64 = 0x20_0000;
+    /// The whole block.
+    pub const STATE_BYTES: u64 = (OUT + OUT_BYTES) as u64;
+
+    /// Where the exit table's entries start (after its count).
+    pub const EXITS_FIRST: u64 = 64;
+}
+
+/// The head of a chunk a thread encoded, in the block's output area.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct ChunkHead {
+    /// The payload's bytes (it follows the head, padded to 8 bytes).
+    pub len: u64,
+    pub branches: u64,
+    pub instructions: u64,
+    /// The timestamp every branch of it has (0: given when itrace takes the chunk).
+    pub stamp: u64,
+    /// The encoder's counts (`itrace_compact::Counted`): records and bytes per kind of item.
+    pub records: [u64; 6],
+    pub bytes: [u64; 6],
+    pub first_ts: u64,
+    pub last_ts: u64,
+}
+
+/// Bytes of a [`ChunkHead`].
+pub const CHUNK_HEAD_BYTES: usize = core::mem::size_of::<ChunkHead>();
+
+/// The blob's work at a full ring, on the thread's own state block `block`: encode the ring as
+/// a chunk appended to the output area, and empty the ring. Returns 1 if done, 0 if not (the
+/// output area is full, or a record has no exit): nothing changed then, and the thread traps
+/// to itrace, which drains the ring as before.
+///
+/// # Safety
+/// `block` is a thread state block laid out as [`block`] says, used by no one else during the
+/// call; its exit table's count says how many entries are valid.
+pub unsafe fn self_encode(block: *mut u8) -> u64 {
+    use block::*;
+    // SAFETY: all of the reads and writes below are at offsets inside the block, as laid out,
+    // and in the exit table itrace wrote before the code whose records these are could run.
+    unsafe {
+        let slot = |off: i64| block.add(off as usize).cast::<u64>();
+        let ring_off = slot(RING_OFF).read() as i64;
+        let used = (ring_off + RING_BYTES).clamp(0, RING_BYTES) as usize;
+        let out_len = slot(XL_OUT_LEN).read() as usize;
+        let room = (OUT_BYTES as usize).saturating_sub(out_len + CHUNK_HEAD_BYTES);
+        let exits_at = slot(XL_EXITS).read() as *const u8;
+        if exits_at.is_null() || room < 1024 {
+            return 0;
+        }
+        let exits_len = exits_at.cast::<u64>().read() as usize;
+        let exits = core::slice::from_raw_parts(exits_at.add(EXITS_FIRST as usize).cast::<RingExit>(), exits_len);
+        let enc = block.add(ENCODER as usize).cast::<Encoder>();
+        if slot(XL_ENCODER_SET).read() == 0 {
+            enc.write(Encoder::new());
+            slot(XL_ENCODER_SET).write(1);
+        }
+        let hops = core::slice::from_raw_parts_mut(block.add(HOPS as usize).cast::<Hop>(), HOPS_LEN);
+        let raw = core::slice::from_raw_parts(block.add(RING as usize), used);
+        let head_at = block.add(OUT as usize + out_len);
+        let out = core::slice::from_raw_parts_mut(head_at.add(CHUNK_HEAD_BYTES), room);
+        let mut out = SliceOut::new(out);
+        // Its timestamps are given at collection (`restamp_chunk` in the trace file crate): no
+        // clock reading here, and a chunk made long before itrace takes it still falls in time
+        // order among the records stored meanwhile.
+        let stamp = 0;
+        let mut cursor = RingCursor { at: 0, icount: slot(XL_CARRY).read() as u32 };
+        let batch = BatchStamp { first: stamp, first_n: usize::MAX, rest: stamp };
+        let tid = slot(XL_TID).read() as u32;
+        let done = encode_ring(&mut *enc, &mut out, hops, exits, raw, &mut cursor, tid, batch);
+        if !out.fitted() || done.no_exit.is_some() {
+            return 0;
+        }
+        let c = (*enc).counted();
+        let head = ChunkHead {
+            len: done.len as u64,
+            branches: done.branches,
+            instructions: done.instructions,
+            stamp,
+            records: c.records,
+            bytes: c.bytes,
+            first_ts: c.first_ts,
+            last_ts: c.last_ts,
+        };
+        head_at.cast::<ChunkHead>().write_unaligned(head);
+        slot(XL_OUT_LEN).write((out_len + CHUNK_HEAD_BYTES + done.len.div_ceil(8) * 8) as u64);
+        slot(XL_CARRY).write(cursor.icount as u64);
+        slot(NO_BRANCH).write(0);
+        slot(RING_OFF).write(-RING_BYTES as u64);
+        1
+    }
 }

@@ -25,8 +25,10 @@ pub(super) enum BlobError {
 pub(super) struct BlobImage {
     /// Its memory from its lowest address on, a whole number of pages.
     pub(super) bytes: Vec<u8>,
-    /// The entry point (`itrace_encode_ring`), as an offset in `bytes`.
-    pub(super) entry: u64,
+    /// The entry points, as offsets in `bytes`: `itrace_self_encode` (a thread's call at its
+    /// full ring) and `itrace_encode_ring` (a ring and its room given apart: the test's).
+    pub(super) self_encode: u64,
+    pub(super) encode_ring: u64,
 }
 
 const PAGE: u64 = 4096;
@@ -58,10 +60,16 @@ pub(super) fn image_at(base: u64) -> Result<BlobImage, BlobError> {
         let value = base.wrapping_add(r.r_addend.unwrap_or(0) as u64);
         bytes.get_mut(at..at.saturating_add(8)).ok_or(BlobError::Outside)?.copy_from_slice(&value.to_le_bytes());
     }
-    if elf.entry >= bytes.len() as u64 {
-        return Err(BlobError::Outside);
-    }
-    Ok(BlobImage { bytes, entry: elf.entry })
+    let symbol = |name: &str| {
+        elf.syms
+            .iter()
+            .find(|s| elf.strtab.get_at(s.st_name) == Some(name))
+            .map(|s| s.st_value)
+            .filter(|&at| at < bytes.len() as u64)
+            .ok_or(BlobError::Outside)
+    };
+    let (self_encode, encode_ring) = (symbol("itrace_self_encode")?, symbol("itrace_encode_ring")?);
+    Ok(BlobImage { bytes, self_encode, encode_ring })
 }
 
 #[cfg(test)]
@@ -95,13 +103,13 @@ mod tests {
             assert_ne!(at, libc::MAP_FAILED);
             let image = image_at(at as u64).expect("the blob lays out");
             // SAFETY: the mapping is `len` bytes, writable, and ours alone; then it becomes
-            // read and execute only, and its entry point the function `itrace_encode_ring` is
+            // read and execute only, and `itrace_encode_ring` is the function it says
             // (the build script's entry, of that signature).
             unsafe {
                 std::ptr::copy_nonoverlapping(image.bytes.as_ptr(), at.cast::<u8>(), len);
                 assert_eq!(libc::mprotect(at, len, libc::PROT_READ | libc::PROT_EXEC), 0);
                 let entry = std::mem::transmute::<*mut u8, unsafe extern "C" fn(*mut RingArgs) -> u64>(
-                    at.cast::<u8>().add(image.entry as usize),
+                    at.cast::<u8>().add(image.encode_ring as usize),
                 );
                 Mapped { at, len, entry }
             }

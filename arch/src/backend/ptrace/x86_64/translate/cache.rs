@@ -115,6 +115,9 @@ pub(super) enum Loc {
     /// Inside the check of a unit's source bytes, before its first instruction `app_pc`, with
     /// the application's rcx and rdx in the spill slots (`unit::Check::spilled`).
     Check { app_pc: u64 },
+    /// In the blob a thread encodes its full ring with, or in the routine that calls it
+    /// (`unit::self_encode`): it goes on to the full ring's trap or back to its stub.
+    Encoding,
     /// Not in the cache.
     Outside,
 }
@@ -153,6 +156,8 @@ pub(in super::super) struct Cache {
     /// itrace die during a call (`unit::remote_call_gadget`): (save area, `syscall`).
     pub(super) remote_gadget: Option<(u64, u64)>,
     mem: Option<(i32, File)>,
+    /// Threads encode their own rings (`unit::self_encode`): the blob's place in the process.
+    pub(super) xl_blob: Option<XlBlob>,
     /// Why this process's code is no longer translated (said once).
     pub(in super::super) disabled: Option<String>,
     /// rseq critical sections that run at their own addresses, by their descriptor's `lea`
@@ -266,6 +271,7 @@ impl Cache {
             left_reusable: false,
             gadget: self.gadget,
             remote_gadget: self.remote_gadget,
+            xl_blob: self.xl_blob,
             mem: None,
             disabled: self.disabled.clone(),
             native_runs: self.native_runs.clone(),
@@ -310,6 +316,26 @@ impl Cache {
 
     /// Empty the ring of the thread state block at `state`: its fill and its count of records
     /// of no branch.
+    /// Write the exits not yet in the process's table there, then its count (the blob reads
+    /// no more than that).
+    pub(super) fn sync_exits(&mut self, pid: i32) -> std::io::Result<()> {
+        let Some(x) = self.xl_blob else { return Ok(()) };
+        let bytes: Vec<u8> = {
+            let table = self.exits.read();
+            if table.len() <= x.synced {
+                return Ok(());
+            }
+            table[x.synced..].iter().flat_map(|e| e.to_bytes()).collect()
+        };
+        let len = self.exits.len();
+        self.write(pid, x.exits + EXITS_FIRST + 32 * x.synced as u64, &bytes)?;
+        self.write(pid, x.exits, &(len as u64).to_le_bytes())?;
+        if let Some(x) = &mut self.xl_blob {
+            x.synced = len;
+        }
+        Ok(())
+    }
+
     pub(super) fn empty_ring(&mut self, pid: i32, state: u64) -> std::io::Result<()> {
         self.write(pid, state + RING_OFF as u64, &(-RING_BYTES).to_le_bytes())?;
         self.write(pid, state + NO_BRANCH as u64, &0u64.to_le_bytes())
@@ -352,10 +378,11 @@ impl Cache {
         self.native_runs.range(..=pc).next_back().map(|(_, r)| r).filter(|r| r.covers(pc))
     }
 
-    /// Whether `addr` is in one of the cache's regions.
+    /// Whether `addr` is in one of the cache's regions (or the blob threads encode with).
     pub(in super::super) fn owns(&self, addr: u64) -> bool {
         let size = limits().region_bytes;
         self.regions.iter().any(|r| addr >= r.base && addr < r.base + size)
+            || self.xl_blob.is_some_and(|x| (x.start..x.end).contains(&addr))
     }
 
     /// A region near `pc` with room for a unit.
@@ -383,6 +410,9 @@ impl Cache {
         self.units.clear();
         self.entries.clear();
         self.exits = Exits::default();
+        if let Some(x) = &mut self.xl_blob {
+            x.synced = 0;
+        }
         self.traps.clear();
         self.links.clear();
         for r in &mut self.regions {
@@ -412,6 +442,9 @@ impl Cache {
     }
 
     pub(super) fn locate(&self, rip: u64) -> Loc {
+        if self.xl_blob.is_some_and(|x| (x.start..x.end).contains(&rip)) {
+            return Loc::Encoding;
+        }
         if let Some(t) = self.trap_at(rip) {
             return Loc::Trap(t);
         }
@@ -630,6 +663,20 @@ mod tests {
 /// before it keeps the table its ids are of.
 #[derive(Default)]
 pub(super) struct Exits(Arc<RwLock<Vec<RingExit>>>);
+
+/// Where the blob a thread encodes its ring with is, in a process (`unit::self_encode`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct XlBlob {
+    /// `itrace_self_encode`, the routine that calls it, and the exit table the blob reads.
+    pub(super) entry: u64,
+    pub(super) routine: u64,
+    pub(super) exits: u64,
+    /// The blob's and the routine's addresses.
+    pub(super) start: u64,
+    pub(super) end: u64,
+    /// Exits written to the process's table.
+    pub(super) synced: usize,
+}
 
 /// The ring exit of `e` ([`RingExit`], shared with the code the threads run).
 pub(super) fn ring_exit_of(e: &Exit) -> RingExit {

@@ -11,7 +11,9 @@ use super::layout::*;
 use crate::backend::sink::{EncodedChunk, HopSource, Stored};
 use itrace_format::compact::Encoder;
 use itrace_format::{now_ns, BatchStamp, Hop};
-use itrace_translate_inproc::{encode_ring, fill_hops, prefetch_ahead, RingCursor, RingExit};
+use itrace_translate_inproc::{
+    encode_ring, fill_hops, prefetch_ahead, ChunkHead, RingCursor, RingExit, CHUNK_HEAD_BYTES,
+};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, RwLock};
 
@@ -172,6 +174,63 @@ fn counted(exits: &[RingExit], raw: &[u8], carry_in: u32) -> (usize, u32) {
 }
 
 impl Session<'_> {
+    /// The chunks thread `tid` encoded itself (`unit::self_encode`), in the order it made them,
+    /// to the sink; and the count it carries after the last of them.
+    fn xl_collect(&mut self, tid: i32, pid: i32, state: u64, cpu: usize) {
+        let Some(c) = self.cache_of(pid) else { return };
+        let mut slots = [0u8; 24];
+        if c.read(pid, state + XL_CARRY as u64, &mut slots).is_err() {
+            return;
+        }
+        let word = |i: usize| u64::from_le_bytes(slots[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        let (carry, out_len) = (word(0), word(2) as usize);
+        if out_len > 0 {
+            let mut out = vec![0u8; out_len.min(OUT_BYTES as usize)];
+            if c.read_readable(pid, state + OUT as u64, &mut out).is_err()
+                || c.write(pid, state + XL_OUT_LEN as u64, &0u64.to_le_bytes()).is_err()
+            {
+                return;
+            }
+            let app_tid = self.threads.get(&tid).map_or(0, |t| t.tid as u32);
+            let mut at = 0;
+            while at + CHUNK_HEAD_BYTES <= out.len() {
+                // SAFETY: CHUNK_HEAD_BYTES bytes read unaligned into a ChunkHead, whose fields
+                // are all integers (any bytes are a value of it).
+                let head: ChunkHead = unsafe { out.as_ptr().add(at).cast::<ChunkHead>().read_unaligned() };
+                let start = at + CHUNK_HEAD_BYTES;
+                let Some(payload) = out.get(start..start + head.len as usize) else { break };
+                at = start + (head.len as usize).div_ceil(8) * 8;
+                let mut counted = itrace_format::compact::Counted {
+                    records: head.records,
+                    bytes: head.bytes,
+                    first_ts: head.first_ts,
+                    last_ts: head.last_ts,
+                };
+                // Its timestamp, as the sink stamps a ring drained now: the newest reading its
+                // thread and stream allow, so that the stream stays in time order.
+                let ts = self.sink.batch_stamp(cpu, app_tid, now_ns()).rest;
+                let Some(payload) = itrace_format::compact::restamp_chunk(payload, ts, &mut counted) else {
+                    eprintln!(
+                        "itrace: warning: thread {tid}: a chunk it encoded does not start with a new edge; dropped"
+                    );
+                    continue;
+                };
+                let chunk = EncodedChunk {
+                    payload,
+                    branches: head.branches,
+                    instructions: head.instructions,
+                    totals: itrace_format::compact::totals_of(&counted),
+                };
+                let stamp = BatchStamp { first: ts, first_n: usize::MAX, rest: ts };
+                self.arch.xl_stats.rings_encoded_by_threads += 1;
+                let stored = self.sink.encoded(cpu, app_tid, stamp, chunk);
+                self.after_store(stored);
+            }
+        }
+        let _ = carry;
+        self.xl_carry_out(tid);
+    }
+
     /// Turn the records in the thread's ring into branch records, and empty it.
     pub(super) fn drain(&mut self, tid: i32) {
         let Some(t) = self.threads.get_mut(&tid) else { return };
@@ -179,6 +238,9 @@ impl Session<'_> {
         let (pid, state, cpu) = (t.pid, t.arch.xl.state, t.cpu);
         if state == 0 {
             return;
+        }
+        if super::unit::self_encode() {
+            self.xl_collect(tid, pid, state, cpu);
         }
         let Some(c) = self.cache_of(pid) else { return };
         let Ok(off) = c.read_u64(pid, state + RING_OFF as u64) else { return };

@@ -110,13 +110,15 @@ pub(super) struct Stats {
     /// Rings whose end did not add up with their stubs' count of records of no branch, so read
     /// whole to count their branches (`drain::branches_of`).
     rings_counted_whole: u64,
+    /// Rings the threads encoded themselves (`unit::self_encode`).
+    rings_encoded_by_threads: u64,
 }
 
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} units translated ({} ahead of their first run, {} return addresses put in a lookup table ahead; {} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs; {} rings counted whole",
+            "{} units translated ({} ahead of their first run, {} return addresses put in a lookup table ahead; {} from writable code, checking their bytes at entry); stops: {} links, {} indirect misses, {} full rings, {} leaves (then stepped, a system call run to its exit stop), {} signals, {} periodic drains; {} rseq critical sections run natively; {} flushes of the full cache ({} other threads brought out of it); {} units found their code rewritten in place; at the detach, {} threads left from a trap, {} runs to one from inside a stub, {} single steps out of stubs; {} rings counted whole; {} rings encoded by their threads",
             self.units,
             self.ahead,
             self.returns_ahead,
@@ -134,7 +136,8 @@ impl std::fmt::Display for Stats {
             self.detach_way_outs,
             self.detach_runs,
             self.detach_steps,
-            self.rings_counted_whole
+            self.rings_counted_whole,
+            self.rings_encoded_by_threads
         )
     }
 }
@@ -146,6 +149,12 @@ pub(super) struct ThreadCache {
     pub(super) state: u64,
     /// It runs from the cache (its gs base is `state`).
     pub(super) in_cache: bool,
+    /// Threads encode their own rings (`unit::self_encode`): its count of instructions not yet
+    /// in a branch is in its block (`XL_CARRY`), not in the engine's `icount` (which is 0 then).
+    pub(super) carry_in_block: bool,
+    /// Its block's exit table is set: the thread encodes its full rings itself (else the
+    /// blob declines, and the ring's trap has itrace drain it).
+    pub(super) encodes_itself: bool,
     /// The application's own gs base, put back whenever it leaves the cache.
     pub(super) app_gs: u64,
     /// When its ring was last drained.
@@ -242,6 +251,7 @@ impl Session<'_> {
             self.resume(tid, 0);
             return;
         }
+        self.xl_carry_in(tid);
         self.unblock_trap_for_resume(tid, 0);
         self.thread_follows_tracer(tid);
         if let Some(t) = self.threads.get_mut(&tid) {
@@ -250,6 +260,112 @@ impl Session<'_> {
         // Each trap is a syscall-entry stop, its call skipped (no exit stop).
         let r = ptrace::sysemu(Pid::from_raw(tid), None);
         self.after_resume(tid, r);
+    }
+
+    /// Before a thread goes on in the cache, when threads encode their own rings: its exits in
+    /// the process's table, and its count of instructions not yet in a branch moved into its
+    /// block, where its next encoded ring starts from it (`xl_carry_out` takes it back).
+    fn xl_carry_in(&mut self, tid: i32) {
+        if !unit::self_encode() {
+            return;
+        }
+        let Some(t) = self.threads.get(&tid) else { return };
+        let (pid, state, carry, moved) = (t.pid, t.arch.xl.state, t.icount, t.arch.xl.carry_in_block);
+        if state == 0 {
+            return;
+        }
+        let on = self.sink.takes_chunks()
+            && match unit::self_encode_mode() {
+                unit::SelfEncode::Always => true,
+                _ => self.threads.values().filter(|o| o.pid == pid && o.arch.xl.in_cache).nth(1).is_some(),
+            };
+        let was = self.threads.get(&tid).is_some_and(|t| t.arch.xl.encodes_itself);
+        let Some(c) = self.cache_of(pid) else { return };
+        let _ = c.sync_exits(pid);
+        if on != was {
+            let table = if on { c.xl_blob.map_or(0, |x| x.exits) } else { 0 };
+            if c.write(pid, state + XL_EXITS as u64, &table.to_le_bytes()).is_err() {
+                return;
+            }
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.arch.xl.encodes_itself = on;
+            }
+        }
+        let Some(c) = self.cache_of(pid) else { return };
+        if moved || c.write(pid, state + XL_CARRY as u64, &(carry as u64).to_le_bytes()).is_err() {
+            return;
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.icount = 0;
+            t.arch.xl.carry_in_block = true;
+        }
+    }
+
+    /// The count a thread's block holds back in the engine's `icount` (at a stop, before
+    /// anything counts on it).
+    pub(super) fn xl_carry_out(&mut self, tid: i32) {
+        let Some(t) = self.threads.get(&tid) else { return };
+        if !t.arch.xl.carry_in_block {
+            return;
+        }
+        let (pid, state) = (t.pid, t.arch.xl.state);
+        let Some(carry) = self.cache_of(pid).and_then(|c| c.read_u64(pid, state + XL_CARRY as u64).ok()) else {
+            return;
+        };
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.icount = t.icount.wrapping_add(carry as u32);
+            t.arch.xl.carry_in_block = false;
+        }
+    }
+
+    /// A thread stopped while it encodes its ring (`Loc::Encoding`: thousands of instructions
+    /// from their end, too many to step): its routine told to go on to the full ring's trap,
+    /// not back to the stub, and the thread run there (its next stop, a trap under
+    /// `PTRACE_SYSEMU`). Signals meanwhile are kept for the kernel to send again.
+    fn xl_run_to_full_trap(&mut self, tid: i32, pid: i32, requeue: &mut Vec<Signal>) -> bool {
+        let Some(state) = self.threads.get(&tid).map(|t| t.arch.xl.state) else { return false };
+        let Some(c) = self.cache_of(pid) else { return false };
+        let Ok(trap) = c.read_u64(pid, state + XL_TRAP as u64) else { return false };
+        if c.write(pid, state + XL_BACK as u64, &trap.to_le_bytes()).is_err() {
+            return false;
+        }
+        let p = Pid::from_raw(tid);
+        self.xl_carry_in(tid);
+        self.unblock_trap_for_resume(tid, 0);
+        if ptrace::sysemu(p, None).is_err() {
+            return false;
+        }
+        let mut unpinned = false;
+        loop {
+            match waitpid(p, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::PtraceSyscall(_)) => {
+                    self.nested_wait_done(tid, unpinned);
+                    self.restore_trap_mask(tid);
+                    return true;
+                }
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    requeue.push(sig);
+                    if ptrace::sysemu(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Ok(WaitStatus::Exited(_, code)) => {
+                    self.gone(tid, itrace_format::StopReason::Exited, code);
+                    return false;
+                }
+                Ok(WaitStatus::Signaled(_, sig, _)) => {
+                    self.gone(tid, itrace_format::StopReason::Signaled, sig as i32);
+                    return false;
+                }
+                Ok(_) => {
+                    if ptrace::sysemu(p, None).is_err() {
+                        return false;
+                    }
+                }
+                Err(Errno::EINTR) => self.nested_wait_interrupted(tid, &mut unpinned),
+                Err(_) => return false,
+            }
+        }
     }
 
     /// A syscall stop of a thread in the cache: one of the cache's traps (under
@@ -622,6 +738,7 @@ impl Session<'_> {
             return false;
         }
         self.boost_for_detach(tid);
+        self.xl_carry_in(tid);
         self.unblock_trap_for_resume(tid, 0);
         if ptrace::sysemu(Pid::from_raw(tid), None).is_err() {
             return false;
@@ -867,6 +984,11 @@ impl Session<'_> {
                         return None;
                     }
                 }
+                Loc::Encoding => {
+                    if !self.xl_run_to_full_trap(tid, pid, &mut requeue) {
+                        return None;
+                    }
+                }
             }
         }
         let still_in = self.threads.get(&tid).is_some_and(|t| t.arch.xl.in_cache);
@@ -905,6 +1027,7 @@ impl Session<'_> {
             self.arch.xl_stats.detach_steps += 1;
         }
         let p = Pid::from_raw(tid);
+        self.xl_carry_in(tid);
         self.unblock_trap_for_resume(tid, 0);
         if ptrace::step(p, None).is_err() {
             return false;
@@ -948,6 +1071,7 @@ impl Session<'_> {
     /// instruction is `pc`. At a trap, what it spilled goes back in the same write of the
     /// registers (`out_of_trap`).
     fn leave_cache(&mut self, tid: i32, pc: u64, count: u32, spilled: Option<[u64; 3]>) {
+        self.xl_carry_out(tid);
         let Ok(mut regs) = getregs(tid) else { return };
         let Some(t) = self.threads.get_mut(&tid) else { return };
         t.icount += count;
@@ -1402,8 +1526,83 @@ impl Session<'_> {
                 s
             }
         };
-        self.threads.get_mut(&tid)?.arch.xl.state = state;
+        if unit::self_encode() {
+            self.xl_setup(tid, pid, state)?;
+        }
+        let t = self.threads.get_mut(&tid)?;
+        t.arch.xl.state = state;
+        t.arch.xl.encodes_itself = false;
         Some(state)
+    }
+
+    /// Threads that encode their own rings (`unit::self_encode`): the blob and the exit table
+    /// mapped in the process (once), and block `state`'s slots for the routine, the blob and
+    /// thread `tid`. `None`: the thread is stepped.
+    fn xl_setup(&mut self, tid: i32, pid: i32, state: u64) -> Option<()> {
+        if self.cache_of(pid)?.xl_blob.is_none() {
+            let image = blob::image_at(XL_BLOB_AREA).ok()?;
+            let routine_at = XL_BLOB_AREA + image.bytes.len() as u64;
+            let routine = unit::self_encode_routine(routine_at).ok()?;
+            let len = image.bytes.len() as u64 + (routine.len() as u64).div_ceil(4096) * 4096;
+            let fixed = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+            let rx = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+            // An earlier session's (a detach, a kill) is taken again: the same bytes at the
+            // same place, rewritten; anything else there is the program's.
+            let maps = all_mappings(pid);
+            let ours = |start: u64, size: u64, perms: &[u8; 4]| {
+                maps.iter().any(|m| m.start == start && m.end == start + size && m.anonymous && &m.perms == perms)
+            };
+            let table = (XL_EXITS_MAX * 32 + EXITS_FIRST).div_ceil(4096) * 4096;
+            let reused = ours(XL_BLOB_AREA, len, b"r-xp") && ours(XL_EXITS_AREA, table, b"rw-p");
+            let got = match reused {
+                true => Ok(XL_BLOB_AREA),
+                false => {
+                    self.remote_syscall(tid, pid, libc::SYS_mmap as u64, [XL_BLOB_AREA, len, rx, fixed, u64::MAX, 0])
+                }
+            };
+            if got != Ok(XL_BLOB_AREA) {
+                eprintln!(
+                    "itrace: warning: cannot map the ring encoder in process {pid}: {got:?}; thread {tid} is stepped"
+                );
+                return None;
+            }
+            let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+            let got = match reused {
+                true => Ok(XL_EXITS_AREA),
+                false => self.remote_syscall(
+                    tid,
+                    pid,
+                    libc::SYS_mmap as u64,
+                    [XL_EXITS_AREA, table, rw, fixed | libc::MAP_NORESERVE as u64, u64::MAX, 0],
+                ),
+            };
+            if got != Ok(XL_EXITS_AREA) {
+                eprintln!(
+                    "itrace: warning: cannot map the exit table in process {pid}: {got:?}; thread {tid} is stepped"
+                );
+                return None;
+            }
+            let c = self.cache_of(pid)?;
+            c.write(pid, XL_BLOB_AREA, &image.bytes).ok()?;
+            c.write(pid, routine_at, &routine).ok()?;
+            c.xl_blob = Some(cache::XlBlob {
+                entry: XL_BLOB_AREA + image.self_encode,
+                routine: routine_at,
+                exits: XL_EXITS_AREA,
+                start: XL_BLOB_AREA,
+                end: XL_BLOB_AREA + len,
+                synced: 0,
+            });
+        }
+        let app_tid = self.threads.get(&tid)?.tid as u64;
+        let c = self.cache_of(pid)?;
+        let x = c.xl_blob?;
+        // The exit table's slot stays 0 (the blob declines) until `xl_carry_in` says otherwise.
+        let slots = [x.routine, x.entry, state, state + STATE_TOP_OF_STACK, 0, app_tid];
+        let bytes: Vec<u8> = slots.iter().flat_map(|v| v.to_le_bytes()).collect();
+        c.write(pid, state + XL_ROUTINE as u64, &bytes).ok()?;
+        c.write(pid, state + XL_OUT_LEN as u64, &0u64.to_le_bytes()).ok()?;
+        c.sync_exits(pid).ok()
     }
 
     /// Run system call `nr` in the stopped thread (at a `syscall` instruction of its vDSO) and
@@ -1609,6 +1808,13 @@ fn find_syscall_instruction(pid: i32) -> Option<u64> {
 /// Where thread-state blocks go: above the first 64 GB (a non-PIE program and its heap are
 /// below), far below where a PIE program and the kernel's top-down mappings are.
 const STATE_AREA: u64 = 0x10_0000_0000;
+/// Below it, the blob threads encode their rings with, and the exit table it reads
+/// (`unit::self_encode`), room for `XL_EXITS_MAX` exits.
+const XL_BLOB_AREA: u64 = STATE_AREA - 0x1000_0000;
+const XL_EXITS_AREA: u64 = STATE_AREA - 0x4000_0000;
+const XL_EXITS_MAX: u64 = 1 << 24;
+/// The block's stack top (the routine's rsp), as an offset.
+const STATE_TOP_OF_STACK: u64 = STACK_TOP as u64;
 
 /// One line of /proc/PID/maps.
 struct MapRange {

@@ -443,9 +443,21 @@ impl Builder {
     }
 
     /// The full-ring trap of a record stub, bound to `full`; its `syscall` index. `out` is
-    /// `FullTo` the exit's target or `FullTarget`.
-    fn full_trap(&mut self, full: u64, out: WayOut) -> usize {
+    /// `FullTo` the exit's target or `FullTarget`. When threads encode their own rings
+    /// (`self_encode`), `full` first goes to the cache's routine (`self_encode_routine`),
+    /// which goes on at `back` (the ring encoded and emptied) or at the trap.
+    fn full_trap(&mut self, full: u64, back: u64, out: WayOut) -> usize {
+        use Register::*;
         self.bind(full);
+        if self_encode() {
+            let trap = self.label();
+            self.push(Instruction::with2(Code::Lea_r64_m, RCX, MemoryOperand::with_base_displ(RIP, back as i64)));
+            self.push(Instruction::with2(Code::Mov_rm64_r64, gs(XL_BACK), RCX));
+            self.push(Instruction::with2(Code::Lea_r64_m, RCX, MemoryOperand::with_base_displ(RIP, trap as i64)));
+            self.push(Instruction::with2(Code::Mov_rm64_r64, gs(XL_TRAP), RCX));
+            self.push(Instruction::with1(Code::Jmp_rm64, gs(XL_ROUTINE)));
+            self.bind(trap);
+        }
         self.trap(out).1
     }
 
@@ -653,7 +665,7 @@ pub(super) fn translate(
             let (slot, miss, sc) = b.direct_jump(pc);
             p.links.push((slot, miss, pc));
             p.traps.push((sc, PendingTrap::Link { exit, slot }));
-            let f = b.full_trap(full, WayOut::FullTo(pc));
+            let f = b.full_trap(full, back, WayOut::FullTo(pc));
             p.traps.push((f, PendingTrap::RingFull { resume: back, to: Some(pc) }));
             break;
         }
@@ -722,7 +734,7 @@ pub(super) fn translate(
                 let (slot, miss, sc) = b.direct_jump(target);
                 p.links.push((slot, miss, target));
                 p.traps.push((sc, PendingTrap::Link { exit, slot }));
-                let f = b.full_trap(full, WayOut::FullTo(target));
+                let f = b.full_trap(full, back, WayOut::FullTo(target));
                 p.traps.push((f, PendingTrap::RingFull { resume: back, to: Some(target) }));
                 break;
             }
@@ -760,7 +772,7 @@ pub(super) fn translate(
                     new_exit(&mut exits, Exit { from: pc, to: 0, kind: Some(bk), count, indirect: true, key: 0 });
                 let (back, full, miss) = b.record_indirect_and_lookup(exit);
                 p.traps.push((miss, PendingTrap::IndirectMiss));
-                let f = b.full_trap(full, WayOut::FullTarget);
+                let f = b.full_trap(full, back, WayOut::FullTarget);
                 p.traps.push((f, PendingTrap::RingFull { resume: back, to: None }));
                 break;
             }
@@ -772,7 +784,7 @@ pub(super) fn translate(
         let (slot, miss, sc) = b.direct_jump(s.target);
         p.links.push((slot, miss, s.target));
         p.traps.push((sc, PendingTrap::Link { exit: s.exit, slot }));
-        let f = b.full_trap(full, WayOut::FullTo(s.target));
+        let f = b.full_trap(full, back, WayOut::FullTo(s.target));
         p.traps.push((f, PendingTrap::RingFull { resume: back, to: Some(s.target) }));
     }
     // The check, for code that may change unseen: its mismatch trap goes at the end, the
@@ -892,6 +904,76 @@ pub(super) fn remote_call_gadget(at: u64) -> Result<(Vec<u8>, u64), TranslateErr
     let mut bytes = vec![0u8; REMOTE_SAVE_BYTES as usize];
     bytes.extend_from_slice(&out.code_buffer);
     Ok((bytes, code_at))
+}
+
+/// When threads encode their own full rings (docs/translate.md, "Threads that encode their own
+/// rings"; an experiment, off by default: with it an 8-thread detach took 25-77 ms against
+/// 12-44): `ITRACE_XL_SELF_ENCODE=1` always, `threads` when two threads or more of the process
+/// run in the cache, otherwise never (the stubs then have no path to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SelfEncode {
+    Never,
+    Always,
+    Threads,
+}
+
+pub(super) fn self_encode_mode() -> SelfEncode {
+    static MODE: std::sync::OnceLock<SelfEncode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("ITRACE_XL_SELF_ENCODE").as_deref() {
+        Ok("1") => SelfEncode::Always,
+        Ok("threads") => SelfEncode::Threads,
+        _ => SelfEncode::Never,
+    })
+}
+
+/// Whether threads may encode their own rings: their stubs have the path, and their blocks
+/// the slots.
+pub(super) fn self_encode() -> bool {
+    self_encode_mode() != SelfEncode::Never
+}
+
+/// Bytes `fxsave64` writes.
+const FXSAVE_BYTES: i64 = 512;
+
+/// The routine a full ring's path jumps to when threads encode their own rings, for `at`: onto
+/// the block's stack (the application's, red zone included, is left alone), the registers the
+/// C calling convention lets the blob change saved (the flags, the general ones, the x87 and
+/// SSE state: the blob is built for x86-64's baseline, so the upper halves of the vector
+/// registers stay as they are), the blob's `itrace_self_encode(block)` called, everything put
+/// back, and on to `gs:XL_BACK` if it encoded the ring, `gs:XL_TRAP` if not.
+pub(super) fn self_encode_routine(at: u64) -> Result<Vec<u8>, TranslateError> {
+    use Register::*;
+    let encode = |e: iced_x86::IcedError| TranslateError::Encode(e.to_string());
+    let saved = [RAX, RDX, RSI, RDI, R8, R9, R10, R11];
+    let mut insns = vec![
+        Instruction::with2(Code::Mov_rm64_r64, gs(XL_APP_RSP), RSP).map_err(encode)?,
+        Instruction::with2(Code::Mov_r64_rm64, RSP, gs(XL_STACK_TOP)).map_err(encode)?,
+        Instruction::with(Code::Pushfq),
+    ];
+    for &r in &saved {
+        insns.push(Instruction::with1(Code::Push_r64, r).map_err(encode)?);
+    }
+    // 9 pushes from a 16-aligned top: 8 more bytes below the save area align the call.
+    insns.push(Instruction::with2(Code::Lea_r64_m, RSP, mem(RSP, None, 1, -(FXSAVE_BYTES + 8))).map_err(encode)?);
+    insns.push(Instruction::with1(Code::Fxsave64_m512byte, mem(RSP, None, 1, 0)).map_err(encode)?);
+    insns.push(Instruction::with2(Code::Mov_r64_rm64, RDI, gs(XL_SELF)).map_err(encode)?);
+    insns.push(Instruction::with1(Code::Call_rm64, gs(XL_ENTRY)).map_err(encode)?);
+    insns.push(Instruction::with1(Code::Fxrstor64_m512byte, mem(RSP, None, 1, 0)).map_err(encode)?);
+    insns.push(Instruction::with2(Code::Lea_r64_m, RSP, mem(RSP, None, 1, FXSAVE_BYTES + 8)).map_err(encode)?);
+    // The flags are put back below: free to use here.
+    insns.push(Instruction::with2(Code::Test_rm64_r64, RAX, RAX).map_err(encode)?);
+    insns.push(Instruction::with2(Code::Mov_r64_rm64, RAX, gs(XL_TRAP)).map_err(encode)?);
+    insns.push(Instruction::with2(Code::Cmovne_r64_rm64, RAX, gs(XL_BACK)).map_err(encode)?);
+    insns.push(Instruction::with2(Code::Mov_rm64_r64, gs(XL_GO), RAX).map_err(encode)?);
+    for &r in saved.iter().rev() {
+        insns.push(Instruction::with1(Code::Pop_r64, r).map_err(encode)?);
+    }
+    insns.push(Instruction::with(Code::Popfq));
+    insns.push(Instruction::with2(Code::Mov_r64_rm64, RSP, gs(XL_APP_RSP)).map_err(encode)?);
+    insns.push(Instruction::with1(Code::Jmp_rm64, gs(XL_GO)).map_err(encode)?);
+    let out = BlockEncoder::encode(64, InstructionBlock::new(&insns, at), BlockEncoderOptions::NONE)
+        .map_err(|e| TranslateError::Encode(e.to_string()))?;
+    Ok(out.code_buffer)
 }
 
 #[cfg(test)]
