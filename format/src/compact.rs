@@ -356,3 +356,56 @@ impl Decoder {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::StreamTotals;
+    use crate::{BatchStamp, Endian, Hop};
+
+    /// A chunk encoded at timestamp 0 (as a traced thread encodes its ring), restamped: every
+    /// branch decodes with the new timestamp and its other fields as given, and the counts are
+    /// those a walk of the new payload finds.
+    #[test]
+    fn a_restamped_chunk_decodes_at_its_new_timestamp() {
+        let kinds = [BranchKind::Jump, BranchKind::CondJump, BranchKind::Call, BranchKind::Return];
+        let hops: Vec<Hop> = (0..5_000u64)
+            .map(|i| {
+                let k = i * 7919 % 97;
+                Hop::new(
+                    0x40_0000 + k * 16,
+                    0x40_8000 + k * 40,
+                    1 + (k % 9) as u32,
+                    kinds[k as usize % 4],
+                    1 + k as u32,
+                )
+            })
+            .collect();
+        for ts in [1u64, 127, 128, 1 << 40, u64::MAX >> 1] {
+            let mut enc = Encoder::new();
+            let mut payload = Vec::new();
+            enc.hops(&mut payload, &hops, 7, BatchStamp { first: 0, first_n: usize::MAX, rest: 0 }, 0);
+            enc.finish(&mut payload);
+            let mut counted = enc.counted();
+            let out = restamp_chunk(&payload, ts, &mut counted).expect("a fresh chunk starts with a new edge");
+            let mut dec = Decoder::new();
+            let (mut at, mut got) = (0, Vec::new());
+            while let Some(r) = dec.next(Endian::native(), &out, &mut at).expect("decodes") {
+                let Record::Branch(b) = r else { panic!("not a branch: {r:?}") };
+                got.push(b);
+            }
+            let want: Vec<Branch> = hops.iter().map(|h| h.branch(ts, 7)).collect();
+            assert_eq!(got, want, "restamped to {ts}");
+            let mut walked = StreamTotals::default();
+            walked.add_chunk(Endian::native(), &out);
+            assert_eq!(totals_of(&counted), walked, "restamped to {ts}");
+        }
+        // Not a fresh chunk's start: refused.
+        assert!(restamp_chunk(
+            &[tag::HIT],
+            5,
+            &mut Counted { records: [0; 6], bytes: [0; 6], first_ts: 0, last_ts: 0 }
+        )
+        .is_none());
+    }
+}

@@ -21,9 +21,6 @@
 //!
 //! Design notes, costs and limits: docs/translate.md.
 
-// Only its test uses it yet: the cache's ring-full path is to call it (docs/translate.md, "Threads
-// that encode their own rings").
-#[cfg_attr(not(test), allow(dead_code))]
 mod blob;
 mod cache;
 mod drain;
