@@ -1599,6 +1599,9 @@ impl Session<'_> {
         let bytes: Vec<u8> = slots.iter().flat_map(|v| v.to_le_bytes()).collect();
         c.write(pid, state + XL_ROUTINE as u64, &bytes).ok()?;
         c.write(pid, state + XL_OUT_LEN as u64, &0u64.to_le_bytes()).ok()?;
+        // The encoder is set up again by the thread's first call: a block another session left
+        // holds an encoder of that build's layout.
+        c.write(pid, state + XL_ENCODER_SET as u64, &0u64.to_le_bytes()).ok()?;
         c.sync_exits(pid).ok()
     }
 
