@@ -177,13 +177,10 @@ impl Session<'_> {
     /// The chunks thread `tid` encoded itself (`unit::self_encode`), in the order it made them,
     /// to the sink; and the count it carries after the last of them.
     fn xl_collect(&mut self, tid: i32, pid: i32, state: u64, cpu: usize) {
+        self.xl_carry_out(tid);
         let Some(c) = self.cache_of(pid) else { return };
-        let mut slots = [0u8; 24];
-        if c.read(pid, state + XL_CARRY as u64, &mut slots).is_err() {
-            return;
-        }
-        let word = |i: usize| u64::from_le_bytes(slots[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-        let (carry, out_len) = (word(0), word(2) as usize);
+        let Ok(out_len) = c.read_u64(pid, state + XL_OUT_LEN as u64) else { return };
+        let out_len = out_len as usize;
         if out_len > 0 {
             let mut out = vec![0u8; out_len.min(OUT_BYTES as usize)];
             if c.read_readable(pid, state + OUT as u64, &mut out).is_err()
@@ -227,8 +224,6 @@ impl Session<'_> {
                 self.after_store(stored);
             }
         }
-        let _ = carry;
-        self.xl_carry_out(tid);
     }
 
     /// Turn the records in the thread's ring into branch records, and empty it.

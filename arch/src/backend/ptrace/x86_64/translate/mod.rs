@@ -326,43 +326,13 @@ impl Session<'_> {
         if c.write(pid, state + XL_BACK as u64, &trap.to_le_bytes()).is_err() {
             return false;
         }
-        let p = Pid::from_raw(tid);
         self.xl_carry_in(tid);
         self.unblock_trap_for_resume(tid, 0);
-        if ptrace::sysemu(p, None).is_err() {
-            return false;
+        let done = self.run_to_syscall_stop_by(tid, requeue, |p| ptrace::sysemu(p, None));
+        if done {
+            self.restore_trap_mask(tid);
         }
-        let mut unpinned = false;
-        loop {
-            match waitpid(p, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::PtraceSyscall(_)) => {
-                    self.nested_wait_done(tid, unpinned);
-                    self.restore_trap_mask(tid);
-                    return true;
-                }
-                Ok(WaitStatus::Stopped(_, sig)) => {
-                    requeue.push(sig);
-                    if ptrace::sysemu(p, None).is_err() {
-                        return false;
-                    }
-                }
-                Ok(WaitStatus::Exited(_, code)) => {
-                    self.gone(tid, itrace_format::StopReason::Exited, code);
-                    return false;
-                }
-                Ok(WaitStatus::Signaled(_, sig, _)) => {
-                    self.gone(tid, itrace_format::StopReason::Signaled, sig as i32);
-                    return false;
-                }
-                Ok(_) => {
-                    if ptrace::sysemu(p, None).is_err() {
-                        return false;
-                    }
-                }
-                Err(Errno::EINTR) => self.nested_wait_interrupted(tid, &mut unpinned),
-                Err(_) => return false,
-            }
-        }
+        done
     }
 
     /// A syscall stop of a thread in the cache: one of the cache's traps (under
@@ -453,8 +423,19 @@ impl Session<'_> {
     /// Run the thread to its next syscall stop (PTRACE_SYSCALL); signals that arrive meanwhile
     /// are kept in `requeue` for the kernel to send again. False: the thread is gone.
     fn run_to_syscall_stop(&mut self, tid: i32, requeue: &mut Vec<Signal>) -> bool {
+        self.run_to_syscall_stop_by(tid, requeue, |p| ptrace::syscall(p, None))
+    }
+
+    /// [`Self::run_to_syscall_stop`], resuming the thread with `resume` (`PTRACE_SYSEMU` for a
+    /// thread in the cache, whose next syscall stop is a trap).
+    fn run_to_syscall_stop_by(
+        &mut self,
+        tid: i32,
+        requeue: &mut Vec<Signal>,
+        resume: impl Fn(Pid) -> nix::Result<()>,
+    ) -> bool {
         let p = Pid::from_raw(tid);
-        if ptrace::syscall(p, None).is_err() {
+        if resume(p).is_err() {
             return false;
         }
         let mut unpinned = false;
@@ -466,7 +447,7 @@ impl Session<'_> {
                 }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     requeue.push(sig);
-                    if ptrace::syscall(p, None).is_err() {
+                    if resume(p).is_err() {
                         return false;
                     }
                 }
@@ -479,7 +460,7 @@ impl Session<'_> {
                     return false;
                 }
                 Ok(_) => {
-                    if ptrace::syscall(p, None).is_err() {
+                    if resume(p).is_err() {
                         return false;
                     }
                 }
